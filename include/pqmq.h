@@ -1,0 +1,287 @@
+/*
+ * pqmq.h: an ordered message queue inside PostgreSQL.
+ *
+ * This header is the whole public API; nothing outside it is API. It is
+ * grouped by the library file that implements each part.
+ *
+ * Conventions
+ *   - Functions that can fail return 0 (PQMQ_OK) or a negative PQMQ_E* code.
+ *     The message (with the server's SQLSTATE where there is one) is then in
+ *     pqmq_errmsg(client) until the next call on that client.
+ *   - Ownership is stated at every declaration: "caller owns; free with X"
+ *     or "borrowed; valid until Y". Every _free(NULL) is a no-op.
+ *   - Durations cross the API as int64_t milliseconds, ids as uuid_t.
+ *   - A client is used by one thread at a time, like a PGconn. After fork(),
+ *     a child must not use its parent's clients: it connects anew.
+ */
+#ifndef PQMQ_H
+#define PQMQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+#include <msgpack.h>
+#include <uuid/uuid.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(PQMQ_BUILDING) && defined(__GNUC__)
+#define PQMQ_EXPORT __attribute__((visibility("default")))
+#else
+#define PQMQ_EXPORT
+#endif
+
+/* ---- errors (client.c) ------------------------------------------------- */
+
+enum {
+    PQMQ_OK = 0,
+    PQMQ_EINVAL = -1,    /* a bad argument; the message names it */
+    PQMQ_ENOMEM = -2,    /* out of memory */
+    PQMQ_ECONN = -3,     /* no usable connection (failed, broken or lost) */
+    PQMQ_ESERVER = -4,   /* the server refused; see pqmq_sqlstate() */
+    PQMQ_ETOOBIG = -5,   /* over a documented limit (batch or payload size) */
+    PQMQ_ENOTHELD = -6,  /* the message is gone or its lease ran out */
+    PQMQ_EPAYLOAD = -7,  /* a payload that does not decode */
+    PQMQ_ESCHEMA = -8    /* the queue's schema is missing: run pqmq_migrate */
+};
+
+/* Limits; the server enforces the same ones (SQL function mq_limits). */
+#define PQMQ_MAX_BATCH 10000                     /* messages per insert/poll */
+#define PQMQ_MAX_PAYLOAD (16 * 1024 * 1024)      /* bytes, JSON and binary each */
+#define PQMQ_MAX_DURATION_MS (3650LL * 86400000LL) /* ten years */
+
+/* A static description of an error code, e.g. "bad argument". Never NULL. */
+PQMQ_EXPORT const char *pqmq_strerror(int code);
+
+/* ---- client (client.c) ------------------------------------------------- */
+
+typedef struct pqmq_client pqmq_client;
+
+/*
+ * Connects with a libpq conninfo string (NULL or "" uses libpq's
+ * environment). *out is set even on failure, so that pqmq_errmsg() can say
+ * why; it is NULL only if memory ran out.
+ * Returns 0, PQMQ_ECONN or PQMQ_ENOMEM.
+ * Caller owns *out; free with pqmq_client_free.
+ */
+PQMQ_EXPORT int pqmq_connect(const char *conninfo, pqmq_client **out);
+
+/*
+ * Wraps a connection the caller opened, so that pqmq calls run inside the
+ * caller's own transactions. The client borrows conn: conn must outlive the
+ * client and is never closed by it. Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM.
+ * Caller owns *out; free with pqmq_client_free.
+ */
+PQMQ_EXPORT int pqmq_wrap(PGconn *conn, pqmq_client **out);
+
+/* Frees the client; closes the connection only if pqmq_connect opened it. */
+PQMQ_EXPORT void pqmq_client_free(pqmq_client *client);
+
+/* The connection. Borrowed; valid until pqmq_client_free. */
+PQMQ_EXPORT PGconn *pqmq_conn(pqmq_client *client);
+
+/* The last error's message, "" after success. Borrowed; valid until the next
+ * call on this client. Never NULL (also for a NULL client). */
+PQMQ_EXPORT const char *pqmq_errmsg(const pqmq_client *client);
+
+/* The last error's SQLSTATE ("" when the server did not send one). Borrowed;
+ * valid until the next call on this client. Never NULL. */
+PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *client);
+
+/* ---- migrations (migrate.c) -------------------------------------------- */
+
+/*
+ * Creates or upgrades the queue's schema in the client's current schema
+ * (the first schema of its search_path), under an advisory lock, recording
+ * each applied migration in mq_schema_migrations. Safe to run concurrently
+ * and repeatedly. Returns 0 or a negative code.
+ */
+PQMQ_EXPORT int pqmq_migrate(pqmq_client *client);
+
+/* The schema version this library embeds (the newest migration's number). */
+PQMQ_EXPORT int pqmq_schema_version(void);
+
+/* ---- messages (msg.c) -------------------------------------------------- */
+
+typedef struct pqmq_msg pqmq_msg;
+
+/*
+ * A new message with a fresh time-ordered id and defaults: channel unset,
+ * args "", name "", no payload, no delay, 4 retries, 1 s initial backoff,
+ * no commit interval, unordered. Returns NULL if memory ran out.
+ * Caller owns; free with pqmq_msg_free.
+ *
+ * Setters copy their arguments and return 0, PQMQ_EINVAL (NULL msg) or
+ * PQMQ_ENOMEM. Values are checked by pqmq_insert, which names the bad field.
+ */
+PQMQ_EXPORT pqmq_msg *pqmq_msg_new(void);
+PQMQ_EXPORT void pqmq_msg_free(pqmq_msg *msg);
+
+/* The channel and its arguments (args NULL means ""). Messages of one
+ * (channel, args) that are ordered form one chain. */
+PQMQ_EXPORT int pqmq_msg_set_channel(pqmq_msg *msg, const char *channel,
+                                     const char *args);
+/* The message name: the runner dispatches on it. NULL means "". */
+PQMQ_EXPORT int pqmq_msg_set_name(pqmq_msg *msg, const char *name);
+/* A JSON payload (NUL-terminated text; validated). NULL clears it. */
+PQMQ_EXPORT int pqmq_msg_set_json(pqmq_msg *msg, const char *json);
+/* A binary payload of len bytes. NULL clears it. */
+PQMQ_EXPORT int pqmq_msg_set_bytes(pqmq_msg *msg, const void *data, size_t len);
+/* A binary payload from a msgpack buffer (copied). */
+PQMQ_EXPORT int pqmq_msg_set_msgpack(pqmq_msg *msg, const msgpack_sbuffer *buf);
+/* Not ready before delay_ms from insertion. */
+PQMQ_EXPORT int pqmq_msg_set_delay(pqmq_msg *msg, int64_t delay_ms);
+/* Deliveries after the first one that a failure may cause (>= 0). */
+PQMQ_EXPORT int pqmq_msg_set_retries(pqmq_msg *msg, int retries);
+/* The first lease and retry delay; doubles at every delivery (> 0). */
+PQMQ_EXPORT int pqmq_msg_set_backoff(pqmq_msg *msg, int64_t backoff_ms);
+/* Two-phase: invisible until pqmq_commit, or until interval_ms has passed
+ * (then delivered with is_committed false). A negative value disables it. */
+PQMQ_EXPORT int pqmq_msg_set_commit_interval(pqmq_msg *msg, int64_t interval_ms);
+/* Ordered: delivered after every earlier ordered message of its chain has
+ * been completed (deleted), one at a time. */
+PQMQ_EXPORT int pqmq_msg_set_ordered(pqmq_msg *msg, int ordered);
+/* Replaces the generated id (e.g. for idempotent producers). */
+PQMQ_EXPORT int pqmq_msg_set_id(pqmq_msg *msg, const uuid_t id);
+/* Copies the message's id into out. */
+PQMQ_EXPORT void pqmq_msg_id(const pqmq_msg *msg, uuid_t out);
+
+/* ---- producing (produce.c) --------------------------------------------- */
+
+/*
+ * Inserts n messages in one round trip and one statement: all of them or,
+ * on any error, none. Runs in the connection's current transaction if one is
+ * open (the messages then exist only if it commits). Ordered messages of a
+ * chain keep the order of msgs. 1 <= n <= PQMQ_MAX_BATCH.
+ * Returns 0, PQMQ_EINVAL (names the message and field), PQMQ_ETOOBIG,
+ * PQMQ_ECONN, PQMQ_ESERVER or PQMQ_ESCHEMA. msgs stay owned by the caller.
+ */
+PQMQ_EXPORT int pqmq_insert(pqmq_client *client, pqmq_msg *const *msgs, size_t n);
+
+/* Second phase: makes two-phase messages ready now. Unknown or already
+ * committed ids are ignored. Returns 0 or a negative code. */
+PQMQ_EXPORT int pqmq_commit(pqmq_client *client, const uuid_t *ids, size_t n);
+
+/* ---- consuming (consume.c) --------------------------------------------- */
+
+typedef struct pqmq_batch pqmq_batch;
+typedef struct pqmq_job pqmq_job;
+
+/*
+ * Claims up to batch_size ready messages of the given channels (channels
+ * NULL: all channels) and leases them for their current backoff.
+ * On success *out holds 0..batch_size jobs; when it holds none,
+ * pqmq_batch_wait_ms() tells how long until something becomes ready.
+ * Returns 0 or a negative code (*out is then NULL).
+ * Caller owns *out; free with pqmq_batch_free.
+ */
+PQMQ_EXPORT int pqmq_poll(pqmq_client *client, const char *const *channels,
+                          size_t nchannels, int batch_size, pqmq_batch **out);
+
+PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *batch);
+PQMQ_EXPORT size_t pqmq_batch_count(const pqmq_batch *batch);
+/* Job i (0-based). Borrowed; valid until pqmq_batch_free. NULL if out of
+ * range. */
+PQMQ_EXPORT const pqmq_job *pqmq_batch_job(const pqmq_batch *batch, size_t i);
+/* For an empty batch: milliseconds until the earliest matching message
+ * becomes ready (0: poll again now), or -1 when there is none at all. */
+PQMQ_EXPORT int64_t pqmq_batch_wait_ms(const pqmq_batch *batch);
+
+/* Job accessors. Strings and bytes are borrowed; valid until the batch is
+ * freed. */
+PQMQ_EXPORT void pqmq_job_id(const pqmq_job *job, uuid_t out);
+PQMQ_EXPORT const char *pqmq_job_name(const pqmq_job *job);
+PQMQ_EXPORT const char *pqmq_job_channel(const pqmq_job *job);
+PQMQ_EXPORT const char *pqmq_job_args(const pqmq_job *job);
+/* The JSON payload as text, or NULL when the message has none. */
+PQMQ_EXPORT const char *pqmq_job_json(const pqmq_job *job);
+/* The binary payload (NULL with *len 0 when there is none). */
+PQMQ_EXPORT const void *pqmq_job_bytes(const pqmq_job *job, size_t *len);
+/* 0 for a two-phase message delivered because its commit interval ran out. */
+PQMQ_EXPORT int pqmq_job_is_committed(const pqmq_job *job);
+/* 1 for the first delivery, 2 for the first retry, ... */
+PQMQ_EXPORT int pqmq_job_attempt(const pqmq_job *job);
+/* Deliveries still possible after this one (0: this is the last attempt). */
+PQMQ_EXPORT int pqmq_job_retries_left(const pqmq_job *job);
+/* Length of this delivery's lease, in milliseconds. */
+PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *job);
+
+/*
+ * Completes (deletes) n messages in one round trip. Inside the caller's
+ * transaction (see pqmq_wrap) the completion commits with the caller's own
+ * writes: that is how effects happen exactly once. Completing a member of an
+ * ordered chain releases the next one. Unknown ids are ignored.
+ * Returns 0 or a negative code.
+ */
+PQMQ_EXPORT int pqmq_complete(pqmq_client *client, const uuid_t *ids, size_t n);
+
+/* Completes every job of the batch in one round trip. */
+PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *client, const pqmq_batch *batch);
+
+/*
+ * Records why this attempt failed (error may be NULL) and schedules the
+ * retry one backoff from now; with no retries left the message is dead
+ * (kept, never delivered again). Returns 0, PQMQ_ENOTHELD (the lease ran
+ * out or the message is gone), or a negative code.
+ */
+PQMQ_EXPORT int pqmq_fail(pqmq_client *client, const uuid_t id, const char *error);
+
+/*
+ * Extends the leases of in-flight messages to now + duration_ms (never
+ * shortens one). Messages whose lease already ran out are not touched.
+ * *extended (may be NULL) receives how many were extended.
+ * Returns 0 or a negative code.
+ */
+PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *client, const uuid_t *ids, size_t n,
+                                int64_t duration_ms, size_t *extended);
+
+/*
+ * Saves progress of a long job: extends its lease like pqmq_keep_alive,
+ * replaces its payload where json (NUL-terminated) or bytes (len bytes) is
+ * non-NULL, and grants extra_retries (>= 0) more deliveries. Returns 0,
+ * PQMQ_ENOTHELD (lease ran out or message gone: nothing changed) or a
+ * negative code.
+ */
+PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *client, const uuid_t id,
+                                int64_t duration_ms, const char *json,
+                                const void *bytes, size_t len, int extra_retries);
+
+/* ---- payloads (payload.c) ---------------------------------------------- */
+
+/*
+ * Checks that data[0..len) is exactly one well-formed msgpack object whose
+ * declared sizes fit in len and whose nesting is at most 64 deep, then
+ * unpacks it into *out (initialise with msgpack_unpacked_init).
+ * Returns 0 or PQMQ_EPAYLOAD (truncated, trailing bytes, hostile sizes).
+ * Caller owns out's zone; release with msgpack_unpacked_destroy.
+ */
+PQMQ_EXPORT int pqmq_unpack(const void *data, size_t len, msgpack_unpacked *out);
+
+/* pqmq_unpack of a job's binary payload. */
+PQMQ_EXPORT int pqmq_job_unpack(const pqmq_job *job, msgpack_unpacked *out);
+
+/* Looks up key (a msgpack str) in a map object. Borrowed from obj; NULL when
+ * obj is no map or has no such key. */
+PQMQ_EXPORT const msgpack_object *pqmq_map_get(const msgpack_object *obj,
+                                               const char *key);
+
+/* ---- ids (uuid.c) ------------------------------------------------------ */
+
+/* A new time-ordered id (UUIDv7 layout: 48-bit Unix milliseconds, then
+ * random bits from libuuid), so that ids inserted later sort later. */
+PQMQ_EXPORT void pqmq_uuid_generate(uuid_t out);
+
+/* ---- JSON (json.c) ----------------------------------------------------- */
+
+/* Checks that text[0..len) is one JSON value (RFC 8259). Returns 0, or the
+ * 1-based byte offset where it stops being valid JSON. */
+PQMQ_EXPORT size_t pqmq_json_check(const char *text, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PQMQ_H */

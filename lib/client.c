@@ -1,0 +1,309 @@
+/*
+ * client.c: pqmq_client owns or borrows a PGconn, sets up libpqtypes on it,
+ * runs statements, and turns failures into codes plus messages.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pqmq-int.h"
+
+static char pqmq_empty[] = "";
+
+PQMQ_EXPORT const char *pqmq_strerror(int code)
+{
+    switch (code) {
+    case PQMQ_OK: return "success";
+    case PQMQ_EINVAL: return "bad argument";
+    case PQMQ_ENOMEM: return "out of memory";
+    case PQMQ_ECONN: return "no usable connection";
+    case PQMQ_ESERVER: return "the server refused the request";
+    case PQMQ_ETOOBIG: return "over a size limit";
+    case PQMQ_ENOTHELD: return "message gone or lease expired";
+    case PQMQ_EPAYLOAD: return "payload does not decode";
+    case PQMQ_ESCHEMA: return "queue schema missing (run pqmq_migrate)";
+    default: return "unknown error";
+    }
+}
+
+static pqmq_client *client_new(PGconn *conn, int owns)
+{
+    pqmq_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->conn = conn;
+    c->owns_conn = owns;
+    c->errmsg = pqmq_empty;
+    return c;
+}
+
+PQMQ_EXPORT int pqmq_connect(const char *conninfo, pqmq_client **out)
+{
+    if (!out)
+        return PQMQ_EINVAL;
+    *out = NULL;
+    PGconn *conn = PQconnectdb(conninfo ? conninfo : "");
+    if (!conn)
+        return PQMQ_ENOMEM;
+    pqmq_client *c = client_new(conn, 1);
+    if (!c) {
+        PQfinish(conn);
+        return PQMQ_ENOMEM;
+    }
+    *out = c;
+    return pqmq__ready(c);
+}
+
+PQMQ_EXPORT int pqmq_wrap(PGconn *conn, pqmq_client **out)
+{
+    if (!out)
+        return PQMQ_EINVAL;
+    *out = NULL;
+    if (!conn)
+        return PQMQ_EINVAL;
+    *out = client_new(conn, 0);
+    return *out ? 0 : PQMQ_ENOMEM;
+}
+
+PQMQ_EXPORT void pqmq_client_free(pqmq_client *c)
+{
+    if (!c)
+        return;
+    pqmq__clearerr(c);
+    if (c->owns_conn)
+        PQfinish(c->conn);
+    free(c);
+}
+
+PQMQ_EXPORT PGconn *pqmq_conn(pqmq_client *c)
+{
+    return c ? c->conn : NULL;
+}
+
+PQMQ_EXPORT const char *pqmq_errmsg(const pqmq_client *c)
+{
+    return c ? c->errmsg : pqmq_empty;
+}
+
+PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *c)
+{
+    return c ? c->sqlstate : pqmq_empty;
+}
+
+void pqmq__clearerr(pqmq_client *c)
+{
+    if (c->errmsg != pqmq_empty)
+        free(c->errmsg);
+    c->errmsg = pqmq_empty;
+    c->sqlstate[0] = '\0';
+}
+
+int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    /* libpq messages end in a newline; ours read better without it. */
+    size_t n = strlen(buf);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+        buf[--n] = '\0';
+    if (c->errmsg != pqmq_empty)
+        free(c->errmsg);
+    c->errmsg = strdup(buf);
+    if (!c->errmsg)
+        c->errmsg = pqmq_empty;
+    return code;
+}
+
+int pqmq__ready(pqmq_client *c)
+{
+    if (PQstatus(c->conn) != CONNECTION_OK)
+        return pqmq__seterr(c, PQMQ_ECONN, "connection is not usable: %s",
+                            PQerrorMessage(c->conn));
+    if (c->typed_conn != c->conn) {
+        /* Fails only when the caller already set libpqtypes up on a
+         * borrowed conn, which is as good for us. */
+        (void)PQinitTypes(c->conn);
+        c->typed_conn = c->conn;
+        c->composite_ready = 0;
+    }
+    return 0;
+}
+
+int pqmq__need_composite(pqmq_client *c)
+{
+    if (c->composite_ready)
+        return 0;
+    PGregisterType t = {"mq_new_t", NULL, NULL};
+    if (!PQregisterTypes(c->conn, PQT_COMPOSITE, &t, 1, 0)) {
+        const char *why = PQgeterror();
+        if (PQstatus(c->conn) != CONNECTION_OK)
+            return pqmq__seterr(c, PQMQ_ECONN, "connection lost: %s",
+                                PQerrorMessage(c->conn));
+        return pqmq__seterr(c, PQMQ_ESCHEMA,
+                            "type mq_new_t not found on the search_path "
+                            "(run pqmq_migrate): %s", why);
+    }
+    c->composite_ready = 1;
+    return 0;
+}
+
+/* Maps a failed statement to a code and message. */
+static int fail_from(pqmq_client *c, const char *what, const char *msg,
+                     const char *state)
+{
+    if (PQstatus(c->conn) != CONNECTION_OK)
+        return pqmq__seterr(c, PQMQ_ECONN, "%s: connection lost: %s", what,
+                            PQerrorMessage(c->conn));
+    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+    int code = PQMQ_ESERVER;
+    if (state && (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
+                  !strcmp(state, "42704")))
+        code = PQMQ_ESCHEMA; /* undefined function, table or type */
+    else if (state && !strcmp(state, "22023"))
+        code = PQMQ_EINVAL; /* invalid_parameter_value from our checks */
+    else if (state && !strcmp(state, "54000"))
+        code = PQMQ_ETOOBIG; /* program_limit_exceeded */
+    char keep[sizeof c->sqlstate];
+    memcpy(keep, c->sqlstate, sizeof keep);
+    int rc = pqmq__seterr(c, code, "%s: %s%s%s%s", what, msg && *msg ? msg : "error",
+                          state ? " (SQLSTATE " : "", state ? state : "",
+                          state ? ")" : "");
+    memcpy(c->sqlstate, keep, sizeof keep);
+    return rc;
+}
+
+PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
+                     const char *what, int *rc)
+{
+    PGresult *r = PQparamExec(c->conn, param, sql, 1);
+    if (r) {
+        *rc = 0;
+        return r;
+    }
+    *rc = fail_from(c, what, PQgeterror(), PQgetErrorField(PG_DIAG_SQLSTATE));
+    return NULL;
+}
+
+PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what,
+                          int *rc)
+{
+    PGresult *r = PQexec(c->conn, sql);
+    ExecStatusType st = PQresultStatus(r);
+    if (r && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)) {
+        *rc = 0;
+        return r;
+    }
+    if (!r) {
+        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
+        return NULL;
+    }
+    *rc = fail_from(c, what, PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
+                    PQresultErrorField(r, PG_DIAG_SQLSTATE));
+    PQclear(r);
+    return NULL;
+}
+
+void pqmq__ms_to_interval(int64_t ms, PGinterval *iv)
+{
+    memset(iv, 0, sizeof *iv);
+    iv->hours = (int)(ms / 3600000);
+    ms %= 3600000;
+    iv->mins = (int)(ms / 60000);
+    ms %= 60000;
+    iv->secs = (int)(ms / 1000);
+    iv->usecs = (int)(ms % 1000) * 1000;
+}
+
+int64_t pqmq__interval_to_ms(const PGinterval *iv)
+{
+    int64_t days = ((int64_t)iv->years * 12 + iv->mons) * 30 + iv->days;
+    int64_t ms = days * 86400000 + (int64_t)iv->hours * 3600000 +
+                 (int64_t)iv->mins * 60000 + (int64_t)iv->secs * 1000;
+    /* Round up so that "wait 0.2 ms" never becomes a busy "wait 0 ms". */
+    return ms + (iv->usecs + 999) / 1000;
+}
+
+int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what)
+{
+    if (ms < 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s is negative (%lld ms)", what,
+                            (long long)ms);
+    if (ms > PQMQ_MAX_DURATION_MS)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "%s of %lld ms is over the limit of 3650 days", what,
+                            (long long)ms);
+    return 0;
+}
+
+PGparam *pqmq__param(pqmq_client *c)
+{
+    PGparam *p = PQparamCreate(c->conn);
+    if (!p)
+        pqmq__seterr(c, PQMQ_ENOMEM, "out of memory creating parameters");
+    return p;
+}
+
+int pqmq__check_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what)
+{
+    if (!ids || n == 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: no ids given (ids %s, n %zu)", what,
+                            ids ? "set" : "NULL", n);
+    if (n > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_ETOOBIG, "%s: %zu ids is over the limit of %d",
+                            what, n, PQMQ_MAX_BATCH);
+    return 0;
+}
+
+int pqmq__put_uuids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
+                    const char *what)
+{
+    PGarray arr;
+    memset(&arr, 0, sizeof arr);
+    arr.param = pqmq__param(c);
+    if (!arr.param)
+        return PQMQ_ENOMEM;
+    int ok = 1;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = PQputf(arr.param, "%uuid", (PGuuid)ids[i]);
+    ok = ok && PQputf(param, "%uuid[]", &arr);
+    PQparamClear(arr.param);
+    if (!ok)
+        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: cannot build the id array: %s", what,
+                            PQgeterror());
+    return 0;
+}
+
+int pqmq__utf8_ok(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned c = *p;
+        int extra;
+        unsigned min;
+        if (c < 0x80) {
+            p++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            extra = 1, min = 0x80, c &= 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            extra = 2, min = 0x800, c &= 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            extra = 3, min = 0x10000, c &= 0x07;
+        } else {
+            return 0;
+        }
+        p++;
+        for (int i = 0; i < extra; i++, p++) {
+            if ((*p & 0xc0) != 0x80)
+                return 0;
+            c = (c << 6) | (*p & 0x3f);
+        }
+        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return 0;
+    }
+    return 1;
+}

@@ -1,0 +1,354 @@
+/*
+ * consume.c: polling a batch and what a consumer does with its jobs:
+ * complete, fail, keep alive, checkpoint.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pqmq-int.h"
+
+struct pqmq_job {
+    uuid_t id;
+    const char *name;    /* these point into the batch's PGresult */
+    const char *channel;
+    const char *args;
+    const char *json;    /* NULL: none */
+    const void *bytes;   /* NULL: none */
+    size_t bytes_len;
+    int committed;
+    int attempt;
+    int retries_left;
+    int64_t lease_ms;
+};
+
+struct pqmq_batch {
+    PGresult *res;
+    pqmq_job *jobs;
+    size_t n;
+    int64_t wait_ms;
+};
+
+PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *b)
+{
+    if (!b)
+        return;
+    PQclear(b->res);
+    free(b->jobs);
+    free(b);
+}
+
+static int put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
+                        size_t n)
+{
+    if (!channels)
+        return PQputf(param, "%text[]", NULL) ? 0
+               : pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+    if (n == 0)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "pqmq_poll: nchannels is 0 (pass channels NULL for all)");
+    PGarray arr;
+    memset(&arr, 0, sizeof arr);
+    arr.param = pqmq__param(c);
+    if (!arr.param)
+        return PQMQ_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (!channels[i] || !*channels[i])
+            rc = pqmq__seterr(c, PQMQ_EINVAL, "pqmq_poll: channels[%zu] is NULL or empty", i);
+        else if (!PQputf(arr.param, "%text*", channels[i]))
+            rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+    }
+    if (!rc && !PQputf(param, "%text[]", &arr))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+    PQparamClear(arr.param);
+    return rc;
+}
+
+/* Reads row i of the poll result into job j. */
+static int read_job(PGresult *r, int i, pqmq_job *j)
+{
+    PGuuid id = NULL;
+    PGbool committed = 0;
+    PGtext name = NULL, json = NULL, chan = NULL, args = NULL;
+    PGbytea bytes = {0, NULL};
+    PGinterval lease, wait;
+    PGint4 attempt = 0, left = 0;
+    if (!PQgetf(r, i, "%uuid %bool %text %text %bytea %interval %interval %text %text "
+                      "%int4 %int4",
+                0, &id, 1, &committed, 2, &name, 3, &json, 4, &bytes, 5, &lease, 6,
+                &wait, 7, &chan, 8, &args, 9, &attempt, 10, &left))
+        return -1;
+    memcpy(j->id, id, sizeof(uuid_t));
+    j->committed = committed;
+    j->name = name ? name : "";
+    j->channel = chan ? chan : "";
+    j->args = args ? args : "";
+    j->json = PQgetisnull(r, i, 3) ? NULL : json;
+    j->bytes = PQgetisnull(r, i, 4) ? NULL : bytes.data;
+    j->bytes_len = j->bytes ? (size_t)bytes.len : 0;
+    j->attempt = attempt;
+    j->retries_left = left;
+    j->lease_ms = pqmq__interval_to_ms(&lease);
+    return 0;
+}
+
+static int fill_batch(pqmq_client *c, pqmq_batch *b)
+{
+    int rows = PQntuples(b->res);
+    b->wait_ms = -1;
+    if (rows == 1 && PQgetisnull(b->res, 0, 0)) {
+        /* Nothing ready: the one row carries wait_time. */
+        PGinterval wait;
+        if (!PQgetisnull(b->res, 0, 6)) {
+            if (!PQgetf(b->res, 0, "%interval", 6, &wait))
+                return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_poll: bad wait_time: %s",
+                                    PQgeterror());
+            b->wait_ms = pqmq__interval_to_ms(&wait);
+        }
+        return 0;
+    }
+    b->jobs = calloc(rows ? (size_t)rows : 1, sizeof *b->jobs);
+    if (!b->jobs)
+        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: out of memory");
+    for (int i = 0; i < rows; i++)
+        if (read_job(b->res, i, &b->jobs[i]))
+            return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_poll: bad row %d: %s", i,
+                                PQgeterror());
+    b->n = (size_t)rows;
+    b->wait_ms = 0;
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nchannels,
+                          int batch_size, pqmq_batch **out)
+{
+    if (!c || !out)
+        return PQMQ_EINVAL;
+    *out = NULL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (rc)
+        return rc;
+    if (batch_size < 1 || batch_size > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_poll: batch_size %d is outside 1..%d",
+                            batch_size, PQMQ_MAX_BATCH);
+    PGparam *param = pqmq__param(c);
+    if (!param)
+        return PQMQ_ENOMEM;
+    rc = put_channels(c, param, channels, nchannels);
+    if (!rc && !PQputf(param, "%int4", batch_size))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+    PGresult *res = NULL;
+    if (!rc)
+        res = pqmq__exec(c, param,
+                         "SELECT id, is_committed, name, payload_json, payload_bytes, "
+                         "retry_backoff, wait_time, channel_name, channel_args, attempt, "
+                         "attempts_left FROM mq_poll_jobs($1, $2)",
+                         "pqmq_poll", &rc);
+    PQparamClear(param);
+    if (rc)
+        return rc;
+    pqmq_batch *b = calloc(1, sizeof *b);
+    if (!b) {
+        PQclear(res);
+        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: out of memory");
+    }
+    b->res = res;
+    rc = fill_batch(c, b);
+    if (rc) {
+        pqmq_batch_free(b);
+        return rc;
+    }
+    *out = b;
+    return 0;
+}
+
+PQMQ_EXPORT size_t pqmq_batch_count(const pqmq_batch *b) { return b ? b->n : 0; }
+
+PQMQ_EXPORT const pqmq_job *pqmq_batch_job(const pqmq_batch *b, size_t i)
+{
+    return b && i < b->n ? &b->jobs[i] : NULL;
+}
+
+PQMQ_EXPORT int64_t pqmq_batch_wait_ms(const pqmq_batch *b) { return b ? b->wait_ms : -1; }
+
+PQMQ_EXPORT void pqmq_job_id(const pqmq_job *j, uuid_t out)
+{
+    if (j)
+        memcpy(out, j->id, sizeof(uuid_t));
+    else
+        uuid_clear(out);
+}
+
+PQMQ_EXPORT const char *pqmq_job_name(const pqmq_job *j) { return j ? j->name : NULL; }
+PQMQ_EXPORT const char *pqmq_job_channel(const pqmq_job *j) { return j ? j->channel : NULL; }
+PQMQ_EXPORT const char *pqmq_job_args(const pqmq_job *j) { return j ? j->args : NULL; }
+PQMQ_EXPORT const char *pqmq_job_json(const pqmq_job *j) { return j ? j->json : NULL; }
+
+PQMQ_EXPORT const void *pqmq_job_bytes(const pqmq_job *j, size_t *len)
+{
+    if (len)
+        *len = j ? j->bytes_len : 0;
+    return j ? j->bytes : NULL;
+}
+
+PQMQ_EXPORT int pqmq_job_is_committed(const pqmq_job *j) { return j ? j->committed : 0; }
+PQMQ_EXPORT int pqmq_job_attempt(const pqmq_job *j) { return j ? j->attempt : 0; }
+PQMQ_EXPORT int pqmq_job_retries_left(const pqmq_job *j) { return j ? j->retries_left : 0; }
+PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *j) { return j ? j->lease_ms : 0; }
+
+/* Starts a call that takes ids: clears the error and checks the arguments. */
+static int begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
+                     PGparam **param)
+{
+    *param = NULL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc)
+        rc = pqmq__check_ids(c, ids, n, what);
+    if (!rc && !(*param = pqmq__param(c)))
+        rc = PQMQ_ENOMEM;
+    if (!rc)
+        rc = pqmq__put_uuids(c, *param, ids, n, what);
+    return rc;
+}
+
+/* Runs sql with param and returns the single value of its single row as an
+ * int (booleans as 0/1) in *value. */
+static int exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,
+                       const char *spec, int *value)
+{
+    int rc;
+    PGresult *r = pqmq__exec(c, param, sql, what, &rc);
+    if (!r)
+        return rc;
+    *value = 0;
+    if (spec && !PQgetf(r, 0, spec, 0, value))
+        rc = pqmq__seterr(c, PQMQ_ESERVER, "%s: unexpected result: %s", what, PQgeterror());
+    PQclear(r);
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_complete(pqmq_client *c, const uuid_t *ids, size_t n)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    PGparam *param;
+    int rc = begin_ids(c, ids, n, "pqmq_complete", &param);
+    if (!rc)
+        rc = exec_scalar(c, param, "SELECT mq_delete($1)", "pqmq_complete", NULL, &(int){0});
+    PQparamClear(param);
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *c, const pqmq_batch *b)
+{
+    if (!c || !b)
+        return PQMQ_EINVAL;
+    if (b->n == 0)
+        return 0;
+    uuid_t *ids = malloc(b->n * sizeof *ids);
+    if (!ids)
+        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_complete_batch: out of memory");
+    for (size_t i = 0; i < b->n; i++)
+        memcpy(ids[i], b->jobs[i].id, sizeof(uuid_t));
+    int rc = pqmq_complete(c, (const uuid_t *)ids, b->n);
+    free(ids);
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *c, const uuid_t *ids, size_t n,
+                                int64_t duration_ms, size_t *extended)
+{
+    if (extended)
+        *extended = 0;
+    if (!c)
+        return PQMQ_EINVAL;
+    PGparam *param;
+    int rc = begin_ids(c, ids, n, "pqmq_keep_alive", &param);
+    if (!rc)
+        rc = pqmq__check_ms(c, duration_ms, "pqmq_keep_alive: duration");
+    PGinterval iv;
+    pqmq__ms_to_interval(duration_ms, &iv);
+    if (!rc && !PQputf(param, "%interval", &iv))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_keep_alive: %s", PQgeterror());
+    int count = 0;
+    if (!rc)
+        rc = exec_scalar(c, param, "SELECT mq_keep_alive_count($1, $2)", "pqmq_keep_alive",
+                         "%int4", &count);
+    if (!rc && extended)
+        *extended = (size_t)count;
+    PQparamClear(param);
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_fail(pqmq_client *c, const uuid_t id, const char *error)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (rc)
+        return rc;
+    if (!id)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_fail: id is NULL");
+    PGparam *param = pqmq__param(c);
+    if (!param)
+        return PQMQ_ENOMEM;
+    int held = 0;
+    if (!PQputf(param, "%uuid %text*", (PGuuid)id, error))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_fail: %s", PQgeterror());
+    if (!rc)
+        rc = exec_scalar(c, param, "SELECT mq_fail($1, $2)", "pqmq_fail", "%bool", &held);
+    PQparamClear(param);
+    if (!rc && !held)
+        rc = pqmq__seterr(c, PQMQ_ENOTHELD,
+                          "pqmq_fail: message is gone or its lease ran out");
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *c, const uuid_t id, int64_t duration_ms,
+                                const char *json, const void *bytes, size_t len,
+                                int extra_retries)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (rc)
+        return rc;
+    if (!id)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_checkpoint: id is NULL");
+    if ((rc = pqmq__check_ms(c, duration_ms, "pqmq_checkpoint: duration")))
+        return rc;
+    if (extra_retries < 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_checkpoint: extra_retries is negative (%d)",
+                            extra_retries);
+    size_t jlen = json ? strlen(json) : 0;
+    if (jlen > PQMQ_MAX_PAYLOAD || (bytes && len > PQMQ_MAX_PAYLOAD))
+        return pqmq__seterr(c, PQMQ_ETOOBIG, "pqmq_checkpoint: payload is over %d bytes",
+                            PQMQ_MAX_PAYLOAD);
+    size_t at = json ? pqmq_json_check(json, jlen) : 0;
+    if (at)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "pqmq_checkpoint: payload is not valid JSON (at byte %zu)", at);
+    PGparam *param = pqmq__param(c);
+    if (!param)
+        return PQMQ_ENOMEM;
+    PGinterval iv;
+    pqmq__ms_to_interval(duration_ms, &iv);
+    PGbytea b = {(int)len, (char *)bytes};
+    int found = 0;
+    if (!PQputf(param, "%uuid %interval %text* %bytea* %int4", (PGuuid)id, &iv, json,
+                bytes ? &b : NULL, extra_retries))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_checkpoint: %s", PQgeterror());
+    if (!rc)
+        rc = exec_scalar(c, param, "SELECT mq_checkpoint_found($1, $2, $3, $4, $5)",
+                         "pqmq_checkpoint", "%bool", &found);
+    PQparamClear(param);
+    if (!rc && !found)
+        rc = pqmq__seterr(c, PQMQ_ENOTHELD,
+                          "pqmq_checkpoint: message is gone or its lease ran out");
+    return rc;
+}

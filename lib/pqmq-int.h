@@ -1,0 +1,82 @@
+/*
+ * pqmq-int.h: declarations shared by the files of lib/ and nothing else.
+ * Internal functions carry the pqmq__ prefix and hidden visibility.
+ */
+#ifndef PQMQ_INT_H
+#define PQMQ_INT_H
+
+#include <libpqtypes.h>
+
+#include "pqmq.h"
+
+struct pqmq_client {
+    PGconn *conn;
+    int owns_conn;       /* pqmq_connect opened conn: free closes it */
+    PGconn *typed_conn;  /* the conn libpqtypes was set up on */
+    int composite_ready; /* mq_new_t registered on typed_conn */
+    char *errmsg;        /* "" or malloc'd; reset by each API call */
+    char sqlstate[6];
+};
+
+struct pqmq_msg {
+    uuid_t id;
+    char *channel;
+    char *args;   /* NULL means "" */
+    char *name;   /* NULL means "" */
+    char *json;   /* NULL: no JSON payload */
+    void *bytes;  /* NULL: no binary payload */
+    size_t bytes_len;
+    int64_t delay_ms;
+    int64_t backoff_ms;
+    int64_t commit_interval_ms; /* -1: not two-phase */
+    int retries;
+    int ordered;
+};
+
+typedef struct {
+    int version;
+    const char *name;
+    const char *sql;
+} pqmq_migration;
+
+extern const pqmq_migration pqmq_migrations[];
+extern const size_t pqmq_migration_count;
+
+/* Starts an API call: clears the client's error. */
+void pqmq__clearerr(pqmq_client *c);
+/* Sets the client's error to code and a formatted message; returns code. */
+int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Checks that the connection is usable and libpqtypes is set up on it;
+ * returns 0 or PQMQ_ECONN/PQMQ_ENOMEM with the error set. */
+int pqmq__ready(pqmq_client *c);
+/* Registers mq_new_t with libpqtypes (once per connection). */
+int pqmq__need_composite(pqmq_client *c);
+/*
+ * Runs a parameterised statement through libpqtypes with binary results.
+ * On failure sets the client's error (prefixed with what) from the server
+ * or the connection and returns NULL; *rc receives the error code.
+ */
+PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
+                     const char *what, int *rc);
+/* Like pqmq__exec for plain SQL text without parameters (text results). */
+PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what,
+                          int *rc);
+
+/* Puts ids as one uuid[] parameter. Returns 0 or sets the error. */
+int pqmq__put_uuids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
+                    const char *what);
+/* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
+PGparam *pqmq__param(pqmq_client *c);
+/* Checks an id array argument: ids non-NULL, 1 <= n <= PQMQ_MAX_BATCH. */
+int pqmq__check_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what);
+/* Is s valid UTF-8? (Only checked when the client encoding is UTF8.) */
+int pqmq__utf8_ok(const char *s);
+
+/* Milliseconds <-> libpqtypes intervals (30-day months, as PostgreSQL). */
+void pqmq__ms_to_interval(int64_t ms, PGinterval *iv);
+int64_t pqmq__interval_to_ms(const PGinterval *iv);
+/* Checks 0 <= ms <= PQMQ_MAX_DURATION_MS; sets the error naming what. */
+int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what);
+
+#endif

@@ -1,0 +1,179 @@
+/*
+ * produce.c: inserting a batch in one round trip (an mq_new_t[] sent in
+ * binary through libpqtypes) and committing two-phase messages.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "pqmq-int.h"
+
+/* Largest request we build: well under PostgreSQL's 1 GB message limit. */
+#define MAX_BATCH_BYTES ((size_t)256 * 1024 * 1024)
+
+static int is_utf8_client(pqmq_client *c)
+{
+    return strcmp(pg_encoding_to_char(PQclientEncoding(c->conn)), "UTF8") == 0;
+}
+
+static int check_text(pqmq_client *c, size_t i, const char *field, const char *s,
+                      int utf8)
+{
+    if (s && utf8 && !pqmq__utf8_ok(s))
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: %s is not valid UTF-8",
+                            i, field);
+    return 0;
+}
+
+/* Names the first thing wrong with message i, as the server would. */
+static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
+{
+    if (!m)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu] is NULL", i);
+    if (!m->channel || !*m->channel)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "pqmq_insert: msgs[%zu]: channel is NULL or empty", i);
+    int rc = check_text(c, i, "channel", m->channel, utf8);
+    if (!rc)
+        rc = check_text(c, i, "channel args", m->args, utf8);
+    if (!rc)
+        rc = check_text(c, i, "name", m->name, utf8);
+    if (rc)
+        return rc;
+    if (m->retries < 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: retries is negative (%d)",
+                            i, m->retries);
+    if (m->backoff_ms <= 0)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "pqmq_insert: msgs[%zu]: backoff must be positive (%lld ms)", i,
+                            (long long)m->backoff_ms);
+    char what[64];
+    snprintf(what, sizeof what, "pqmq_insert: msgs[%zu]: delay", i);
+    if ((rc = pqmq__check_ms(c, m->delay_ms, what)))
+        return rc;
+    snprintf(what, sizeof what, "pqmq_insert: msgs[%zu]: backoff", i);
+    if ((rc = pqmq__check_ms(c, m->backoff_ms, what)))
+        return rc;
+    snprintf(what, sizeof what, "pqmq_insert: msgs[%zu]: commit interval", i);
+    if (m->commit_interval_ms >= 0 && (rc = pqmq__check_ms(c, m->commit_interval_ms, what)))
+        return rc;
+    if (m->json) {
+        size_t len = strlen(m->json);
+        if (len > PQMQ_MAX_PAYLOAD)
+            return pqmq__seterr(c, PQMQ_ETOOBIG,
+                                "pqmq_insert: msgs[%zu]: JSON payload of %zu bytes is over "
+                                "the limit of %d", i, len, PQMQ_MAX_PAYLOAD);
+        size_t at = pqmq_json_check(m->json, len);
+        if (at)
+            return pqmq__seterr(c, PQMQ_EINVAL,
+                                "pqmq_insert: msgs[%zu]: payload is not valid JSON "
+                                "(at byte %zu)", i, at);
+    }
+    if (m->bytes && m->bytes_len > PQMQ_MAX_PAYLOAD)
+        return pqmq__seterr(c, PQMQ_ETOOBIG,
+                            "pqmq_insert: msgs[%zu]: binary payload of %zu bytes is over "
+                            "the limit of %d", i, m->bytes_len, PQMQ_MAX_PAYLOAD);
+    return 0;
+}
+
+static int check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
+{
+    if (!msgs || n == 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: empty batch (msgs %s, n %zu)",
+                            msgs ? "set" : "NULL", n);
+    if (n > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_ETOOBIG,
+                            "pqmq_insert: batch of %zu messages is over the limit of %d", n,
+                            PQMQ_MAX_BATCH);
+    int utf8 = is_utf8_client(c);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc = check_msg(c, i, msgs[i], utf8);
+        if (rc)
+            return rc;
+        total += (msgs[i]->json ? strlen(msgs[i]->json) : 0) + msgs[i]->bytes_len;
+        if (total > MAX_BATCH_BYTES)
+            return pqmq__seterr(c, PQMQ_ETOOBIG,
+                                "pqmq_insert: batch payloads exceed %zu MiB in all; "
+                                "split the batch", MAX_BATCH_BYTES >> 20);
+    }
+    return 0;
+}
+
+/* Puts one message as the fields of an mq_new_t, in the type's order. */
+static int put_msg(PGparam *el, const pqmq_msg *m)
+{
+    PGinterval delay, backoff, commit;
+    pqmq__ms_to_interval(m->delay_ms, &delay);
+    pqmq__ms_to_interval(m->backoff_ms, &backoff);
+    pqmq__ms_to_interval(m->commit_interval_ms, &commit);
+    PGbytea bytes = {(int)m->bytes_len, (char *)m->bytes};
+    return PQputf(el,
+                  "%uuid %interval %int4 %interval %text* %text* %interval %bool "
+                  "%text* %text* %bytea*",
+                  (PGuuid)m->id, &delay, m->retries, &backoff, m->channel,
+                  m->args ? m->args : "", m->commit_interval_ms >= 0 ? &commit : NULL,
+                  (PGbool)m->ordered, m->name ? m->name : "", m->json,
+                  m->bytes ? &bytes : NULL);
+}
+
+static int put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n)
+{
+    PGarray arr;
+    memset(&arr, 0, sizeof arr);
+    arr.param = pqmq__param(c);
+    PGparam *el = pqmq__param(c);
+    int ok = arr.param && el;
+    for (size_t i = 0; ok && i < n; i++) {
+        PQparamReset(el);
+        ok = put_msg(el, msgs[i]) && PQputf(arr.param, "%mq_new_t", el);
+    }
+    ok = ok && PQputf(param, "%mq_new_t[]", &arr);
+    PQparamClear(el);
+    PQparamClear(arr.param);
+    if (!ok)
+        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_insert: cannot build the batch: %s",
+                            PQgeterror());
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc)
+        rc = check_batch(c, msgs, n);
+    if (!rc)
+        rc = pqmq__need_composite(c);
+    if (rc)
+        return rc;
+    PGparam *param = pqmq__param(c);
+    if (!param)
+        return PQMQ_ENOMEM;
+    rc = put_batch(c, param, msgs, n);
+    if (!rc)
+        PQclear(pqmq__exec(c, param, "SELECT mq_insert($1)", "pqmq_insert", &rc));
+    PQparamClear(param);
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_commit(pqmq_client *c, const uuid_t *ids, size_t n)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc)
+        rc = pqmq__check_ids(c, ids, n, "pqmq_commit");
+    if (rc)
+        return rc;
+    PGparam *param = pqmq__param(c);
+    if (!param)
+        return PQMQ_ENOMEM;
+    rc = pqmq__put_uuids(c, param, ids, n, "pqmq_commit");
+    if (!rc)
+        PQclear(pqmq__exec(c, param, "SELECT mq_commit($1)", "pqmq_commit", &rc));
+    PQparamClear(param);
+    return rc;
+}

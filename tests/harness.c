@@ -1,0 +1,194 @@
+/* harness.c: see harness.h. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "harness.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+int t_failed_checks;
+static int t_failed_funcs, t_ran_funcs, t_fn_failed;
+static char t_schema_name[64];
+static const char *t_dsn_value;
+
+void t_fail(const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stdout, "    FAIL %s:%d: ", file, line);
+    va_start(ap, fmt);
+    vfprintf(stdout, fmt, ap);
+    va_end(ap);
+    fputc('\n', stdout);
+    fflush(stdout);
+    t_failed_checks++;
+    t_fn_failed = 1;
+}
+
+void t_run(const char *name, void (*fn)(void))
+{
+    int64_t t0 = t_now_ms();
+    t_fn_failed = 0;
+    fn();
+    t_ran_funcs++;
+    if (t_fn_failed)
+        t_failed_funcs++;
+    printf("%s - %s (%lld ms)\n", t_fn_failed ? "not ok" : "ok", name,
+           (long long)(t_now_ms() - t0));
+    fflush(stdout);
+}
+
+const char *t_dsn(void) { return t_dsn_value; }
+const char *t_schema(void) { return t_schema_name; }
+
+static PGconn *t_connect_raw(const char *schema)
+{
+    char options[160];
+    snprintf(options, sizeof options, "-c search_path=%s -c client_min_messages=warning",
+             schema ? schema : "public");
+    const char *keys[] = {"dbname", "options", NULL};
+    const char *vals[] = {t_dsn_value, options, NULL};
+    PGconn *c = PQconnectdbParams(keys, vals, 1);
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "cannot connect to %s: %s", t_dsn_value, PQerrorMessage(c));
+        exit(1);
+    }
+    return c;
+}
+
+PGconn *t_pg(void) { return t_connect_raw(t_schema_name); }
+
+pqmq_client *t_client(void)
+{
+    /* PQMQ_TEST_DSN is a key=value conninfo, so options can be appended. */
+    char *conninfo = NULL;
+    if (asprintf(&conninfo, "%s options='-c search_path=%s -c client_min_messages=warning'",
+                 t_dsn_value, t_schema_name) < 0)
+        abort();
+    pqmq_client *c = NULL;
+    if (pqmq_connect(conninfo, &c) != 0) {
+        fprintf(stderr, "pqmq_connect failed: %s\n", pqmq_errmsg(c));
+        exit(1);
+    }
+    free(conninfo);
+    return c;
+}
+
+static PGresult *t_vsql(PGconn *conn, const char *fmt, va_list ap)
+{
+    char *sql = NULL;
+    if (vasprintf(&sql, fmt, ap) < 0)
+        abort();
+    PGresult *r = PQexec(conn, sql);
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+        t_fail(__FILE__, __LINE__, "SQL failed: %s\n      %s", sql,
+               PQerrorMessage(conn));
+        PQclear(r);
+        r = NULL;
+    }
+    free(sql);
+    return r;
+}
+
+PGresult *t_sql(PGconn *conn, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PGresult *r = t_vsql(conn, fmt, ap);
+    va_end(ap);
+    return r;
+}
+
+void t_exec(PGconn *conn, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PQclear(t_vsql(conn, fmt, ap));
+    va_end(ap);
+}
+
+long long t_sql_int(PGconn *conn, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PGresult *r = t_vsql(conn, fmt, ap);
+    va_end(ap);
+    long long v = -1;
+    if (r && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+        v = atoll(PQgetvalue(r, 0, 0));
+    else
+        t_fail(__FILE__, __LINE__, "expected one non-NULL value");
+    PQclear(r);
+    return v;
+}
+
+void t_init(const char *test_name)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    t_dsn_value = getenv("PQMQ_TEST_DSN");
+    if (!t_dsn_value || !*t_dsn_value) {
+        printf("SKIP: PQMQ_TEST_DSN is not set (tests/run-tests.sh sets it)\n");
+        exit(77);
+    }
+    snprintf(t_schema_name, sizeof t_schema_name, "t_%.30s_%ld", test_name,
+             (long)getpid());
+    PGconn *c = t_connect_raw(NULL);
+    t_exec(c, "DROP SCHEMA IF EXISTS %s CASCADE", t_schema_name);
+    t_exec(c, "CREATE SCHEMA %s", t_schema_name);
+    PQfinish(c);
+    pqmq_client *q = t_client();
+    if (pqmq_migrate(q) != 0) {
+        fprintf(stderr, "pqmq_migrate failed: %s\n", pqmq_errmsg(q));
+        exit(1);
+    }
+    pqmq_client_free(q);
+}
+
+int t_done(void)
+{
+    PGconn *c = t_connect_raw(NULL);
+    PQclear(PQexec(c, "SET client_min_messages = warning"));
+    t_exec(c, "DROP SCHEMA IF EXISTS %s CASCADE", t_schema_name);
+    PQfinish(c);
+    printf("%d passed, %d failed\n", t_ran_funcs - t_failed_funcs, t_failed_funcs);
+    return t_failed_funcs ? 1 : 0;
+}
+
+void t_truncate(void)
+{
+    PGconn *c = t_pg();
+    t_exec(c, "TRUNCATE mq_msgs, mq_payloads, mq_chains");
+    PQfinish(c);
+}
+
+int64_t t_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void t_sleep_ms(int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+pqmq_msg *t_msg(const char *channel, const char *args, const char *name,
+                const char *json, int ordered)
+{
+    pqmq_msg *m = pqmq_msg_new();
+    if (!m || pqmq_msg_set_channel(m, channel, args) || pqmq_msg_set_name(m, name) ||
+        pqmq_msg_set_json(m, json) || pqmq_msg_set_ordered(m, ordered))
+        abort();
+    return m;
+}
+
+void t_msgs_free(pqmq_msg **msgs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        pqmq_msg_free(msgs[i]);
+}

@@ -1,0 +1,309 @@
+/* test_insert.c: pqmq_insert and the producer's bad inputs (semantic 1). */
+#include <stdlib.h>
+
+#include "harness.h"
+
+static pqmq_client *q;
+static PGconn *pg;
+
+static long long count_msgs(void)
+{
+    return t_sql_int(pg, "SELECT (SELECT count(*) FROM mq_msgs) + (SELECT count(*) FROM mq_payloads)");
+}
+
+static void test_insert_one_round_trip_fields(void)
+{
+    t_truncate();
+    pqmq_msg *m = t_msg("mail", "user-7", "send", "{\"to\": \"a@b\"}", 0);
+    static const unsigned char bin[] = {0, 1, 2, 255};
+    CHECK_OK(q, pqmq_msg_set_bytes(m, bin, sizeof bin));
+    CHECK_OK(q, pqmq_msg_set_retries(m, 7));
+    CHECK_OK(q, pqmq_msg_set_backoff(m, 2500));
+    CHECK_OK(q, pqmq_msg_set_delay(m, 60000));
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    uuid_t id;
+    char ids[37];
+    pqmq_msg_id(m, id);
+    uuid_unparse_lower(id, ids);
+    PGresult *r = t_sql(pg,
+        "SELECT m.channel_name, m.channel_args, m.attempts, "
+        "extract(epoch FROM m.retry_backoff)*1000, p.name, p.payload_json->>'to', "
+        "encode(p.payload_bytes, 'hex'), "
+        "round(extract(epoch FROM m.attempt_at - m.created_at)), "
+        "m.after_message_id IS NULL "
+        "FROM mq_msgs m JOIN mq_payloads p USING (id) WHERE id = '%s'", ids);
+    CHECK(r && PQntuples(r) == 1);
+    if (r && PQntuples(r) == 1) {
+        CHECK_STR(PQgetvalue(r, 0, 0), "mail");
+        CHECK_STR(PQgetvalue(r, 0, 1), "user-7");
+        CHECK_STR(PQgetvalue(r, 0, 2), "8");   /* first delivery + 7 retries */
+        CHECK_INT(atoll(PQgetvalue(r, 0, 3)), 2500);
+        CHECK_STR(PQgetvalue(r, 0, 4), "send");
+        CHECK_STR(PQgetvalue(r, 0, 5), "a@b");
+        CHECK_STR(PQgetvalue(r, 0, 6), "000102ff");
+        CHECK_STR(PQgetvalue(r, 0, 7), "60");
+        CHECK_STR(PQgetvalue(r, 0, 8), "t");
+    }
+    PQclear(r);
+    pqmq_msg_free(m);
+}
+
+/* Counts the Sync messages (one per round trip) the client sends in fn. */
+static int round_trips(pqmq_client *c, int (*fn)(pqmq_client *, void *), void *arg)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    PQtrace(pqmq_conn(c), f);
+    CHECK_OK(c, fn(c, arg));
+    PQuntrace(pqmq_conn(c));
+    fclose(f);
+    int syncs = 0;
+    for (char *p = buf; (p = strstr(p, "\tF\t")) != NULL; p++)
+        if (!strncmp(strchr(p + 3, '\t') + 1, "Sync", 4))
+            syncs++;
+    free(buf);
+    return syncs;
+}
+
+struct batch_arg { pqmq_msg **msgs; size_t n; };
+
+static int insert_fn(pqmq_client *c, void *arg)
+{
+    struct batch_arg *a = arg;
+    return pqmq_insert(c, a->msgs, a->n);
+}
+
+static void test_insert_batch_is_one_round_trip(void)
+{
+    t_truncate();
+    enum { N = 500 };
+    pqmq_msg *msgs[N];
+    for (int i = 0; i < N; i++)
+        msgs[i] = t_msg("bulk", NULL, "n", "{}", i % 2);
+    struct batch_arg warm = {msgs, 1}, all = {msgs + 1, N - 1};
+    CHECK_OK(q, insert_fn(q, &warm)); /* type registration happens once */
+    CHECK_INT(round_trips(q, insert_fn, &all), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'bulk'"), N);
+    t_msgs_free(msgs, N);
+}
+
+static void test_rejected_batch_leaves_no_trace(void)
+{
+    t_truncate();
+    pqmq_msg *msgs[3] = {t_msg("a", NULL, "x", "{}", 1), t_msg("a", NULL, "x", "[1,2]", 1),
+                         t_msg("a", NULL, "x", "{\"broken\": ", 1)};
+    CHECK_ERR(q, pqmq_insert(q, msgs, 3), PQMQ_EINVAL, "msgs[2]: payload is not valid JSON");
+    CHECK_INT(count_msgs(), 0);
+    t_msgs_free(msgs, 3);
+}
+
+static void test_server_rejects_invalid_json_atomically(void)
+{
+    /* Another language's client, bypassing the C checks: the server rejects
+     * the whole batch too. */
+    t_truncate();
+    PGresult *r = PQexec(pg,
+        "SELECT mq_insert(ARRAY["
+        "(gen_random_uuid(), NULL, 1, '1s', 'c', '', NULL, false, 'n', '{}', NULL)::mq_new_t,"
+        "(gen_random_uuid(), NULL, 1, '1s', 'c', '', NULL, false, 'n', '{nope', NULL)::mq_new_t])");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22P02");
+    PQclear(r);
+    CHECK_INT(count_msgs(), 0);
+}
+
+static void test_server_names_bad_message(void)
+{
+    t_truncate();
+    PGresult *r = PQexec(pg,
+        "SELECT mq_insert(ARRAY["
+        "(gen_random_uuid(), NULL, 1, '1s', 'c', '', NULL, false, 'n', '{}', NULL)::mq_new_t,"
+        "(gen_random_uuid(), NULL, -1, '1s', 'c', '', NULL, false, 'n', '{}', NULL)::mq_new_t])");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    CHECK(msg && strstr(msg, "message 2 of the batch: retries is negative"));
+    PQclear(r);
+    CHECK_INT(count_msgs(), 0);
+}
+
+static void test_rolled_back_insert_never_exists(void)
+{
+    t_truncate();
+    PGconn *conn = t_pg();
+    pqmq_client *w = NULL;
+    CHECK_OK(w, pqmq_wrap(conn, &w));
+    t_exec(conn, "BEGIN");
+    pqmq_msg *m = t_msg("tx", NULL, "n", "{}", 1);
+    CHECK_OK(w, pqmq_insert(w, &m, 1));
+    CHECK_INT(t_sql_int(conn, "SELECT count(*) FROM mq_msgs"), 1);
+    CHECK_INT(count_msgs(), 0); /* other sessions see nothing yet */
+    t_exec(conn, "ROLLBACK");
+    CHECK_INT(count_msgs(), 0);
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK_INT(pqmq_batch_wait_ms(b), -1);
+    /* The chain it would have started is not left half-made either. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 0);
+    pqmq_batch_free(b);
+    pqmq_msg_free(m);
+    pqmq_client_free(w);
+    PQfinish(conn);
+}
+
+static void test_committed_in_callers_transaction(void)
+{
+    t_truncate();
+    PGconn *conn = t_pg();
+    pqmq_client *w = NULL;
+    CHECK_OK(w, pqmq_wrap(conn, &w));
+    t_exec(conn, "BEGIN");
+    t_exec(conn, "CREATE TEMP TABLE side_effect(x int)");
+    t_exec(conn, "INSERT INTO side_effect VALUES (1)");
+    pqmq_msg *m = t_msg("tx", NULL, "n", "{}", 0);
+    CHECK_OK(w, pqmq_insert(w, &m, 1));
+    t_exec(conn, "COMMIT");
+    CHECK_INT(count_msgs(), 2);
+    pqmq_msg_free(m);
+    pqmq_client_free(w);
+    PQfinish(conn);
+}
+
+/* Each bad message is refused with a code and a message naming the field,
+ * and nothing of its batch is stored. */
+static void expect_bad(pqmq_msg *bad, int code, const char *needle)
+{
+    pqmq_msg *msgs[2] = {t_msg("ok", NULL, "n", "{}", 0), bad};
+    CHECK_ERR(q, pqmq_insert(q, msgs, 2), code, needle);
+    CHECK_INT(count_msgs(), 0);
+    t_msgs_free(msgs, 2);
+}
+
+static void test_bad_inputs(void)
+{
+    t_truncate();
+    pqmq_msg *m;
+
+    expect_bad(pqmq_msg_new(), PQMQ_EINVAL, "msgs[1]: channel is NULL or empty");
+    expect_bad(t_msg("", NULL, "n", NULL, 0), PQMQ_EINVAL, "channel is NULL or empty");
+    expect_bad(t_msg("c", NULL, "n", "not json", 0), PQMQ_EINVAL, "not valid JSON");
+
+    m = t_msg("c", NULL, "n", NULL, 0);
+    pqmq_msg_set_delay(m, -1);
+    expect_bad(m, PQMQ_EINVAL, "delay is negative");
+
+    m = t_msg("c", NULL, "n", NULL, 0);
+    pqmq_msg_set_delay(m, INT64_MAX);
+    expect_bad(m, PQMQ_EINVAL, "over the limit of 3650 days");
+
+    m = t_msg("c", NULL, "n", NULL, 0);
+    pqmq_msg_set_backoff(m, 0);
+    expect_bad(m, PQMQ_EINVAL, "backoff must be positive");
+
+    m = t_msg("c", NULL, "n", NULL, 0);
+    pqmq_msg_set_backoff(m, PQMQ_MAX_DURATION_MS + 1);
+    expect_bad(m, PQMQ_EINVAL, "backoff of");
+
+    m = t_msg("c", NULL, "n", NULL, 0);
+    pqmq_msg_set_commit_interval(m, INT64_MAX);
+    expect_bad(m, PQMQ_EINVAL, "commit interval");
+
+    m = t_msg("c", NULL, "n", NULL, 0);
+    pqmq_msg_set_retries(m, -1);
+    expect_bad(m, PQMQ_EINVAL, "retries is negative");
+
+    m = t_msg("c\xff", NULL, "n", NULL, 0);
+    expect_bad(m, PQMQ_EINVAL, "channel is not valid UTF-8");
+
+    m = t_msg("c", NULL, "n", NULL, 0);
+    char *big = malloc(PQMQ_MAX_PAYLOAD + 2);
+    memset(big, 'x', PQMQ_MAX_PAYLOAD + 1);
+    big[PQMQ_MAX_PAYLOAD + 1] = 0;
+    pqmq_msg_set_bytes(m, big, PQMQ_MAX_PAYLOAD + 1);
+    expect_bad(m, PQMQ_ETOOBIG, "binary payload of 16777217 bytes is over the limit");
+    free(big);
+
+    pqmq_msg *one = t_msg("c", NULL, "n", NULL, 0);
+    CHECK_ERR(q, pqmq_insert(q, &one, 0), PQMQ_EINVAL, "empty batch");
+    CHECK_ERR(q, pqmq_insert(q, NULL, 3), PQMQ_EINVAL, "empty batch");
+    CHECK_ERR(q, pqmq_insert(q, &one, PQMQ_MAX_BATCH + 1), PQMQ_ETOOBIG, "over the limit");
+    pqmq_msg *nul[1] = {NULL};
+    CHECK_ERR(q, pqmq_insert(q, nul, 1), PQMQ_EINVAL, "msgs[0] is NULL");
+    CHECK_INT(count_msgs(), 0);
+    pqmq_msg_free(one);
+}
+
+static void test_payload_at_cap_is_accepted(void)
+{
+    t_truncate();
+    pqmq_msg *m = t_msg("c", NULL, "n", NULL, 0);
+    char *big = calloc(1, PQMQ_MAX_PAYLOAD);
+    pqmq_msg_set_bytes(m, big, PQMQ_MAX_PAYLOAD);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    CHECK_INT(t_sql_int(pg, "SELECT octet_length(payload_bytes) FROM mq_payloads"),
+              PQMQ_MAX_PAYLOAD);
+    free(big);
+    pqmq_msg_free(m);
+    t_truncate();
+}
+
+static void test_duplicate_id_rejects_batch(void)
+{
+    t_truncate();
+    pqmq_msg *msgs[2] = {t_msg("c", NULL, "n", "{}", 0), t_msg("c", NULL, "n", "{}", 0)};
+    uuid_t id;
+    pqmq_msg_id(msgs[0], id);
+    pqmq_msg_set_id(msgs[1], id);
+    CHECK_ERR(q, pqmq_insert(q, msgs, 2), PQMQ_ESERVER, "23505");
+    CHECK_STR(pqmq_sqlstate(q), "23505");
+    CHECK_INT(count_msgs(), 0);
+    t_msgs_free(msgs, 2);
+}
+
+static void test_channel_names_are_data(void)
+{
+    t_truncate();
+    const char *names[] = {"it's; DROP TABLE mq_msgs; --", "\"quoted\"", "Ünïcødé ✓",
+                           "MixedCase", "mixedcase"};
+    enum { N = sizeof names / sizeof *names };
+    pqmq_msg *msgs[N];
+    for (int i = 0; i < N; i++)
+        msgs[i] = t_msg(names[i], names[i], names[i], "{}", 1);
+    CHECK_OK(q, pqmq_insert(q, msgs, N));
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, names, N, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), N);
+    int seen = 0;
+    for (size_t i = 0; i < pqmq_batch_count(b); i++) {
+        const pqmq_job *j = pqmq_batch_job(b, i);
+        for (int k = 0; k < N; k++)
+            if (!strcmp(pqmq_job_channel(j), names[k]) && !strcmp(pqmq_job_args(j), names[k]) &&
+                !strcmp(pqmq_job_name(j), names[k]))
+                seen |= 1 << k;
+    }
+    CHECK_INT(seen, (1 << N) - 1);
+    pqmq_batch_free(b);
+    t_msgs_free(msgs, N);
+}
+
+int main(void)
+{
+    t_init("insert");
+    q = t_client();
+    pg = t_pg();
+    T_RUN(test_insert_one_round_trip_fields);
+    T_RUN(test_insert_batch_is_one_round_trip);
+    T_RUN(test_rejected_batch_leaves_no_trace);
+    T_RUN(test_server_rejects_invalid_json_atomically);
+    T_RUN(test_server_names_bad_message);
+    T_RUN(test_rolled_back_insert_never_exists);
+    T_RUN(test_committed_in_callers_transaction);
+    T_RUN(test_bad_inputs);
+    T_RUN(test_payload_at_cap_is_accepted);
+    T_RUN(test_duplicate_id_rejects_batch);
+    T_RUN(test_channel_names_are_data);
+    pqmq_client_free(q);
+    PQfinish(pg);
+    return t_done();
+}

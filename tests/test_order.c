@@ -1,0 +1,231 @@
+/* test_order.c: ordered chains (semantics 2 and 5). */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "harness.h"
+
+static pqmq_client *q;
+static PGconn *pg;
+
+/* Inserts ordered messages {"seq": first..first+n-1} on chain (ch, args). */
+static void insert_seq(pqmq_client *c, const char *ch, const char *args, int first, int n)
+{
+    pqmq_msg **msgs = calloc((size_t)n, sizeof *msgs);
+    for (int i = 0; i < n; i++) {
+        char json[64];
+        snprintf(json, sizeof json, "{\"seq\": %d}", first + i);
+        msgs[i] = t_msg(ch, args, "step", json, 1);
+    }
+    CHECK_OK(c, pqmq_insert(c, msgs, (size_t)n));
+    t_msgs_free(msgs, (size_t)n);
+    free(msgs);
+}
+
+static int job_seq(const pqmq_job *j)
+{
+    const char *s = strstr(pqmq_job_json(j), "\"seq\": ");
+    return s ? atoi(s + 7) : -1;
+}
+
+/* Drains the given channel one poll at a time, recording seqs in order. */
+static int drain(const char *ch, int *out, int cap)
+{
+    int n = 0;
+    for (int polls = 0; polls < 10 * cap + 10; polls++) {
+        pqmq_batch *b = NULL;
+        const char *chans[] = {ch};
+        CHECK_OK(q, pqmq_poll(q, chans, 1, 100, &b));
+        size_t k = pqmq_batch_count(b);
+        for (size_t i = 0; i < k && n < cap; i++)
+            out[n++] = job_seq(pqmq_batch_job(b, i));
+        if (k)
+            CHECK_OK(q, pqmq_complete_batch(q, b));
+        pqmq_batch_free(b);
+        if (!k) {
+            if (t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = '%s'", ch) == 0)
+                break;
+            t_sleep_ms(5);
+        }
+    }
+    return n;
+}
+
+static void test_batch_order_is_array_order_not_id_order(void)
+{
+    t_truncate();
+    enum { N = 20 };
+    pqmq_msg *msgs[N];
+    for (int i = 0; i < N; i++) {
+        char json[32];
+        snprintf(json, sizeof json, "{\"seq\": %d}", i);
+        msgs[i] = t_msg("ord", "k", "step", json, 1);
+        /* ids descending: id order is the reverse of array order */
+        uuid_t id = {0};
+        id[0] = (unsigned char)(0xf0 - i);
+        id[15] = 1;
+        pqmq_msg_set_id(msgs[i], id);
+    }
+    CHECK_OK(q, pqmq_insert(q, msgs, N));
+    t_msgs_free(msgs, N);
+    int seqs[N];
+    CHECK_INT(drain("ord", seqs, N), N);
+    for (int i = 0; i < N; i++)
+        CHECK_INT(seqs[i], i);
+}
+
+static void test_order_across_batches_and_interleaved_chains(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "a", 0, 5);
+    insert_seq(q, "ord", "b", 100, 3);
+    insert_seq(q, "ord", "a", 5, 5);
+    int seqs[13], a = 0, b = 100;
+    CHECK_INT(drain("ord", seqs, 13), 13);
+    for (int i = 0; i < 13; i++) {
+        if (seqs[i] >= 100)
+            CHECK_INT(seqs[i], b++);
+        else
+            CHECK_INT(seqs[i], a++);
+    }
+    CHECK_INT(a, 10);
+    CHECK_INT(b, 103);
+}
+
+static void test_one_in_flight_per_chain(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "k", 0, 10);
+    t_exec(pg, "UPDATE mq_msgs SET retry_backoff = '300 ms'");
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 100, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    CHECK_INT(job_seq(pqmq_batch_job(b, 0)), 0);
+    pqmq_batch_free(b);
+    /* While the head is leased nothing else of the chain is ready. */
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 100, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK(pqmq_batch_wait_ms(b) > 0 && pqmq_batch_wait_ms(b) <= 300);
+    pqmq_batch_free(b);
+    /* After the lease runs out the same head comes back, not its successor. */
+    t_sleep_ms(350);
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 100, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    CHECK_INT(job_seq(pqmq_batch_job(b, 0)), 0);
+    CHECK_INT(pqmq_job_attempt(pqmq_batch_job(b, 0)), 2);
+    CHECK_OK(q, pqmq_complete_batch(q, b));
+    pqmq_batch_free(b);
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 100, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    CHECK_INT(job_seq(pqmq_batch_job(b, 0)), 1);
+    pqmq_batch_free(b);
+}
+
+/* Deletes the pending messages with these seqs of channel "ord". */
+static void cancel(const char *seqs)
+{
+    t_exec(pg, "SELECT mq_delete(array(SELECT id FROM mq_payloads "
+               "WHERE (payload_json->>'seq')::int IN (%s)))", seqs);
+}
+
+static void test_cancel_anywhere_keeps_order(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "k", 0, 10);
+    cancel("0");        /* the head, before delivery */
+    cancel("4");        /* the middle */
+    cancel("6, 7");     /* two neighbours in one call */
+    cancel("9");        /* the tail */
+    insert_seq(q, "ord", "k", 10, 2); /* appends after the new tail, 8 */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE after_message_id = "
+                            "'00000000-0000-0000-0000-000000000000'"), 1);
+    int seqs[7];
+    static const int want[] = {1, 2, 3, 5, 8, 10, 11};
+    CHECK_INT(drain("ord", seqs, 7), 7);
+    for (int i = 0; i < 7; i++)
+        CHECK_INT(seqs[i], want[i]);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 0);
+}
+
+static void test_cancel_whole_chain_then_restart(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "k", 0, 4);
+    cancel("0, 1, 2, 3");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 0);
+    insert_seq(q, "ord", "k", 4, 2);
+    int seqs[2];
+    CHECK_INT(drain("ord", seqs, 2), 2);
+    CHECK_INT(seqs[0], 4);
+    CHECK_INT(seqs[1], 5);
+}
+
+enum { PRODUCERS = 4, BATCHES = 30, PER_BATCH = 5 };
+
+static void *producer(void *arg)
+{
+    int p = (int)(intptr_t)arg;
+    pqmq_client *c = t_client();
+    for (int b = 0; b < BATCHES; b++)
+        insert_seq(c, "ord", "shared", p * 100000 + b * PER_BATCH, PER_BATCH);
+    pqmq_client_free(c);
+    return NULL;
+}
+
+static void test_concurrent_producers_on_one_chain(void)
+{
+    t_truncate();
+    pthread_t th[PRODUCERS];
+    for (int p = 0; p < PRODUCERS; p++)
+        pthread_create(&th[p], NULL, producer, (void *)(intptr_t)p);
+    for (int p = 0; p < PRODUCERS; p++)
+        pthread_join(th[p], NULL);
+    enum { TOTAL = PRODUCERS * BATCHES * PER_BATCH };
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), TOTAL);
+    /* One chain: exactly one head, and every other message has a predecessor. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE after_message_id = "
+                            "'00000000-0000-0000-0000-000000000000'"), 1);
+    int *seqs = calloc(TOTAL, sizeof *seqs);
+    CHECK_INT(drain("ord", seqs, TOTAL), TOTAL);
+    int last[PRODUCERS];
+    for (int p = 0; p < PRODUCERS; p++)
+        last[p] = -1;
+    for (int i = 0; i < TOTAL; i++) {
+        int p = seqs[i] / 100000, s = seqs[i] % 100000;
+        CHECK(p >= 0 && p < PRODUCERS);
+        if (p >= 0 && p < PRODUCERS) {
+            CHECK_INT(s, last[p] + 1); /* each producer's order is kept */
+            last[p] = s;
+        }
+    }
+    free(seqs);
+}
+
+static void test_unordered_does_not_wait_for_chain(void)
+{
+    t_truncate();
+    insert_seq(q, "mixed", "k", 0, 3);
+    pqmq_msg *u = t_msg("mixed", "k", "free", "{\"seq\": 99}", 0);
+    CHECK_OK(q, pqmq_insert(q, &u, 1));
+    pqmq_msg_free(u);
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 2); /* the chain's head and the free one */
+    pqmq_batch_free(b);
+}
+
+int main(void)
+{
+    t_init("order");
+    q = t_client();
+    pg = t_pg();
+    T_RUN(test_batch_order_is_array_order_not_id_order);
+    T_RUN(test_order_across_batches_and_interleaved_chains);
+    T_RUN(test_one_in_flight_per_chain);
+    T_RUN(test_cancel_anywhere_keeps_order);
+    T_RUN(test_cancel_whole_chain_then_restart);
+    T_RUN(test_concurrent_producers_on_one_chain);
+    T_RUN(test_unordered_does_not_wait_for_chain);
+    pqmq_client_free(q);
+    PQfinish(pg);
+    return t_done();
+}

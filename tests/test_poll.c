@@ -1,0 +1,234 @@
+/* test_poll.c: claiming (semantic 3), cost (6), fairness (7), wait_time (8). */
+#include <stdlib.h>
+
+#include "harness.h"
+
+static pqmq_client *q;
+static PGconn *pg;
+
+static void insert_n(const char *ch, const char *args, int n, int retries, int64_t backoff)
+{
+    pqmq_msg **msgs = calloc((size_t)n, sizeof *msgs);
+    for (int i = 0; i < n; i++) {
+        msgs[i] = t_msg(ch, args, "job", "{\"k\": 1}", 0);
+        pqmq_msg_set_retries(msgs[i], retries);
+        pqmq_msg_set_backoff(msgs[i], backoff);
+    }
+    CHECK_OK(q, pqmq_insert(q, msgs, (size_t)n));
+    t_msgs_free(msgs, (size_t)n);
+    free(msgs);
+}
+
+static void test_claim_sets_lease_attempts_backoff(void)
+{
+    t_truncate();
+    insert_n("c", "a1", 1, 2, 1500);
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 5, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    const pqmq_job *j = pqmq_batch_job(b, 0);
+    CHECK_STR(pqmq_job_channel(j), "c");
+    CHECK_STR(pqmq_job_args(j), "a1");
+    CHECK_STR(pqmq_job_name(j), "job");
+    CHECK_STR(pqmq_job_json(j), "{\"k\": 1}");
+    size_t len = 99;
+    CHECK(pqmq_job_bytes(j, &len) == NULL && len == 0);
+    CHECK_INT(pqmq_job_is_committed(j), 1);
+    CHECK_INT(pqmq_job_attempt(j), 1);
+    CHECK_INT(pqmq_job_retries_left(j), 2);
+    CHECK_INT(pqmq_job_lease_ms(j), 1500);
+    CHECK(pqmq_batch_job(b, 1) == NULL);
+    pqmq_batch_free(b);
+    /* The lease is attempt_at = now + backoff; the backoff doubled. */
+    CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT extract(epoch FROM retry_backoff) * 1000 FROM mq_msgs"), 3000);
+    long long lease = t_sql_int(pg, "SELECT extract(epoch FROM attempt_at - clock_timestamp()) * 1000 FROM mq_msgs");
+    CHECK(lease > 1000 && lease <= 1500);
+}
+
+static void test_exhausted_message_is_not_claimed_again(void)
+{
+    t_truncate();
+    insert_n("c", NULL, 1, 0, 100); /* one delivery only */
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 5, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    CHECK_INT(pqmq_job_retries_left(pqmq_batch_job(b, 0)), 0);
+    pqmq_batch_free(b);
+    t_sleep_ms(150);
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 5, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK_INT(pqmq_batch_wait_ms(b), -1); /* nothing will ever be ready */
+    pqmq_batch_free(b);
+    /* It is kept (a dead letter), not dropped, and never went negative. */
+    CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs"), 0);
+}
+
+static void test_retries_are_exact(void)
+{
+    t_truncate();
+    insert_n("c", NULL, 1, 3, 20);
+    /* Leases of 20, 40, 80 and 160 ms: all four deliveries fit in a second. */
+    int deliveries = 0;
+    for (int64_t end = t_now_ms() + 1000; t_now_ms() < end; t_sleep_ms(10)) {
+        pqmq_batch *b = NULL;
+        CHECK_OK(q, pqmq_poll(q, NULL, 0, 5, &b));
+        deliveries += (int)pqmq_batch_count(b);
+        pqmq_batch_free(b);
+    }
+    CHECK_INT(deliveries, 4); /* first delivery + 3 retries */
+}
+
+static void test_wait_time(void)
+{
+    t_truncate();
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 5, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK_INT(pqmq_batch_wait_ms(b), -1);
+    pqmq_batch_free(b);
+
+    pqmq_msg *m = t_msg("later", NULL, "n", NULL, 0);
+    pqmq_msg_set_delay(m, 2000);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 5, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK(pqmq_batch_wait_ms(b) > 1500 && pqmq_batch_wait_ms(b) <= 2000);
+    pqmq_batch_free(b);
+
+    const char *mine[] = {"later"}, *other[] = {"elsewhere"};
+    CHECK_OK(q, pqmq_poll(q, mine, 1, 5, &b));
+    CHECK(pqmq_batch_wait_ms(b) > 1500 && pqmq_batch_wait_ms(b) <= 2000);
+    pqmq_batch_free(b);
+    CHECK_OK(q, pqmq_poll(q, other, 1, 5, &b));
+    CHECK_INT(pqmq_batch_wait_ms(b), -1);
+    pqmq_batch_free(b);
+
+    /* The SQL contract: one row, NULL id, wait_time set. */
+    PGresult *r = t_sql(pg, "SELECT id IS NULL, wait_time > interval '1 s' FROM mq_poll(NULL, 3)");
+    CHECK(r && PQntuples(r) == 1);
+    if (r && PQntuples(r) == 1) {
+        CHECK_STR(PQgetvalue(r, 0, 0), "t");
+        CHECK_STR(PQgetvalue(r, 0, 1), "t");
+    }
+    PQclear(r);
+}
+
+static void test_channel_filter(void)
+{
+    t_truncate();
+    insert_n("x", "1", 3, 1, 1000);
+    insert_n("y", "1", 3, 1, 1000);
+    const char *only_x[] = {"x"};
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, only_x, 1, 100, &b));
+    CHECK_INT(pqmq_batch_count(b), 3);
+    for (size_t i = 0; i < pqmq_batch_count(b); i++)
+        CHECK_STR(pqmq_job_channel(pqmq_batch_job(b, i)), "x");
+    pqmq_batch_free(b);
+}
+
+static void test_busy_channel_does_not_starve_quiet_one(void)
+{
+    t_truncate();
+    insert_n("busy", NULL, 5000, 1, 60000);
+    insert_n("quiet", NULL, 1, 1, 60000);
+    const char *both[] = {"busy", "quiet"};
+    for (int filtered = 0; filtered < 2; filtered++) {
+        t_exec(pg, "UPDATE mq_msgs SET attempt_at = created_at, attempts = 2");
+        int polls = 0, found = 0;
+        while (!found && polls < 3) {
+            pqmq_batch *b = NULL;
+            CHECK_OK(q, pqmq_poll(q, filtered ? both : NULL, filtered ? 2 : 0, 10, &b));
+            polls++;
+            for (size_t i = 0; i < pqmq_batch_count(b); i++)
+                found |= !strcmp(pqmq_job_channel(pqmq_batch_job(b, i)), "quiet");
+            pqmq_batch_free(b);
+        }
+        /* By global age it would wait behind 5,000 messages: 500 polls. */
+        CHECK(found);
+        CHECK_INT(polls, 1);
+    }
+}
+
+/* Index and heap tuples the server read for one poll of batch 10, from the
+ * statistics of this test's tables. */
+static long long tuples_read_by_poll(void)
+{
+    /* A backend flushes its counters before it reports idle, when forced:
+     * so after these calls the totals hold every earlier statement's reads. */
+    t_exec(pqmq_conn(q), "SELECT pg_stat_force_next_flush()");
+    t_exec(pg, "SELECT pg_stat_force_next_flush()");
+    t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    const char *sql = "SELECT COALESCE(sum(COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0)), 0) "
+                      "FROM pg_stat_user_tables WHERE schemaname = current_schema() "
+                      "AND relname = 'mq_msgs'";
+    long long before = t_sql_int(pg, "%s", sql);
+    PGresult *r = t_sql(pg, "SELECT count(*) FROM mq_poll_jobs(NULL, 10)");
+    PQclear(r);
+    t_exec(pg, "SELECT pg_stat_force_next_flush()");
+    t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    return t_sql_int(pg, "%s", sql) - before;
+}
+
+static void test_poll_cost_does_not_grow_with_backlog(void)
+{
+    t_exec(pg, "SET stats_fetch_consistency = none");
+    t_truncate();
+    for (int c = 0; c < 10; c++) {
+        char ch[16];
+        snprintf(ch, sizeof ch, "s%d", c);
+        insert_n(ch, NULL, 10, 1, 60000);
+    }
+    t_exec(pg, "ANALYZE mq_msgs");
+    long long small = tuples_read_by_poll();
+    t_truncate();
+    for (int c = 0; c < 2000; c++) {
+        char args[16];
+        snprintf(args, sizeof args, "a%d", c);
+        insert_n("big", args, 10, 1, 60000);
+    }
+    t_exec(pg, "ANALYZE mq_msgs");
+    long long big = tuples_read_by_poll();
+    printf("    tuples read per poll: %lld with 100 messages, %lld with 20,000\n", small, big);
+    CHECK(small > 0);
+    /* Grouping the backlog (the seed's way) reads all 20,000 rows. */
+    CHECK(big < 400);
+    CHECK(big < 4 * small + 100);
+}
+
+static void test_poll_bad_inputs(void)
+{
+    pqmq_batch *b = (pqmq_batch *)1;
+    CHECK_ERR(q, pqmq_poll(q, NULL, 0, 0, &b), PQMQ_EINVAL, "batch_size 0 is outside");
+    CHECK(b == NULL);
+    CHECK_ERR(q, pqmq_poll(q, NULL, 0, -5, &b), PQMQ_EINVAL, "batch_size -5");
+    CHECK_ERR(q, pqmq_poll(q, NULL, 0, PQMQ_MAX_BATCH + 1, &b), PQMQ_EINVAL, "outside 1..10000");
+    const char *chans[] = {"a", NULL};
+    CHECK_ERR(q, pqmq_poll(q, chans, 2, 1, &b), PQMQ_EINVAL, "channels[1] is NULL or empty");
+    CHECK_ERR(q, pqmq_poll(q, chans, 0, 1, &b), PQMQ_EINVAL, "nchannels is 0");
+    CHECK_INT(pqmq_poll(q, NULL, 0, 1, NULL), PQMQ_EINVAL);
+    /* The SQL function checks too. */
+    PGresult *r = PQexec(pg, "SELECT * FROM mq_poll(NULL, 0)");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22023");
+    PQclear(r);
+}
+
+int main(void)
+{
+    t_init("poll");
+    q = t_client();
+    pg = t_pg();
+    T_RUN(test_claim_sets_lease_attempts_backoff);
+    T_RUN(test_exhausted_message_is_not_claimed_again);
+    T_RUN(test_retries_are_exact);
+    T_RUN(test_wait_time);
+    T_RUN(test_channel_filter);
+    T_RUN(test_busy_channel_does_not_starve_quiet_one);
+    T_RUN(test_poll_cost_does_not_grow_with_backlog);
+    T_RUN(test_poll_bad_inputs);
+    pqmq_client_free(q);
+    PQfinish(pg);
+    return t_done();
+}
