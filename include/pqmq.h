@@ -253,7 +253,8 @@ PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *client, const uuid_t id,
 
 /*
  * Checks that data[0..len) is exactly one well-formed msgpack object whose
- * declared sizes fit in len and whose nesting is at most 64 deep, then
+ * declared sizes fit in len and whose nesting is at most 32 deep (msgpack-c
+ * 4.0's own limit), then
  * unpacks it into *out (initialise with msgpack_unpacked_init).
  * Returns 0 or PQMQ_EPAYLOAD (truncated, trailing bytes, hostile sizes).
  * Caller owns out's zone; release with msgpack_unpacked_destroy.
