@@ -80,6 +80,10 @@ PQMQ_EXPORT int pqmq_wrap(PGconn *conn, pqmq_client **out);
 /* Frees the client; closes the connection only if pqmq_connect opened it. */
 PQMQ_EXPORT void pqmq_client_free(pqmq_client *client);
 
+/* Re-establishes a connection that pqmq_connect opened (after PQMQ_ECONN).
+ * Returns 0, PQMQ_ECONN, or PQMQ_EINVAL for a borrowed connection. */
+PQMQ_EXPORT int pqmq_reconnect(pqmq_client *client);
+
 /* The connection. Borrowed; valid until pqmq_client_free. */
 PQMQ_EXPORT PGconn *pqmq_conn(pqmq_client *client);
 
@@ -248,6 +252,101 @@ PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *client, const uuid_t *ids, size_t n
 PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *client, const uuid_t id,
                                 int64_t duration_ms, const char *json,
                                 const void *bytes, size_t len, int extra_retries);
+
+/* ---- the runner (runner.c, worker.c) ----------------------------------- */
+
+typedef struct pqmq_runner pqmq_runner;
+typedef struct pqmq_ctx pqmq_ctx;
+
+/*
+ * A handler runs one job on a worker thread. Return 0 to complete the job,
+ * anything else to fail it (retried after its backoff; see pqmq_ctx_error).
+ * job and ctx are borrowed; valid until the handler returns.
+ */
+typedef int (*pqmq_handler)(pqmq_ctx *ctx, const pqmq_job *job, void *arg);
+
+/*
+ * A worker that polls, runs handlers on a pool of threads (each with its own
+ * connection), sleeps on LISTEN/NOTIFY between polls, keeps in-flight jobs
+ * alive, batches completions, reconnects after a lost connection, and stops
+ * gracefully. conninfo is copied; every connection the runner opens uses it.
+ * Returns NULL if memory ran out. Caller owns; free with pqmq_runner_free
+ * (after pqmq_runner_run has returned).
+ */
+PQMQ_EXPORT pqmq_runner *pqmq_runner_new(const char *conninfo);
+PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *runner);
+
+/* Handles messages named name (NULL: the fallback for names without a
+ * handler). A message with neither fails with "no handler". name is copied;
+ * arg is passed through. Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM. */
+PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *runner, const char *name,
+                                   pqmq_handler fn, void *arg);
+/* Serves only these channels (copied; default: all channels). */
+PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *runner,
+                                         const char *const *channels, size_t n);
+/* Worker threads = most jobs in flight at once (1..256; default 4). */
+PQMQ_EXPORT int pqmq_runner_set_concurrency(pqmq_runner *runner, int threads);
+/* Most jobs claimed per poll (1..PQMQ_MAX_BATCH; default 100). */
+PQMQ_EXPORT int pqmq_runner_set_batch(pqmq_runner *runner, int batch_size);
+/* Keep-alive period for in-flight jobs; each keep-alive extends every
+ * in-flight lease by 3 periods. 0 (default): a third of the shortest lease
+ * in flight. Returns 0 or PQMQ_EINVAL. */
+PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *runner, int64_t period_ms);
+/* Also stop when a notification arrives on this channel (copied; NULL: no
+ * stop channel). E.g. SELECT pg_notify('my_stop', ''). */
+PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *runner, const char *channel);
+
+/*
+ * Runs until pqmq_runner_stop (or the stop notification): then stops
+ * claiming, lets in-flight handlers finish, saves their results and
+ * returns 0. Returns a negative code (see pqmq_runner_errmsg) only when it
+ * cannot start (no handler, cannot connect); a connection lost later is
+ * re-established. Call it once per runner, from one thread.
+ */
+PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *runner);
+
+/* Asks the runner to stop. Safe from a signal handler and from any thread. */
+PQMQ_EXPORT void pqmq_runner_stop(pqmq_runner *runner);
+
+/* Why pqmq_runner_run failed. Borrowed; valid until the runner is freed. */
+PQMQ_EXPORT const char *pqmq_runner_errmsg(const pqmq_runner *runner);
+
+typedef struct {
+    uint64_t processed;  /* jobs completed */
+    uint64_t failed;     /* jobs failed (handler error, no handler, rollback) */
+    uint64_t in_flight;  /* jobs being handled now */
+    uint64_t polls;      /* poll statements run */
+    uint64_t wakeups;    /* notifications received */
+    uint64_t reconnects; /* connections re-established */
+} pqmq_runner_stats_t;
+
+/* A consistent-enough snapshot of the counters; callable from any thread
+ * while the runner runs. */
+PQMQ_EXPORT void pqmq_runner_stats(const pqmq_runner *runner, pqmq_runner_stats_t *out);
+
+/*
+ * Transactional completion: returns the worker's connection with a
+ * transaction open. Do your writes on it (do not COMMIT or ROLLBACK); when
+ * the handler returns 0 the runner completes the job in that same
+ * transaction and commits, so the writes happen exactly once even if the
+ * process dies at any point. Returning non-zero (or losing the lease to
+ * another consumer) rolls everything back. Borrowed; valid until the
+ * handler returns. NULL if the connection is unusable.
+ */
+PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx);
+/* The worker's connection for reads or writes outside the job's
+ * transaction. Borrowed; valid until the handler returns. */
+PQMQ_EXPORT PGconn *pqmq_ctx_conn(pqmq_ctx *ctx);
+/* Sets the error text recorded when the handler fails (printf-style). */
+PQMQ_EXPORT void pqmq_ctx_error(pqmq_ctx *ctx, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Saves progress (see pqmq_checkpoint); the lease is extended by the job's
+ * lease length. Returns 0, PQMQ_ENOTHELD or a negative code. */
+PQMQ_EXPORT int pqmq_ctx_checkpoint(pqmq_ctx *ctx, const char *json, const void *bytes,
+                                    size_t len, int extra_retries);
+/* Non-zero once the runner has been asked to stop: a long handler may
+ * checkpoint and return early. */
+PQMQ_EXPORT int pqmq_ctx_stopping(const pqmq_ctx *ctx);
 
 /* ---- payloads (payload.c) ---------------------------------------------- */
 

@@ -307,3 +307,22 @@ int pqmq__utf8_ok(const char *s)
     }
     return 1;
 }
+
+int pqmq__reconnect(pqmq_client *c)
+{
+    if (!c->owns_conn)
+        return pqmq__seterr(c, PQMQ_EINVAL, "cannot reconnect a borrowed connection");
+    PQreset(c->conn);
+    /* libpqtypes drops its registered types on reset: register again. */
+    c->typed_conn = NULL;
+    c->composite_ready = 0;
+    return pqmq__ready(c);
+}
+
+PQMQ_EXPORT int pqmq_reconnect(pqmq_client *c)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    return pqmq__reconnect(c);
+}

@@ -237,7 +237,7 @@ PQMQ_EXPORT int pqmq_complete(pqmq_client *c, const uuid_t *ids, size_t n)
     PGparam *param;
     int rc = begin_ids(c, ids, n, "pqmq_complete", &param);
     if (!rc)
-        rc = exec_scalar(c, param, "SELECT mq_delete($1)", "pqmq_complete", NULL, &(int){0});
+        rc = exec_scalar(c, param, "SELECT mq_complete($1)", "pqmq_complete", NULL, &(int){0});
     PQparamClear(param);
     return rc;
 }

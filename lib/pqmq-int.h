@@ -5,6 +5,9 @@
 #ifndef PQMQ_INT_H
 #define PQMQ_INT_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include <libpqtypes.h>
 
 #include "pqmq.h"
@@ -41,6 +44,64 @@ typedef struct {
 
 extern const pqmq_migration pqmq_migrations[];
 extern const size_t pqmq_migration_count;
+
+/* ---- runner internals (runner.c, worker.c) ---- */
+
+typedef struct {
+    char *name; /* NULL: the fallback */
+    pqmq_handler fn;
+    void *arg;
+} pqmq__route;
+
+/* A poll result shared by the workers handling its jobs. */
+typedef struct {
+    pqmq_batch *batch;
+    int refs; /* under the runner's lock */
+} pqmq__held;
+
+/* One worker thread and the job it is handling. */
+typedef struct {
+    pqmq_runner *runner;
+    pthread_t thread;
+    pthread_cond_t wake;
+    pqmq_client *client;     /* the worker's own connection */
+    /* Under the runner's lock: */
+    const pqmq_job *job;     /* NULL: idle */
+    pqmq__held *held;
+    uuid_t id;
+    int64_t lease_ms;
+    int64_t extended_at_ms;  /* when its lease was last set (claim or keep-alive) */
+} pqmq__slot;
+
+struct pqmq_runner {
+    char *conninfo;
+    pqmq__route *routes;
+    size_t nroutes;
+    char **channels; /* NULL: all */
+    size_t nchannels;
+    int threads, batch;
+    int64_t keep_alive_ms;
+    char *stop_channel;
+    char errmsg[512];
+
+    atomic_int stop;
+    int wake_pipe[2];        /* workers and pqmq_runner_stop write one byte */
+    pthread_mutex_t lock;
+    int shutdown;            /* under lock: workers exit */
+    pqmq__slot *slots;
+    uuid_t *done;            /* under lock: ids whose handler succeeded */
+    size_t ndone, done_cap;
+
+    atomic_uint_fast64_t processed, failed, in_flight, polls, wakeups, reconnects;
+};
+
+/* worker.c: starts/stops the worker threads; the runner's lock is free. */
+int pqmq__workers_start(pqmq_runner *r);
+void pqmq__workers_join(pqmq_runner *r);
+/* runner.c: wakes the main loop (async-signal-safe). */
+void pqmq__runner_wake(pqmq_runner *r);
+/* client.c: re-establishes an owned connection; 0 or PQMQ_ECONN. */
+int pqmq__reconnect(pqmq_client *c);
 
 /* Starts an API call: clears the client's error. */
 void pqmq__clearerr(pqmq_client *c);

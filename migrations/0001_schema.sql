@@ -532,7 +532,21 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+BEGIN
+    PERFORM mq_complete(msg_ids);
+END;
+$$;
+
+-- mq_delete that returns how many of the messages it deleted: a consumer
+-- completing inside its own transaction rolls back when it gets 0 (someone
+-- else completed the message after its lease ran out).
+CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
 DECLARE
+    n       int;
     g_id    uuid[];
     g_after uuid[];
     g_name  text[];
@@ -540,7 +554,7 @@ DECLARE
     chans   text[];
 BEGIN
     IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
-        RETURN;
+        RETURN 0;
     END IF;
     -- Chain structure changes only under the chain's lock (as in mq_insert).
     PERFORM pg_advisory_xact_lock(k.a, k.b)
@@ -558,14 +572,16 @@ BEGIN
     cold AS (
         DELETE FROM mq_payloads p WHERE p.id = ANY (msg_ids)
     )
-    SELECT array_agg(g.id), array_agg(g.after_message_id),
-           array_agg(g.channel_name), array_agg(g.channel_args)
-    INTO g_id, g_after, g_name, g_args
-    FROM gone g
-    WHERE g.after_message_id IS NOT NULL;
+    SELECT count(*),
+           array_agg(g.id) FILTER (WHERE g.after_message_id IS NOT NULL),
+           array_agg(g.after_message_id) FILTER (WHERE g.after_message_id IS NOT NULL),
+           array_agg(g.channel_name) FILTER (WHERE g.after_message_id IS NOT NULL),
+           array_agg(g.channel_args) FILTER (WHERE g.after_message_id IS NOT NULL)
+    INTO n, g_id, g_after, g_name, g_args
+    FROM gone g;
 
     IF g_id IS NULL THEN
-        RETURN;
+        RETURN n;
     END IF;
 
     -- For each deleted chain member: its nearest predecessor that survives.
@@ -619,6 +635,7 @@ BEGIN
       AND r.pred = '00000000-0000-0000-0000-000000000000'::uuid;
 
     PERFORM mq_wake(chans);
+    RETURN n;
 END;
 $$;
 
@@ -651,14 +668,19 @@ BEGIN
         RAISE EXCEPTION 'mq_keep_alive: duration % is outside 0..3650 days', duration
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- SKIP LOCKED: a row locked by a consumer's open transaction is not
+    -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
     UPDATE mq_msgs m SET
         attempt_at = ts + duration,
         commit_interval = CASE WHEN m.deliveries = 0 AND m.commit_interval IS NOT NULL
                                THEN m.commit_interval + ((ts + duration) - m.attempt_at)
                                ELSE m.commit_interval END
-    WHERE m.id = ANY (msg_ids)
-      AND m.attempt_at > ts
-      AND m.attempt_at < ts + duration;
+    FROM (SELECT l.id FROM mq_msgs l
+          WHERE l.id = ANY (msg_ids)
+            AND l.attempt_at > ts
+            AND l.attempt_at < ts + duration
+          FOR NO KEY UPDATE SKIP LOCKED) held
+    WHERE m.id = held.id;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END;

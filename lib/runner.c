@@ -1,0 +1,515 @@
+/*
+ * runner.c: the worker loop. One control connection LISTENs, polls, keeps
+ * in-flight jobs alive and completes finished ones in batches; worker
+ * threads (worker.c) run the handlers. Between polls the loop sleeps in
+ * poll(2) on the control socket and a self-pipe, with the queue's
+ * wait_time as timeout: an idle runner sends no queries.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pqmq-int.h"
+
+#define FOREVER INT64_MAX
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- configuration ---------------------------------------------------- */
+
+PQMQ_EXPORT pqmq_runner *pqmq_runner_new(const char *conninfo)
+{
+    pqmq_runner *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->conninfo = strdup(conninfo ? conninfo : "");
+    if (!r->conninfo || pipe(r->wake_pipe) != 0) {
+        free(r->conninfo);
+        free(r);
+        return NULL;
+    }
+    for (int i = 0; i < 2; i++) {
+        fcntl(r->wake_pipe[i], F_SETFL, O_NONBLOCK);
+        fcntl(r->wake_pipe[i], F_SETFD, FD_CLOEXEC);
+    }
+    pthread_mutex_init(&r->lock, NULL);
+    r->threads = 4;
+    r->batch = 100;
+    return r;
+}
+
+PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->nroutes; i++)
+        free(r->routes[i].name);
+    free(r->routes);
+    for (size_t i = 0; i < r->nchannels; i++)
+        free(r->channels[i]);
+    free(r->channels);
+    free(r->stop_channel);
+    free(r->conninfo);
+    free(r->done);
+    close(r->wake_pipe[0]);
+    close(r->wake_pipe[1]);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *r, const char *name, pqmq_handler fn,
+                                   void *arg)
+{
+    if (!r || !fn)
+        return PQMQ_EINVAL;
+    char *copy = NULL;
+    if (name && !(copy = strdup(name)))
+        return PQMQ_ENOMEM;
+    pqmq__route *grown = realloc(r->routes, (r->nroutes + 1) * sizeof *grown);
+    if (!grown) {
+        free(copy);
+        return PQMQ_ENOMEM;
+    }
+    r->routes = grown;
+    r->routes[r->nroutes++] = (pqmq__route){copy, fn, arg};
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *r, const char *const *channels,
+                                         size_t n)
+{
+    if (!r || (n && !channels))
+        return PQMQ_EINVAL;
+    char **copy = n ? calloc(n, sizeof *copy) : NULL;
+    if (n && !copy)
+        return PQMQ_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        if (!channels[i] || !*channels[i] || !(copy[i] = strdup(channels[i]))) {
+            for (size_t k = 0; k < i; k++)
+                free(copy[k]);
+            free(copy);
+            return channels[i] && *channels[i] ? PQMQ_ENOMEM : PQMQ_EINVAL;
+        }
+    }
+    for (size_t i = 0; i < r->nchannels; i++)
+        free(r->channels[i]);
+    free(r->channels);
+    r->channels = copy;
+    r->nchannels = n;
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_runner_set_concurrency(pqmq_runner *r, int threads)
+{
+    if (!r || threads < 1 || threads > 256)
+        return PQMQ_EINVAL;
+    r->threads = threads;
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_runner_set_batch(pqmq_runner *r, int batch_size)
+{
+    if (!r || batch_size < 1 || batch_size > PQMQ_MAX_BATCH)
+        return PQMQ_EINVAL;
+    r->batch = batch_size;
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *r, int64_t period_ms)
+{
+    if (!r || period_ms < 0 || period_ms > PQMQ_MAX_DURATION_MS / 3)
+        return PQMQ_EINVAL;
+    r->keep_alive_ms = period_ms;
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *r, const char *channel)
+{
+    if (!r)
+        return PQMQ_EINVAL;
+    char *copy = NULL;
+    if (channel && !(copy = strdup(channel)))
+        return PQMQ_ENOMEM;
+    free(r->stop_channel);
+    r->stop_channel = copy;
+    return 0;
+}
+
+PQMQ_EXPORT const char *pqmq_runner_errmsg(const pqmq_runner *r)
+{
+    return r ? r->errmsg : "";
+}
+
+PQMQ_EXPORT void pqmq_runner_stop(pqmq_runner *r)
+{
+    if (!r)
+        return;
+    atomic_store(&r->stop, 1);
+    pqmq__runner_wake(r);
+}
+
+void pqmq__runner_wake(pqmq_runner *r)
+{
+    int saved = errno; /* we may be in a signal handler */
+    ssize_t ignored = write(r->wake_pipe[1], "x", 1);
+    (void)ignored; /* a full pipe already guarantees a wake-up */
+    errno = saved;
+}
+
+PQMQ_EXPORT void pqmq_runner_stats(const pqmq_runner *r, pqmq_runner_stats_t *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!r)
+        return;
+    out->processed = atomic_load(&r->processed);
+    out->failed = atomic_load(&r->failed);
+    out->in_flight = atomic_load(&r->in_flight);
+    out->polls = atomic_load(&r->polls);
+    out->wakeups = atomic_load(&r->wakeups);
+    out->reconnects = atomic_load(&r->reconnects);
+}
+
+/* ---- the loop --------------------------------------------------------- */
+
+struct loop {
+    pqmq_runner *r;
+    pqmq_client *ctl;
+    int poll_due;      /* something may be ready now */
+    int64_t poll_at;   /* or: when the earliest message becomes ready */
+};
+
+/* LISTENs on what this runner serves: mq_<channel> per channel, or mq
+ * (all channels, or a name too long for its own notify channel). */
+static int listen_all(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    PGconn *conn = pqmq_conn(L->ctl);
+    int generic = r->nchannels == 0;
+    size_t n = r->nchannels + 2;
+    for (size_t i = 0; i < n; i++) {
+        char name[80];
+        const char *ch;
+        if (i < r->nchannels) {
+            if (strlen(r->channels[i]) > 60) {
+                generic = 1;
+                continue;
+            }
+            snprintf(name, sizeof name, "mq_%s", r->channels[i]);
+            ch = name;
+        } else if (i == r->nchannels) {
+            if (!generic)
+                continue;
+            ch = "mq";
+        } else {
+            if (!r->stop_channel)
+                continue;
+            ch = r->stop_channel;
+        }
+        char *ident = PQescapeIdentifier(conn, ch, strlen(ch));
+        if (!ident)
+            return PQMQ_ECONN;
+        char sql[200];
+        snprintf(sql, sizeof sql, "LISTEN %s", ident);
+        PQfreemem(ident);
+        int rc;
+        PQclear(pqmq__exec_text(L->ctl, sql, "LISTEN", &rc));
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Re-establishes the control connection (retrying until it works or a stop
+ * is requested), LISTENs again and forces a poll: notifications sent while
+ * we were away are lost, the messages are not. */
+static void reconnect(struct loop *L)
+{
+    for (int64_t delay = 50; !atomic_load(&L->r->stop); delay = delay < 2000 ? delay * 2 : delay) {
+        if (pqmq__reconnect(L->ctl) == 0 && listen_all(L) == 0) {
+            atomic_fetch_add(&L->r->reconnects, 1);
+            L->poll_due = 1;
+            return;
+        }
+        struct timespec ts = {(time_t)(delay / 1000), (long)(delay % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int idle_slots(pqmq_runner *r)
+{
+    int idle = 0;
+    for (int i = 0; i < r->threads; i++)
+        idle += r->slots[i].job == NULL;
+    return idle;
+}
+
+/* Hands the jobs of b to idle workers (there are enough: we polled for
+ * no more than that). */
+static void dispatch(pqmq_runner *r, pqmq_batch *b)
+{
+    size_t n = pqmq_batch_count(b);
+    pqmq__held *held = malloc(sizeof *held);
+    if (!held) {
+        pqmq_batch_free(b); /* the leases run out and the jobs come back */
+        return;
+    }
+    held->batch = b;
+    held->refs = (int)n;
+    int64_t now = now_ms();
+    pthread_mutex_lock(&r->lock);
+    size_t k = 0;
+    for (int i = 0; i < r->threads && k < n; i++) {
+        pqmq__slot *s = &r->slots[i];
+        if (s->job)
+            continue;
+        s->job = pqmq_batch_job(b, k++);
+        s->held = held;
+        pqmq_job_id(s->job, s->id);
+        s->lease_ms = pqmq_job_lease_ms(s->job);
+        s->extended_at_ms = now;
+        atomic_fetch_add(&r->in_flight, 1);
+        pthread_cond_signal(&s->wake);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void poll_once(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    pthread_mutex_lock(&r->lock);
+    int idle = idle_slots(r);
+    pthread_mutex_unlock(&r->lock);
+    if (!idle)
+        return; /* a finishing worker wakes us; poll_due stays set */
+    int want = idle < r->batch ? idle : r->batch;
+    pqmq_batch *b = NULL;
+    atomic_fetch_add(&r->polls, 1);
+    int rc = pqmq_poll(L->ctl, (const char *const *)r->channels, r->nchannels, want, &b);
+    if (rc == PQMQ_ECONN) {
+        reconnect(L);
+        return;
+    }
+    if (rc) {
+        /* A server-side error (e.g. statement_timeout): try again soon. */
+        L->poll_due = 0;
+        L->poll_at = now_ms() + 100;
+        return;
+    }
+    size_t got = pqmq_batch_count(b);
+    /* A full batch means more may be ready; otherwise wait for a wake-up
+     * or for the earliest message to become ready. */
+    L->poll_due = got == (size_t)want;
+    if (got == 0) {
+        int64_t wait = pqmq_batch_wait_ms(b);
+        L->poll_at = wait < 0 ? FOREVER : now_ms() + (wait > 0 ? wait : 1);
+        pqmq_batch_free(b);
+        return;
+    }
+    dispatch(r, b);
+}
+
+/* Completes, in one statement, every job whose handler succeeded. */
+static void flush_done(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    pthread_mutex_lock(&r->lock);
+    size_t n = r->ndone;
+    uuid_t *ids = NULL;
+    if (n && (ids = malloc(n * sizeof *ids)))
+        memcpy(ids, r->done, n * sizeof *ids);
+    pthread_mutex_unlock(&r->lock);
+    if (!ids)
+        return;
+    int rc = pqmq_complete(L->ctl, (const uuid_t *)ids, n);
+    if (rc == 0) {
+        pthread_mutex_lock(&r->lock);
+        /* Workers may have appended meanwhile: drop only what we sent. */
+        memmove(r->done, r->done + n, (r->ndone - n) * sizeof *r->done);
+        r->ndone -= n;
+        pthread_mutex_unlock(&r->lock);
+        atomic_fetch_add(&r->processed, n);
+        L->poll_due = 1; /* completing chain heads may have readied more */
+    } else if (rc == PQMQ_ECONN) {
+        reconnect(L); /* keep the ids; completing twice is harmless */
+    }
+    free(ids);
+}
+
+/* The keep-alive period of a job: the configured one, or a third of its
+ * lease. */
+static int64_t period_of(const pqmq_runner *r, const pqmq__slot *s)
+{
+    if (r->keep_alive_ms > 0)
+        return r->keep_alive_ms;
+    return s->lease_ms / 3 > 10 ? s->lease_ms / 3 : 10;
+}
+
+/* When the next keep-alive is due (FOREVER with nothing in flight). */
+static int64_t keep_alive_at(pqmq_runner *r)
+{
+    int64_t at = FOREVER;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->threads; i++) {
+        pqmq__slot *s = &r->slots[i];
+        if (s->job && s->extended_at_ms + period_of(r, s) < at)
+            at = s->extended_at_ms + period_of(r, s);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return at;
+}
+
+/* Extends every in-flight lease in one statement, by the longest lease in
+ * flight (or three configured periods). */
+static void keep_alive(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    uuid_t *ids = malloc((size_t)r->threads * sizeof *ids);
+    if (!ids)
+        return;
+    size_t n = 0;
+    int64_t duration = 3 * r->keep_alive_ms;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->threads; i++) {
+        pqmq__slot *s = &r->slots[i];
+        if (!s->job)
+            continue;
+        memcpy(ids[n++], s->id, sizeof(uuid_t));
+        if (!r->keep_alive_ms && s->lease_ms > duration)
+            duration = s->lease_ms;
+    }
+    pthread_mutex_unlock(&r->lock);
+    int64_t sent_at = now_ms();
+    int rc = n ? pqmq_keep_alive(L->ctl, (const uuid_t *)ids, n, duration, NULL) : 0;
+    if (rc == PQMQ_ECONN)
+        reconnect(L);
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; i < r->threads; i++) {
+        pqmq__slot *s = &r->slots[i];
+        for (size_t k = 0; rc == 0 && s->job && k < n; k++)
+            if (!memcmp(s->id, ids[k], sizeof(uuid_t))) {
+                s->extended_at_ms = sent_at;
+                if (duration > s->lease_ms)
+                    s->lease_ms = duration;
+            }
+    }
+    pthread_mutex_unlock(&r->lock);
+    free(ids);
+}
+
+/* Reads pending notifications; a stop-channel one requests a stop. */
+static void take_notifications(struct loop *L)
+{
+    PGconn *conn = pqmq_conn(L->ctl);
+    if (!PQconsumeInput(conn)) {
+        reconnect(L);
+        return;
+    }
+    PGnotify *n;
+    while ((n = PQnotifies(conn)) != NULL) {
+        if (L->r->stop_channel && !strcmp(n->relname, L->r->stop_channel))
+            atomic_store(&L->r->stop, 1);
+        else
+            L->poll_due = 1;
+        atomic_fetch_add(&L->r->wakeups, 1);
+        PQfreemem(n);
+    }
+}
+
+/* Sleeps until a notification, a worker finishing, a stop, or deadline. */
+static void wait_events(struct loop *L, int64_t deadline)
+{
+    struct pollfd fds[2] = {{PQsocket(pqmq_conn(L->ctl)), POLLIN, 0},
+                            {L->r->wake_pipe[0], POLLIN, 0}};
+    int64_t left = deadline == FOREVER ? -1 : deadline - now_ms();
+    if (deadline != FOREVER && left < 0)
+        left = 0;
+    int timeout = left > 60000 || left < 0 ? 60000 : (int)left;
+    /* A minute at most: cheap insurance against a lost wake-up. */
+    if (poll(fds, 2, timeout) < 0)
+        return;
+    if (fds[1].revents) {
+        char buf[64];
+        while (read(L->r->wake_pipe[0], buf, sizeof buf) > 0)
+            ;
+    }
+    if (fds[0].revents)
+        take_notifications(L);
+    else if (PQstatus(pqmq_conn(L->ctl)) != CONNECTION_OK)
+        reconnect(L);
+}
+
+static int busy(pqmq_runner *r)
+{
+    pthread_mutex_lock(&r->lock);
+    int n = r->threads - idle_slots(r);
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+static void loop_run(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    for (;;) {
+        take_notifications(L); /* also those read during earlier queries */
+        flush_done(L);
+        int stopping = atomic_load(&r->stop);
+        if (stopping && !busy(r))
+            break;
+        int64_t now = now_ms();
+        if (!L->poll_due && now >= L->poll_at)
+            L->poll_due = 1;
+        if (!stopping && L->poll_due)
+            poll_once(L);
+        if (keep_alive_at(r) <= now_ms())
+            keep_alive(L);
+        int64_t deadline = keep_alive_at(r);
+        if (!stopping && !L->poll_due && L->poll_at < deadline)
+            deadline = L->poll_at;
+        if (!stopping && L->poll_due && busy(r) < r->threads)
+            deadline = now_ms(); /* more to claim right away */
+        wait_events(L, deadline);
+    }
+    flush_done(L);
+}
+
+PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
+{
+    if (!r)
+        return PQMQ_EINVAL;
+    r->errmsg[0] = '\0';
+    if (r->nroutes == 0) {
+        snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: no handler registered");
+        return PQMQ_EINVAL;
+    }
+    struct loop L = {r, NULL, 1, 0};
+    int rc = pqmq_connect(r->conninfo, &L.ctl);
+    if (!rc)
+        rc = listen_all(&L);
+    if (rc) {
+        snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: %s",
+                 L.ctl ? pqmq_errmsg(L.ctl) : pqmq_strerror(rc));
+        pqmq_client_free(L.ctl);
+        return rc;
+    }
+    if ((rc = pqmq__workers_start(r))) {
+        pqmq_client_free(L.ctl);
+        return rc;
+    }
+    loop_run(&L);
+    pqmq__workers_join(r);
+    flush_done(&L); /* results of the last handlers */
+    pqmq_client_free(L.ctl);
+    return 0;
+}

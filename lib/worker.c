@@ -1,0 +1,278 @@
+/*
+ * worker.c: the runner's worker threads and the pqmq_ctx a handler gets.
+ * Each worker owns a connection, used for transactional completion,
+ * checkpoints and failures; plain completions go back to the main loop,
+ * which sends them in batches.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pqmq-int.h"
+
+struct pqmq_ctx {
+    pqmq__slot *slot;
+    const pqmq_job *job;
+    int tx_open;
+    int tx_broken; /* BEGIN failed: the job cannot complete transactionally */
+    char error[512];
+};
+
+static const pqmq__route *route_for(const pqmq_runner *r, const char *name)
+{
+    const pqmq__route *fallback = NULL;
+    for (size_t i = 0; i < r->nroutes; i++) {
+        if (!r->routes[i].name)
+            fallback = &r->routes[i];
+        else if (!strcmp(r->routes[i].name, name))
+            return &r->routes[i];
+    }
+    return fallback;
+}
+
+/* ---- pqmq_ctx ---------------------------------------------------------- */
+
+PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
+{
+    if (!ctx)
+        return NULL;
+    PGconn *conn = pqmq_conn(ctx->slot->client);
+    if (!ctx->tx_open && !ctx->tx_broken) {
+        PGresult *res = PQexec(conn, "BEGIN");
+        if (PQresultStatus(res) == PGRES_COMMAND_OK)
+            ctx->tx_open = 1;
+        else
+            ctx->tx_broken = 1;
+        PQclear(res);
+    }
+    return ctx->tx_open ? conn : NULL;
+}
+
+PQMQ_EXPORT PGconn *pqmq_ctx_conn(pqmq_ctx *ctx)
+{
+    return ctx ? pqmq_conn(ctx->slot->client) : NULL;
+}
+
+PQMQ_EXPORT void pqmq_ctx_error(pqmq_ctx *ctx, const char *fmt, ...)
+{
+    if (!ctx || !fmt)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+    va_end(ap);
+}
+
+PQMQ_EXPORT int pqmq_ctx_checkpoint(pqmq_ctx *ctx, const char *json, const void *bytes,
+                                    size_t len, int extra_retries)
+{
+    if (!ctx)
+        return PQMQ_EINVAL;
+    return pqmq_checkpoint(ctx->slot->client, ctx->slot->id, pqmq_job_lease_ms(ctx->job), json,
+                           bytes, len, extra_retries);
+}
+
+PQMQ_EXPORT int pqmq_ctx_stopping(const pqmq_ctx *ctx)
+{
+    return ctx ? atomic_load(&ctx->slot->runner->stop) : 0;
+}
+
+/* ---- running one job --------------------------------------------------- */
+
+static int exec_ok(PGconn *conn, const char *sql)
+{
+    PGresult *res = PQexec(conn, sql);
+    int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+    PQclear(res);
+    return ok;
+}
+
+/* Completes the job inside the handler's transaction and commits. Fails
+ * (and rolls back) if the job is no longer there: another consumer took
+ * it over after our lease ran out, and its effect must not happen twice. */
+static int commit_with_completion(pqmq_ctx *ctx)
+{
+    pqmq_client *c = ctx->slot->client;
+    PGparam *param = pqmq__param(c);
+    int rc = param ? pqmq__put_uuids(c, param, (const uuid_t *)ctx->slot->id, 1,
+                                     "complete") : PQMQ_ENOMEM;
+    PGresult *res = rc ? NULL : pqmq__exec(c, param, "SELECT mq_complete($1)", "complete", &rc);
+    PQparamClear(param);
+    int deleted = 0;
+    if (res && !PQgetf(res, 0, "%int4", 0, &deleted))
+        deleted = 0;
+    PQclear(res);
+    if (rc || deleted != 1) {
+        snprintf(ctx->error, sizeof ctx->error, "%s",
+                 rc ? pqmq_errmsg(c) : "lease lost: the message was completed elsewhere");
+        exec_ok(pqmq_conn(c), "ROLLBACK");
+        return -1;
+    }
+    if (!exec_ok(pqmq_conn(c), "COMMIT")) {
+        snprintf(ctx->error, sizeof ctx->error, "COMMIT failed: %s",
+                 PQerrorMessage(pqmq_conn(c)));
+        return -1;
+    }
+    return 0;
+}
+
+/* Records a failure on the worker's connection; the backoff decides when
+ * the job comes back. Errors here only delay that (the lease runs out). */
+static void record_failure(pqmq_ctx *ctx)
+{
+    pqmq_client *c = ctx->slot->client;
+    if (PQstatus(pqmq_conn(c)) != CONNECTION_OK && pqmq__reconnect(c) == 0)
+        atomic_fetch_add(&ctx->slot->runner->reconnects, 1);
+    (void)pqmq_fail(c, ctx->slot->id, ctx->error[0] ? ctx->error : "handler failed");
+}
+
+/* Runs the handler for the slot's job and settles the outcome. Returns 1
+ * when the main loop must complete the job (plain success). */
+static int run_job(pqmq__slot *s)
+{
+    pqmq_runner *r = s->runner;
+    pqmq_ctx ctx = {s, s->job, 0, 0, ""};
+    const char *name = pqmq_job_name(s->job);
+    const pqmq__route *route = route_for(r, name);
+    int rc;
+    if (route) {
+        rc = route->fn(&ctx, s->job, route->arg);
+    } else {
+        snprintf(ctx.error, sizeof ctx.error, "no handler for message name \"%s\"", name);
+        rc = -1;
+    }
+    if (ctx.tx_open) {
+        if (rc == 0 && PQtransactionStatus(pqmq_conn(s->client)) != PQTRANS_INTRANS) {
+            snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
+                     PQerrorMessage(pqmq_conn(s->client)));
+            rc = -1;
+        }
+        if (rc == 0 && commit_with_completion(&ctx) == 0) {
+            atomic_fetch_add(&r->processed, 1);
+            return 0;
+        }
+        exec_ok(pqmq_conn(s->client), "ROLLBACK");
+        rc = -1;
+    } else if (rc == 0 && !ctx.tx_broken) {
+        return 1;
+    }
+    if (ctx.tx_broken && !ctx.error[0])
+        snprintf(ctx.error, sizeof ctx.error, "could not open the job's transaction");
+    atomic_fetch_add(&r->failed, 1);
+    record_failure(&ctx);
+    return 0;
+}
+
+/* Appends an id to the runner's completion list (under the lock). */
+static void push_done(pqmq_runner *r, const uuid_t id)
+{
+    if (r->ndone == r->done_cap) {
+        size_t cap = r->done_cap ? 2 * r->done_cap : 64;
+        uuid_t *grown = realloc(r->done, cap * sizeof *grown);
+        if (!grown)
+            return; /* not completed now: the lease runs out, it comes back */
+        r->done = grown;
+        r->done_cap = cap;
+    }
+    memcpy(r->done[r->ndone++], id, sizeof(uuid_t));
+}
+
+static void ensure_connected(pqmq__slot *s)
+{
+    if (PQstatus(pqmq_conn(s->client)) == CONNECTION_OK)
+        return;
+    for (int64_t delay = 50; !atomic_load(&s->runner->stop); delay *= 2) {
+        if (pqmq__reconnect(s->client) == 0) {
+            atomic_fetch_add(&s->runner->reconnects, 1);
+            return;
+        }
+        struct timespec ts = {0, (long)(delay < 1000 ? delay : 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    pqmq__slot *s = arg;
+    pqmq_runner *r = s->runner;
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        while (!s->job && !r->shutdown)
+            pthread_cond_wait(&s->wake, &r->lock);
+        if (!s->job)
+            break;
+        pthread_mutex_unlock(&r->lock);
+        ensure_connected(s);
+        int complete = run_job(s);
+        pthread_mutex_lock(&r->lock);
+        if (complete)
+            push_done(r, s->id);
+        pqmq__held *held = s->held;
+        s->job = NULL;
+        s->held = NULL;
+        if (--held->refs == 0) {
+            pqmq_batch_free(held->batch);
+            free(held);
+        }
+        atomic_fetch_sub(&r->in_flight, 1);
+        pqmq__runner_wake(r);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+int pqmq__workers_start(pqmq_runner *r)
+{
+    r->shutdown = 0;
+    r->slots = calloc((size_t)r->threads, sizeof *r->slots);
+    if (!r->slots)
+        return PQMQ_ENOMEM;
+    int started = 0, rc = 0;
+    for (int i = 0; i < r->threads && !rc; i++) {
+        pqmq__slot *s = &r->slots[i];
+        s->runner = r;
+        pthread_cond_init(&s->wake, NULL);
+        rc = pqmq_connect(r->conninfo, &s->client);
+        if (rc) {
+            snprintf(r->errmsg, sizeof r->errmsg, "worker connection: %s",
+                     pqmq_errmsg(s->client));
+            break;
+        }
+        if (pthread_create(&s->thread, NULL, worker_main, s) != 0) {
+            snprintf(r->errmsg, sizeof r->errmsg, "cannot start worker thread");
+            rc = PQMQ_ENOMEM;
+            break;
+        }
+        started++;
+    }
+    if (rc) {
+        /* The slot that failed has no thread; the others are joined. */
+        pqmq_client_free(r->slots[started].client);
+        pthread_cond_destroy(&r->slots[started].wake);
+        int configured = r->threads;
+        r->threads = started;
+        pqmq__workers_join(r);
+        r->threads = configured;
+    }
+    return rc;
+}
+
+void pqmq__workers_join(pqmq_runner *r)
+{
+    if (!r->slots)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->shutdown = 1;
+    for (int i = 0; i < r->threads; i++)
+        pthread_cond_signal(&r->slots[i].wake);
+    pthread_mutex_unlock(&r->lock);
+    for (int i = 0; i < r->threads; i++) {
+        pthread_join(r->slots[i].thread, NULL);
+        pthread_cond_destroy(&r->slots[i].wake);
+        pqmq_client_free(r->slots[i].client);
+    }
+    free(r->slots);
+    r->slots = NULL;
+}
