@@ -169,9 +169,10 @@ static int fail_from(pqmq_client *c, const char *what, const char *msg,
         code = PQMQ_ETOOBIG; /* program_limit_exceeded */
     char keep[sizeof c->sqlstate];
     memcpy(keep, c->sqlstate, sizeof keep);
-    int rc = pqmq__seterr(c, code, "%s: %s%s%s%s", what, msg && *msg ? msg : "error",
+    int rc = pqmq__seterr(c, code, "%s: %s%s%s%s%s", what, msg && *msg ? msg : "error",
                           state ? " (SQLSTATE " : "", state ? state : "",
-                          state ? ")" : "");
+                          state ? ")" : "",
+                          code == PQMQ_ESCHEMA ? "; run pqmq_migrate to create the queue" : "");
     memcpy(c->sqlstate, keep, sizeof keep);
     return rc;
 }
@@ -184,7 +185,11 @@ PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
         *rc = 0;
         return r;
     }
-    *rc = fail_from(c, what, PQgeterror(), PQgetErrorField(PG_DIAG_SQLSTATE));
+    /* The primary message reads as one line; PQgeterror() adds the query's
+     * position and context over several. */
+    const char *primary = PQgetErrorField(PG_DIAG_MESSAGE_PRIMARY);
+    *rc = fail_from(c, what, primary && *primary ? primary : PQgeterror(),
+                    PQgetErrorField(PG_DIAG_SQLSTATE));
     return NULL;
 }
 

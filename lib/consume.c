@@ -123,10 +123,13 @@ static int fill_batch(pqmq_client *c, pqmq_batch *b)
 PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nchannels,
                           int batch_size, pqmq_batch **out)
 {
-    if (!c || !out)
+    if (out)
+        *out = NULL;
+    if (!c)
         return PQMQ_EINVAL;
-    *out = NULL;
     pqmq__clearerr(c);
+    if (!out)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_poll: out is NULL");
     int rc = pqmq__ready(c);
     if (rc)
         return rc;
@@ -244,8 +247,11 @@ PQMQ_EXPORT int pqmq_complete(pqmq_client *c, const uuid_t *ids, size_t n)
 
 PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *c, const pqmq_batch *b)
 {
-    if (!c || !b)
+    if (!c)
         return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    if (!b)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_complete_batch: batch is NULL");
     if (b->n == 0)
         return 0;
     uuid_t *ids = malloc(b->n * sizeof *ids);
