@@ -45,7 +45,8 @@ enum {
     PQMQ_ETOOBIG = -5,   /* over a documented limit (batch or payload size) */
     PQMQ_ENOTHELD = -6,  /* the message is gone or its lease ran out */
     PQMQ_EPAYLOAD = -7,  /* a payload that does not decode */
-    PQMQ_ESCHEMA = -8    /* the queue's schema is missing: run pqmq_migrate */
+    PQMQ_ESCHEMA = -8,   /* the queue's schema is missing: run pqmq_migrate */
+    PQMQ_ESTALE = -9     /* the message was delivered again since: not yours */
 };
 
 /* Limits; the server enforces the same ones (SQL function mq_limits). */
@@ -212,6 +213,10 @@ PQMQ_EXPORT int pqmq_job_attempt(const pqmq_job *job);
 PQMQ_EXPORT int pqmq_job_retries_left(const pqmq_job *job);
 /* Length of this delivery's lease, in milliseconds. */
 PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *job);
+/* For dead letters: the last recorded failure (NULL: none), and whether the
+ * message still blocks its ordered chain. */
+PQMQ_EXPORT const char *pqmq_job_last_error(const pqmq_job *job);
+PQMQ_EXPORT int pqmq_job_blocking(const pqmq_job *job);
 
 /*
  * Completes (deletes) n messages in one round trip. Inside the caller's
@@ -222,7 +227,10 @@ PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *job);
  */
 PQMQ_EXPORT int pqmq_complete(pqmq_client *client, const uuid_t *ids, size_t n);
 
-/* Completes every job of the batch in one round trip. */
+/* Completes every job of the batch in one round trip, fenced by attempt: a
+ * job whose lease ran out and that was delivered again (to anyone) is left
+ * to its new owner. Returns 0, PQMQ_ESTALE (the others were completed; the
+ * message says how many were stale) or a negative code. */
 PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *client, const pqmq_batch *batch);
 
 /*
@@ -252,6 +260,28 @@ PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *client, const uuid_t *ids, size_t n
 PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *client, const uuid_t id,
                                 int64_t duration_ms, const char *json,
                                 const void *bytes, size_t len, int extra_retries);
+
+/* ---- dead letters (dead.c) -------------------------------------------- */
+
+/*
+ * Lists up to max dead messages (ran out of attempts, never completed),
+ * oldest first, of the given channels (NULL: all) as jobs: id, name,
+ * channel, args, payload, pqmq_job_attempt (deliveries made),
+ * pqmq_job_last_error and pqmq_job_blocking. Dead messages are kept until
+ * completed (deleted), retried or skipped; new ones are announced with a
+ * notification on "mq_dead". Caller owns *out; free with pqmq_batch_free.
+ */
+PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *client, const char *const *channels,
+                                  size_t nchannels, int max, pqmq_batch **out);
+/* Gives dead messages retries more retries (retries + 1 deliveries), ready
+ * now; a dead chain head is delivered again in its place. *count (may be
+ * NULL) receives how many were dead and revived. */
+PQMQ_EXPORT int pqmq_retry(pqmq_client *client, const uuid_t *ids, size_t n, int retries,
+                           size_t *count);
+/* Moves ordered messages out of their chains into the dead letters and
+ * releases the next message of each chain. *count (may be NULL) receives
+ * how many were moved. */
+PQMQ_EXPORT int pqmq_skip(pqmq_client *client, const uuid_t *ids, size_t n, size_t *count);
 
 /* ---- the runner (runner.c, worker.c) ----------------------------------- */
 

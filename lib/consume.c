@@ -16,9 +16,11 @@ struct pqmq_job {
     const char *json;    /* NULL: none */
     const void *bytes;   /* NULL: none */
     size_t bytes_len;
+    const char *last_error; /* NULL: none */
     int committed;
     int attempt;
     int retries_left;
+    int blocking;
     int64_t lease_ms;
 };
 
@@ -38,8 +40,8 @@ PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *b)
     free(b);
 }
 
-static int put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
-                        size_t n)
+int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
+                       size_t n)
 {
     if (!channels)
         return PQputf(param, "%text[]", NULL) ? 0
@@ -74,11 +76,17 @@ static int read_job(PGresult *r, int i, pqmq_job *j)
     PGbytea bytes = {0, NULL};
     PGinterval lease, wait;
     PGint4 attempt = 0, left = 0;
+    PGtext last_error = NULL;
+    PGbool blocking = 0;
+    memset(&lease, 0, sizeof lease);
     if (!PQgetf(r, i, "%uuid %bool %text %text %bytea %interval %interval %text %text "
-                      "%int4 %int4",
+                      "%int4 %int4 %text %bool",
                 0, &id, 1, &committed, 2, &name, 3, &json, 4, &bytes, 5, &lease, 6,
-                &wait, 7, &chan, 8, &args, 9, &attempt, 10, &left))
+                &wait, 7, &chan, 8, &args, 9, &attempt, 10, &left, 11, &last_error,
+                12, &blocking))
         return -1;
+    j->last_error = PQgetisnull(r, i, 11) ? NULL : last_error;
+    j->blocking = blocking;
     memcpy(j->id, id, sizeof(uuid_t));
     j->committed = committed;
     j->name = name ? name : "";
@@ -97,10 +105,10 @@ static int fill_batch(pqmq_client *c, pqmq_batch *b)
 {
     int rows = PQntuples(b->res);
     b->wait_ms = -1;
-    if (rows == 1 && PQgetisnull(b->res, 0, 0)) {
+    if (rows == 0 || (rows == 1 && PQgetisnull(b->res, 0, 0))) {
         /* Nothing ready: the one row carries wait_time. */
         PGinterval wait;
-        if (!PQgetisnull(b->res, 0, 6)) {
+        if (rows && !PQgetisnull(b->res, 0, 6)) {
             if (!PQgetf(b->res, 0, "%interval", 6, &wait))
                 return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_poll: bad wait_time: %s",
                                     PQgeterror());
@@ -139,7 +147,7 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nc
     PGparam *param = pqmq__param(c);
     if (!param)
         return PQMQ_ENOMEM;
-    rc = put_channels(c, param, channels, nchannels);
+    rc = pqmq__put_channels(c, param, channels, nchannels);
     if (!rc && !PQputf(param, "%int4", batch_size))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
     PGresult *res = NULL;
@@ -147,18 +155,21 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nc
         res = pqmq__exec(c, param,
                          "SELECT id, is_committed, name, payload_json, payload_bytes, "
                          "retry_backoff, wait_time, channel_name, channel_args, attempt, "
-                         "attempts_left FROM mq_poll_jobs($1, $2)",
+                         "attempts_left, NULL::text, false FROM mq_poll_jobs($1, $2)",
                          "pqmq_poll", &rc);
     PQparamClear(param);
-    if (rc)
-        return rc;
+    return rc ? rc : pqmq__batch_from(c, res, out);
+}
+
+int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out)
+{
     pqmq_batch *b = calloc(1, sizeof *b);
     if (!b) {
         PQclear(res);
-        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: out of memory");
+        return pqmq__seterr(c, PQMQ_ENOMEM, "out of memory");
     }
     b->res = res;
-    rc = fill_batch(c, b);
+    int rc = fill_batch(c, b);
     if (rc) {
         pqmq_batch_free(b);
         return rc;
@@ -200,6 +211,8 @@ PQMQ_EXPORT int pqmq_job_is_committed(const pqmq_job *j) { return j ? j->committ
 PQMQ_EXPORT int pqmq_job_attempt(const pqmq_job *j) { return j ? j->attempt : 0; }
 PQMQ_EXPORT int pqmq_job_retries_left(const pqmq_job *j) { return j ? j->retries_left : 0; }
 PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *j) { return j ? j->lease_ms : 0; }
+PQMQ_EXPORT const char *pqmq_job_last_error(const pqmq_job *j) { return j ? j->last_error : NULL; }
+PQMQ_EXPORT int pqmq_job_blocking(const pqmq_job *j) { return j ? j->blocking : 0; }
 
 /* Starts a call that takes ids: clears the error and checks the arguments. */
 static int begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
@@ -255,12 +268,55 @@ PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *c, const pqmq_batch *b)
     if (b->n == 0)
         return 0;
     uuid_t *ids = malloc(b->n * sizeof *ids);
-    if (!ids)
-        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_complete_batch: out of memory");
-    for (size_t i = 0; i < b->n; i++)
+    int *attempts = malloc(b->n * sizeof *attempts);
+    int rc = ids && attempts ? 0 : pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_complete_batch: out of memory");
+    for (size_t i = 0; !rc && i < b->n; i++) {
         memcpy(ids[i], b->jobs[i].id, sizeof(uuid_t));
-    int rc = pqmq_complete(c, (const uuid_t *)ids, b->n);
+        attempts[i] = b->jobs[i].attempt;
+    }
+    size_t done = 0;
+    if (!rc)
+        rc = pqmq__complete_fenced(c, (const uuid_t *)ids, attempts, b->n, &done);
     free(ids);
+    free(attempts);
+    return rc;
+}
+
+int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
+                          size_t *done)
+{
+    const char *what = "pqmq_complete_batch";
+    *done = 0;
+    int rc = pqmq__ready(c);
+    if (!rc)
+        rc = pqmq__check_ids(c, ids, n, what);
+    PGparam *param = rc ? NULL : pqmq__param(c);
+    if (!rc && !param)
+        rc = PQMQ_ENOMEM;
+    if (!rc)
+        rc = pqmq__put_uuids(c, param, ids, n, what);
+    PGarray arr;
+    memset(&arr, 0, sizeof arr);
+    if (!rc && !(arr.param = pqmq__param(c)))
+        rc = PQMQ_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!PQputf(arr.param, "%int4", attempts[i]))
+            rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    if (!rc && !PQputf(param, "%int4[]", &arr))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    PQparamClear(arr.param);
+    int count = 0;
+    if (!rc)
+        rc = exec_scalar(c, param, "SELECT mq_complete($1, $2)", what, "%int4", &count);
+    PQparamClear(param);
+    if (!rc) {
+        *done = (size_t)count;
+        if ((size_t)count < n)
+            rc = pqmq__seterr(c, PQMQ_ESTALE,
+                              "%s: %zu of %zu jobs were delivered again (or completed) since "
+                              "this delivery; they were left to their new owner",
+                              what, n - (size_t)count, n);
+    }
     return rc;
 }
 
@@ -291,6 +347,11 @@ PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *c, const uuid_t *ids, size_t n,
 
 PQMQ_EXPORT int pqmq_fail(pqmq_client *c, const uuid_t id, const char *error)
 {
+    return pqmq__fail(c, id, 0, error);
+}
+
+int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error)
+{
     if (!c)
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
@@ -303,10 +364,12 @@ PQMQ_EXPORT int pqmq_fail(pqmq_client *c, const uuid_t id, const char *error)
     if (!param)
         return PQMQ_ENOMEM;
     int held = 0;
-    if (!PQputf(param, "%uuid %text*", (PGuuid)id, error))
+    if (!PQputf(param, "%uuid %text* %int4", (PGuuid)id, error, attempt))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_fail: %s", PQgeterror());
+    /* Attempt 0 means "whichever delivery holds the lease". */
     if (!rc)
-        rc = exec_scalar(c, param, "SELECT mq_fail($1, $2)", "pqmq_fail", "%bool", &held);
+        rc = exec_scalar(c, param, "SELECT mq_fail($1, $2, NULLIF($3, 0))", "pqmq_fail",
+                         "%bool", &held);
     PQparamClear(param);
     if (!rc && !held)
         rc = pqmq__seterr(c, PQMQ_ENOTHELD,

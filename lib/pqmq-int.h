@@ -69,6 +69,7 @@ typedef struct {
     const pqmq_job *job;     /* NULL: idle */
     pqmq__held *held;
     uuid_t id;
+    int attempt;
     int64_t lease_ms;
     int64_t extended_at_ms;  /* when its lease was last set (claim or keep-alive) */
 } pqmq__slot;
@@ -90,6 +91,7 @@ struct pqmq_runner {
     int shutdown;            /* under lock: workers exit */
     pqmq__slot *slots;
     uuid_t *done;            /* under lock: ids whose handler succeeded */
+    int *done_attempts;      /* and the attempt each was on */
     size_t ndone, done_cap;
 
     atomic_uint_fast64_t processed, failed, in_flight, polls, wakeups, reconnects;
@@ -133,6 +135,19 @@ PGparam *pqmq__param(pqmq_client *c);
 int pqmq__check_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what);
 /* Is s valid UTF-8? (Only checked when the client encoding is UTF8.) */
 int pqmq__utf8_ok(const char *s);
+
+/* consume.c: puts channels (NULL: all) as one text[] parameter. */
+int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
+                       size_t n);
+/* consume.c: wraps a result shaped like pqmq_poll's in a batch (takes res). */
+int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out);
+/* consume.c: completes ids still on the given attempts; *done = how many.
+ * Returns PQMQ_ESTALE when fewer than n were. */
+int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
+                          size_t *done);
+
+/* consume.c: pqmq_fail fenced by attempt (0: unfenced). */
+int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error);
 
 /* Milliseconds <-> libpqtypes intervals (30-day months, as PostgreSQL). */
 void pqmq__ms_to_interval(int64_t ms, PGinterval *iv);

@@ -61,6 +61,7 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
     free(r->stop_channel);
     free(r->conninfo);
     free(r->done);
+    free(r->done_attempts);
     close(r->wake_pipe[0]);
     close(r->wake_pipe[1]);
     pthread_mutex_destroy(&r->lock);
@@ -277,6 +278,7 @@ static void dispatch(pqmq_runner *r, pqmq_batch *b)
         s->job = pqmq_batch_job(b, k++);
         s->held = held;
         pqmq_job_id(s->job, s->id);
+        s->attempt = pqmq_job_attempt(s->job);
         s->lease_ms = pqmq_job_lease_ms(s->job);
         s->extended_at_ms = now;
         atomic_fetch_add(&r->in_flight, 1);
@@ -320,31 +322,40 @@ static void poll_once(struct loop *L)
     dispatch(r, b);
 }
 
-/* Completes, in one statement, every job whose handler succeeded. */
+/* Completes, in one statement, every job whose handler succeeded; fenced
+ * by attempt, so a job whose lease ran out and went to another consumer is
+ * left to it. */
 static void flush_done(struct loop *L)
 {
     pqmq_runner *r = L->r;
     pthread_mutex_lock(&r->lock);
     size_t n = r->ndone;
-    uuid_t *ids = NULL;
-    if (n && (ids = malloc(n * sizeof *ids)))
+    uuid_t *ids = n ? malloc(n * sizeof *ids) : NULL;
+    int *attempts = n ? malloc(n * sizeof *attempts) : NULL;
+    if (ids && attempts) {
         memcpy(ids, r->done, n * sizeof *ids);
+        memcpy(attempts, r->done_attempts, n * sizeof *attempts);
+    }
     pthread_mutex_unlock(&r->lock);
-    if (!ids)
-        return;
-    int rc = pqmq_complete(L->ctl, (const uuid_t *)ids, n);
-    if (rc == 0) {
+    size_t done = 0;
+    int rc = ids && attempts
+                 ? pqmq__complete_fenced(L->ctl, (const uuid_t *)ids, attempts, n, &done)
+                 : PQMQ_ENOMEM;
+    if (rc == 0 || rc == PQMQ_ESTALE) {
         pthread_mutex_lock(&r->lock);
         /* Workers may have appended meanwhile: drop only what we sent. */
         memmove(r->done, r->done + n, (r->ndone - n) * sizeof *r->done);
+        memmove(r->done_attempts, r->done_attempts + n,
+                (r->ndone - n) * sizeof *r->done_attempts);
         r->ndone -= n;
         pthread_mutex_unlock(&r->lock);
-        atomic_fetch_add(&r->processed, n);
+        atomic_fetch_add(&r->processed, done);
         L->poll_due = 1; /* completing chain heads may have readied more */
     } else if (rc == PQMQ_ECONN) {
         reconnect(L); /* keep the ids; completing twice is harmless */
     }
     free(ids);
+    free(attempts);
 }
 
 /* The keep-alive period of a job: the configured one, or a third of its

@@ -98,7 +98,11 @@ static int commit_with_completion(pqmq_ctx *ctx)
     PGparam *param = pqmq__param(c);
     int rc = param ? pqmq__put_uuids(c, param, (const uuid_t *)ctx->slot->id, 1,
                                      "complete") : PQMQ_ENOMEM;
-    PGresult *res = rc ? NULL : pqmq__exec(c, param, "SELECT mq_complete($1)", "complete", &rc);
+    if (!rc && !PQputf(param, "%int4", ctx->slot->attempt))
+        rc = PQMQ_ENOMEM;
+    /* Fenced by attempt: a redelivered message is not ours to complete. */
+    PGresult *res = rc ? NULL : pqmq__exec(c, param, "SELECT mq_complete($1, ARRAY[$2])",
+                                           "complete", &rc);
     PQparamClear(param);
     int deleted = 0;
     if (res && !PQgetf(res, 0, "%int4", 0, &deleted))
@@ -125,7 +129,8 @@ static void record_failure(pqmq_ctx *ctx)
     pqmq_client *c = ctx->slot->client;
     if (PQstatus(pqmq_conn(c)) != CONNECTION_OK && pqmq__reconnect(c) == 0)
         atomic_fetch_add(&ctx->slot->runner->reconnects, 1);
-    (void)pqmq_fail(c, ctx->slot->id, ctx->error[0] ? ctx->error : "handler failed");
+    (void)pqmq__fail(c, ctx->slot->id, ctx->slot->attempt,
+                     ctx->error[0] ? ctx->error : "handler failed");
 }
 
 /* Runs the handler for the slot's job and settles the outcome. Returns 1
@@ -166,17 +171,22 @@ static int run_job(pqmq__slot *s)
 }
 
 /* Appends an id to the runner's completion list (under the lock). */
-static void push_done(pqmq_runner *r, const uuid_t id)
+static void push_done(pqmq_runner *r, const uuid_t id, int attempt)
 {
     if (r->ndone == r->done_cap) {
         size_t cap = r->done_cap ? 2 * r->done_cap : 64;
-        uuid_t *grown = realloc(r->done, cap * sizeof *grown);
-        if (!grown)
+        uuid_t *ids = realloc(r->done, cap * sizeof *ids);
+        if (ids)
+            r->done = ids;
+        int *attempts = ids ? realloc(r->done_attempts, cap * sizeof *attempts) : NULL;
+        if (attempts)
+            r->done_attempts = attempts;
+        if (!ids || !attempts)
             return; /* not completed now: the lease runs out, it comes back */
-        r->done = grown;
         r->done_cap = cap;
     }
-    memcpy(r->done[r->ndone++], id, sizeof(uuid_t));
+    memcpy(r->done[r->ndone], id, sizeof(uuid_t));
+    r->done_attempts[r->ndone++] = attempt;
 }
 
 static void ensure_connected(pqmq__slot *s)
@@ -208,7 +218,7 @@ static void *worker_main(void *arg)
         int complete = run_job(s);
         pthread_mutex_lock(&r->lock);
         if (complete)
-            push_done(r, s->id);
+            push_done(r, s->id, s->attempt);
         pqmq__held *held = s->held;
         s->job = NULL;
         s->held = NULL;

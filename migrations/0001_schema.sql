@@ -54,6 +54,9 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     -- How many times the message has been claimed: the attempt number a
     -- consumer sees, and what lets mq_commit tell "pending" from "delivered".
     deliveries       int NOT NULL DEFAULT 0,
+    -- When the message ran out of attempts (set by mq_fail or mq_reap_dead);
+    -- NULL while it may still be delivered.
+    dead_since       timestamptz,
     channel_key      bigint GENERATED ALWAYS AS (
         (hashtext(channel_name)::bigint << 32)
         | (hashtext(channel_args)::bigint & 4294967295)
@@ -80,6 +83,16 @@ CREATE UNIQUE INDEX IF NOT EXISTS mq_msgs_successor
     ON mq_msgs (after_message_id)
     WHERE after_message_id IS NOT NULL
       AND after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid;
+
+-- Messages on their final attempt, found when their lease runs out.
+CREATE INDEX IF NOT EXISTS mq_msgs_final_attempt
+    ON mq_msgs (attempt_at)
+    WHERE attempts = 0 AND dead_since IS NULL;
+
+-- Dead letters, oldest first.
+CREATE INDEX IF NOT EXISTS mq_msgs_dead
+    ON mq_msgs (dead_since)
+    WHERE dead_since IS NOT NULL;
 
 -- A queue table churns: vacuum it early and without throttling.
 ALTER TABLE mq_msgs SET (
@@ -360,6 +373,11 @@ BEGIN
         picked := picked || COALESCE(got, '{}');
     END IF;
 
+    -- Not busy: a good moment to notice messages whose last lease ran out.
+    IF cardinality(picked) < batch_size THEN
+        PERFORM mq_reap_dead();
+    END IF;
+
     IF cardinality(picked) > 0 THEN
         RETURN QUERY
         WITH claimed AS (
@@ -537,10 +555,13 @@ BEGIN
 END;
 $$;
 
--- mq_delete that returns how many of the messages it deleted: a consumer
--- completing inside its own transaction rolls back when it gets 0 (someone
--- else completed the message after its lease ran out).
-CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[])
+-- mq_delete that returns how many messages it deleted. With msg_attempts
+-- (one per id: the attempt number the consumer got) a message is deleted
+-- only if it is still on that attempt: a consumer whose lease ran out and
+-- whose message was delivered again cannot complete it for the new owner.
+-- A consumer completing inside its own transaction rolls back on a short
+-- count.
+CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -551,26 +572,28 @@ DECLARE
     g_after uuid[];
     g_name  text[];
     g_args  text[];
-    chans   text[];
 BEGIN
     IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
         RETURN 0;
     END IF;
-    -- Chain structure changes only under the chain's lock (as in mq_insert).
-    PERFORM pg_advisory_xact_lock(k.a, k.b)
-    FROM (
-        SELECT DISTINCT hashtext(m.channel_name) AS a, hashtext(m.channel_args) AS b
-        FROM mq_msgs m
-        WHERE m.id = ANY (msg_ids) AND m.after_message_id IS NOT NULL
-        ORDER BY 1, 2
-    ) k;
+    IF msg_attempts IS NOT NULL AND cardinality(msg_attempts) <> cardinality(msg_ids) THEN
+        RAISE EXCEPTION 'mq_complete: % ids but % attempt numbers',
+            cardinality(msg_ids), cardinality(msg_attempts)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM mq_lock_chains(msg_ids);
 
-    WITH gone AS (
-        DELETE FROM mq_msgs m WHERE m.id = ANY (msg_ids)
+    WITH want AS (
+        SELECT * FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
+    ),
+    gone AS (
+        DELETE FROM mq_msgs m USING want w
+        WHERE m.id = w.id
+          AND (w.attempt IS NULL OR m.deliveries = w.attempt)
         RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
     ),
     cold AS (
-        DELETE FROM mq_payloads p WHERE p.id = ANY (msg_ids)
+        DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
     )
     SELECT count(*),
            array_agg(g.id) FILTER (WHERE g.after_message_id IS NOT NULL),
@@ -580,11 +603,50 @@ BEGIN
     INTO n, g_id, g_after, g_name, g_args
     FROM gone g;
 
-    IF g_id IS NULL THEN
-        RETURN n;
+    IF g_id IS NOT NULL THEN
+        PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
     END IF;
+    RETURN n;
+END;
+$$;
 
-    -- For each deleted chain member: its nearest predecessor that survives.
+-- Takes the advisory locks of the chains the given messages belong to, in
+-- key order (as mq_insert does): chain structure changes only under them.
+CREATE OR REPLACE FUNCTION mq_lock_chains(msg_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(k.a, k.b)
+    FROM (
+        SELECT DISTINCT hashtext(m.channel_name) AS a, hashtext(m.channel_args) AS b
+        FROM mq_msgs m
+        WHERE m.id = ANY (msg_ids) AND m.after_message_id IS NOT NULL
+        ORDER BY 1, 2
+    ) k;
+END;
+$$;
+
+-- Repairs chains after members left them (deleted, or detached by mq_skip):
+-- each successor is linked to its nearest predecessor that stayed, and a
+-- chain's recorded tail moves back the same way (an emptied chain is
+-- forgotten). Arrays: the members that left, with their old predecessor,
+-- channel and args. Returns the channels whose chain got a new head.
+-- Callers hold the chains' locks (mq_lock_chains).
+CREATE OR REPLACE FUNCTION mq_unlink(g_id uuid[], g_after uuid[], g_name text[],
+                                     g_args text[])
+RETURNS text[]
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    r_id    uuid[];
+    r_pred  uuid[];
+    r_name  text[];
+    r_args  text[];
+    chans   text[];
+BEGIN
     WITH RECURSIVE g AS (
         SELECT * FROM unnest(g_id, g_after, g_name, g_args) AS u(id, after, cn, ca)
     ),
@@ -594,15 +656,13 @@ BEGIN
         SELECT w.id, g.after, w.cn, w.ca FROM walk w JOIN g ON g.id = w.pred
     )
     SELECT array_agg(w.id), array_agg(w.pred), array_agg(w.cn), array_agg(w.ca)
-    INTO g_id, g_after, g_name, g_args
+    INTO r_id, r_pred, r_name, r_args
     FROM walk w
     WHERE NOT (w.pred = ANY (g_id));
 
-    -- Relink successors; a successor whose new predecessor is nil is now the
-    -- head of its chain and may be ready: wake its channel.
     WITH moved AS (
         UPDATE mq_msgs s SET after_message_id = r.pred
-        FROM unnest(g_id, g_after) AS r(id, pred)
+        FROM unnest(r_id, r_pred) AS r(id, pred)
         WHERE s.after_message_id = r.id
         RETURNING s.channel_name, r.pred
     )
@@ -610,10 +670,8 @@ BEGIN
     FROM moved mv
     WHERE mv.pred = '00000000-0000-0000-0000-000000000000'::uuid;
 
-    -- A deleted tail hands the chain's tail to its surviving predecessor;
-    -- a chain left empty is forgotten.
     WITH r AS (
-        SELECT * FROM unnest(g_id, g_after, g_name, g_args) AS u(id, pred, cn, ca)
+        SELECT * FROM unnest(r_id, r_pred, r_name, r_args) AS u(id, pred, cn, ca)
     ),
     handed AS (
         UPDATE mq_chains c SET tail_id = r.pred
@@ -633,9 +691,7 @@ BEGIN
       AND c.channel_args = r.ca
       AND c.tail_id = r.id
       AND r.pred = '00000000-0000-0000-0000-000000000000'::uuid;
-
-    PERFORM mq_wake(chans);
-    RETURN n;
+    RETURN chans;
 END;
 $$;
 
@@ -687,8 +743,8 @@ END;
 $$;
 
 -- Keep-alive plus progress: replaces the payload where a new one is given and
--- grants extra_retries more deliveries. Only a message whose lease is still
--- running is touched, so a dead message is never revived.
+-- grants extra_retries more deliveries. Only a delivered message whose lease
+-- is still running is touched, so a dead message is never revived.
 CREATE OR REPLACE FUNCTION mq_checkpoint(msg_id uuid, duration interval,
                                          new_payload_json text,
                                          new_payload_bytes bytea,
@@ -734,6 +790,7 @@ BEGIN
         attempts = LEAST(m.attempts::bigint + COALESCE(extra_retries, 0),
                          2147483647)::int
     WHERE m.id = msg_id
+      AND m.deliveries > 0
       AND m.attempt_at > ts;
     IF NOT FOUND THEN
         RETURN false;
@@ -750,28 +807,193 @@ $$;
 
 -- Records why an attempt failed and schedules the retry one backoff from now
 -- (the backoff of the attempt that failed). With no attempts left the
--- message is dead at once: kept, never delivered again.
-CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text)
+-- message is dead at once: kept, never delivered again, announced on mq_dead.
+-- With an attempt number, only that delivery may fail the message.
+CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    ts timestamptz := clock_timestamp();
+    ts   timestamptz := clock_timestamp();
+    dead boolean;
 BEGIN
     UPDATE mq_msgs m SET
         attempt_at = CASE WHEN m.attempts > 0
                           THEN ts + m.retry_backoff / 2
-                          ELSE ts END
+                          ELSE ts END,
+        dead_since = CASE WHEN m.attempts > 0 THEN NULL ELSE ts END
     WHERE m.id = msg_id
       AND m.deliveries > 0
-      AND m.attempt_at > ts;
+      AND m.attempt_at > ts
+      AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
+    RETURNING m.attempts = 0 INTO dead;
     IF NOT FOUND THEN
         RETURN false;
     END IF;
     UPDATE mq_payloads p SET last_error = left(error, 10000) WHERE p.id = msg_id;
+    IF dead THEN
+        PERFORM pg_notify('mq_dead', '');
+    END IF;
     RETURN true;
 END;
+$$;
+
+-- Marks the messages whose final lease ran out as dead and announces them
+-- on mq_dead. Cheap (a tiny partial index); polls call it when idle, and
+-- mq_dead_letters before listing. Returns how many it marked.
+CREATE OR REPLACE FUNCTION mq_reap_dead()
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := clock_timestamp();
+    n  int;
+BEGIN
+    UPDATE mq_msgs m SET dead_since = m.attempt_at
+    FROM (SELECT l.id FROM mq_msgs l
+          WHERE l.attempts = 0 AND l.dead_since IS NULL AND l.attempt_at <= ts
+          FOR NO KEY UPDATE SKIP LOCKED) d
+    WHERE m.id = d.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('mq_dead', '');
+    END IF;
+    RETURN n;
+END;
+$$;
+
+-- Lists dead messages (oldest first): those that ran out of attempts and
+-- were never completed. blocking: it still heads an ordered chain, which
+-- waits behind it until mq_retry or mq_skip.
+CREATE OR REPLACE FUNCTION mq_dead_letters(channel_names text[], max_rows int DEFAULT 100)
+RETURNS TABLE(id uuid, channel_name text, channel_args text, name text,
+              attempts int, last_error text, dead_since timestamptz,
+              blocking boolean, payload_json text, payload_bytes bytea)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (mq_limits()).max_batch THEN
+        RAISE EXCEPTION 'mq_dead_letters: max_rows % is outside 1..%',
+            max_rows, (mq_limits()).max_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM mq_reap_dead();
+    RETURN QUERY
+    SELECT m.id, m.channel_name, m.channel_args, p.name, m.deliveries,
+           p.last_error, m.dead_since, m.after_message_id IS NOT NULL,
+           p.payload_json::text, p.payload_bytes
+    FROM mq_msgs m
+    LEFT JOIN mq_payloads p ON p.id = m.id
+    WHERE m.dead_since IS NOT NULL
+      AND (channel_names IS NULL OR m.channel_name = ANY (channel_names))
+    ORDER BY m.dead_since, m.id
+    LIMIT max_rows;
+END;
+$$;
+
+-- Gives dead messages `retries` more retries (retries + 1 deliveries), ready
+-- now. A dead chain head delivered again keeps its chain's order.
+CREATE OR REPLACE FUNCTION mq_retry(msg_ids uuid[], retries int DEFAULT 0)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts    timestamptz := clock_timestamp();
+    chans text[];
+    n     int;
+BEGIN
+    IF retries IS NULL OR retries < 0 OR retries > 2147483646 THEN
+        RAISE EXCEPTION 'mq_retry: retries % is outside 0..2147483646', retries
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM mq_reap_dead();
+    WITH r AS (
+        UPDATE mq_msgs m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL
+        WHERE m.id = ANY (msg_ids) AND m.dead_since IS NOT NULL
+        RETURNING m.channel_name
+    )
+    SELECT count(*), array_agg(DISTINCT r.channel_name) INTO n, chans FROM r;
+    PERFORM mq_wake(chans);
+    RETURN n;
+END;
+$$;
+
+-- Moves ordered messages out of their chains into the dead letters (kept,
+-- never delivered again) and releases the next message of each chain.
+-- This is how a chain blocked by a dead head moves on.
+CREATE OR REPLACE FUNCTION mq_skip(msg_ids uuid[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts      timestamptz := clock_timestamp();
+    g_id    uuid[];
+    g_after uuid[];
+    g_name  text[];
+    g_args  text[];
+BEGIN
+    IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    PERFORM mq_lock_chains(msg_ids);
+    WITH old AS (
+        SELECT l.id, l.after_message_id AS after FROM mq_msgs l
+        WHERE l.id = ANY (msg_ids) AND l.after_message_id IS NOT NULL
+        FOR UPDATE
+    ),
+    moved AS (
+        UPDATE mq_msgs m SET after_message_id = NULL, attempts = 0,
+                             attempt_at = LEAST(m.attempt_at, ts),
+                             dead_since = COALESCE(m.dead_since, ts)
+        FROM old
+        WHERE m.id = old.id
+        RETURNING m.id, old.after, m.channel_name, m.channel_args
+    )
+    SELECT array_agg(mv.id), array_agg(mv.after), array_agg(mv.channel_name),
+           array_agg(mv.channel_args)
+    INTO g_id, g_after, g_name, g_args
+    FROM moved mv;
+    IF g_id IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
+    PERFORM pg_notify('mq_dead', '');
+    RETURN cardinality(g_id);
+END;
+$$;
+
+-- Per channel: messages in all, ready now, waiting (delayed, leased,
+-- retrying, uncommitted or behind their chain), dead, and chains blocked by
+-- a dead head. Reads the whole table: for monitoring, not for hot paths.
+CREATE OR REPLACE FUNCTION mq_stats(channel_names text[] DEFAULT NULL)
+RETURNS TABLE(channel_name text, total bigint, ready bigint, waiting bigint,
+              dead bigint, blocked_chains bigint)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    WITH m AS (
+        SELECT m.channel_name,
+               m.attempts = 0 AND m.attempt_at <= clock_timestamp() AS is_dead,
+               m.attempts > 0 AND m.attempt_at <= clock_timestamp()
+                 AND (m.after_message_id IS NULL
+                      OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                 AS is_ready,
+               m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid AS is_head
+        FROM mq_msgs m
+        WHERE channel_names IS NULL OR m.channel_name = ANY (channel_names)
+    )
+    SELECT m.channel_name, count(*), count(*) FILTER (WHERE m.is_ready),
+           count(*) FILTER (WHERE NOT m.is_ready AND NOT m.is_dead),
+           count(*) FILTER (WHERE m.is_dead),
+           count(*) FILTER (WHERE m.is_dead AND m.is_head)
+    FROM m
+    GROUP BY m.channel_name
+    ORDER BY m.channel_name
 $$;
 
 INSERT INTO mq_schema_migrations (version, name)

@@ -42,12 +42,11 @@ void t_fail(const char *file, int line, const char *fmt, ...)
 /* expr must fail with code; the message must contain needle (may be NULL). */
 #define CHECK_ERR(client, expr, code, needle) do { \
         int rc_ = (expr); \
-        const char *m_ = pqmq_errmsg(client); \
+        const char *m_ = pqmq_errmsg(client), *n_ = (needle); \
         if (rc_ != (code)) t_fail(__FILE__, __LINE__, "%s returned %d, expected %s (%d); msg: %s", \
                                   #expr, rc_, #code, (code), m_); \
-        else if ((needle) && !strstr(m_, (needle))) \
-            t_fail(__FILE__, __LINE__, "%s: message \"%s\" lacks \"%s\"", #expr, m_, \
-                   (const char *)(needle)); \
+        else if (n_ && !strstr(m_, n_)) \
+            t_fail(__FILE__, __LINE__, "%s: message \"%s\" lacks \"%s\"", #expr, m_, n_); \
     } while (0)
 
 #define T_RUN(fn) t_run(#fn, fn)

@@ -229,7 +229,8 @@ static void test_strerror(void)
 {
     static const int codes[] = {PQMQ_OK,      PQMQ_EINVAL,   PQMQ_ENOMEM,
                                 PQMQ_ECONN,   PQMQ_ESERVER,  PQMQ_ETOOBIG,
-                                PQMQ_ENOTHELD, PQMQ_EPAYLOAD, PQMQ_ESCHEMA};
+                                PQMQ_ENOTHELD, PQMQ_EPAYLOAD, PQMQ_ESCHEMA,
+                                PQMQ_ESTALE};
     enum { N = sizeof codes / sizeof *codes };
     for (int i = 0; i < N; i++) {
         const char *s = pqmq_strerror(codes[i]);
@@ -243,7 +244,7 @@ static void test_strerror(void)
                 t_fail(__FILE__, __LINE__, "codes %d and %d share \"%s\"", codes[k],
                        codes[i], s);
     }
-    CHECK_STR(pqmq_strerror(-9), "unknown error");
+    CHECK_STR(pqmq_strerror(-10), "unknown error");
     CHECK_STR(pqmq_strerror(1), "unknown error");
     CHECK_STR(pqmq_strerror(-1000), "unknown error");
     CHECK_STR(pqmq_strerror(INT_MIN), "unknown error");

@@ -1,0 +1,88 @@
+/*
+ * dead.c: dead letters. Messages that ran out of attempts are kept; these
+ * calls list them, give them new attempts, or move them out of their
+ * ordered chains so that the chain moves on.
+ */
+#include <string.h>
+
+#include "pqmq-int.h"
+
+PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels,
+                                  size_t nchannels, int max, pqmq_batch **out)
+{
+    if (out)
+        *out = NULL;
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    if (!out)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_dead_letters: out is NULL");
+    if (max < 1 || max > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_dead_letters: max %d is outside 1..%d",
+                            max, PQMQ_MAX_BATCH);
+    int rc = pqmq__ready(c);
+    if (rc)
+        return rc;
+    PGparam *param = pqmq__param(c);
+    if (!param)
+        return PQMQ_ENOMEM;
+    rc = pqmq__put_channels(c, param, channels, nchannels);
+    if (!rc && !PQputf(param, "%int4", max))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_dead_letters: %s", PQgeterror());
+    PGresult *res = NULL;
+    /* The columns of a poll, so that the job accessors work unchanged. */
+    if (!rc)
+        res = pqmq__exec(c, param,
+                         "SELECT id, true, name, payload_json, payload_bytes, NULL::interval, "
+                         "NULL::interval, channel_name, channel_args, attempts, 0, "
+                         "last_error, blocking FROM mq_dead_letters($1, $2)",
+                         "pqmq_dead_letters", &rc);
+    PQparamClear(param);
+    return rc ? rc : pqmq__batch_from(c, res, out);
+}
+
+/* Runs `SELECT fn($1[, $2])` on ids (and an int), returning its count. */
+static int ids_call(pqmq_client *c, const char *what, const char *sql, const uuid_t *ids,
+                    size_t n, const int *extra, size_t *count)
+{
+    if (count)
+        *count = 0;
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc)
+        rc = pqmq__check_ids(c, ids, n, what);
+    if (rc)
+        return rc;
+    PGparam *param = pqmq__param(c);
+    if (!param)
+        return PQMQ_ENOMEM;
+    rc = pqmq__put_uuids(c, param, ids, n, what);
+    if (!rc && extra && !PQputf(param, "%int4", *extra))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    PGresult *res = rc ? NULL : pqmq__exec(c, param, sql, what, &rc);
+    PQparamClear(param);
+    int got = 0;
+    if (res && !PQgetf(res, 0, "%int4", 0, &got))
+        rc = pqmq__seterr(c, PQMQ_ESERVER, "%s: unexpected result: %s", what, PQgeterror());
+    PQclear(res);
+    if (!rc && count)
+        *count = (size_t)got;
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_retry(pqmq_client *c, const uuid_t *ids, size_t n, int retries,
+                           size_t *count)
+{
+    if (c && retries < 0) {
+        pqmq__clearerr(c);
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_retry: retries is negative (%d)", retries);
+    }
+    return ids_call(c, "pqmq_retry", "SELECT mq_retry($1, $2)", ids, n, &retries, count);
+}
+
+PQMQ_EXPORT int pqmq_skip(pqmq_client *c, const uuid_t *ids, size_t n, size_t *count)
+{
+    return ids_call(c, "pqmq_skip", "SELECT mq_skip($1)", ids, n, NULL, count);
+}
