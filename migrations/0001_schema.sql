@@ -233,7 +233,7 @@ BEGIN
     SELECT b.id, ts,
            ts + COALESCE(b.delay, interval '0')
               + COALESCE(b.commit_interval, interval '0'),
-           COALESCE(b.retries, 4) + 1,
+           LEAST(COALESCE(b.retries, 4)::bigint + 1, 2147483647)::int,
            COALESCE(b.retry_backoff, interval '1 second'),
            b.channel_name, b.args, b.commit_interval,
            CASE WHEN b.ordered THEN COALESCE(

@@ -234,6 +234,45 @@ static void test_bad_inputs(void)
     pqmq_msg_free(one);
 }
 
+static void test_limits_at_the_edges(void)
+{
+    t_truncate();
+    pqmq_msg *m = t_msg("edge", NULL, "n", "{}", 0);
+    pqmq_msg_set_retries(m, INT32_MAX);          /* as good as endless */
+    pqmq_msg_set_backoff(m, PQMQ_MAX_DURATION_MS); /* the longest lease */
+    pqmq_msg_set_delay(m, PQMQ_MAX_DURATION_MS);
+    pqmq_msg_set_commit_interval(m, 0);          /* two-phase, no grace */
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs"), INT32_MAX);
+    pqmq_msg_free(m);
+
+    t_truncate();
+    pqmq_msg *zero = t_msg("edge", NULL, "n", NULL, 0);
+    pqmq_msg_set_retries(zero, 0);
+    pqmq_msg_set_bytes(zero, "", 0);             /* an empty, present payload */
+    CHECK_OK(q, pqmq_insert(q, &zero, 1));
+    pqmq_msg_free(zero);
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 1, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    size_t len = 99;
+    CHECK(pqmq_job_bytes(pqmq_batch_job(b, 0), &len) != NULL);
+    CHECK_INT(len, 0);
+    CHECK_INT(pqmq_job_retries_left(pqmq_batch_job(b, 0)), 0);
+    pqmq_batch_free(b);
+
+    /* A batch of exactly the limit is accepted. */
+    t_truncate();
+    pqmq_msg **msgs = calloc(PQMQ_MAX_BATCH, sizeof *msgs);
+    for (int i = 0; i < PQMQ_MAX_BATCH; i++)
+        msgs[i] = t_msg("edge", NULL, "n", NULL, 0);
+    CHECK_OK(q, pqmq_insert(q, msgs, PQMQ_MAX_BATCH));
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), PQMQ_MAX_BATCH);
+    t_msgs_free(msgs, PQMQ_MAX_BATCH);
+    free(msgs);
+    t_truncate();
+}
+
 static void test_payload_at_cap_is_accepted(void)
 {
     t_truncate();
@@ -300,6 +339,7 @@ int main(void)
     T_RUN(test_rolled_back_insert_never_exists);
     T_RUN(test_committed_in_callers_transaction);
     T_RUN(test_bad_inputs);
+    T_RUN(test_limits_at_the_edges);
     T_RUN(test_payload_at_cap_is_accepted);
     T_RUN(test_duplicate_id_rejects_batch);
     T_RUN(test_channel_names_are_data);
