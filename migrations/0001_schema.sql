@@ -217,15 +217,19 @@ BEGIN
             commit_interval, ordered, name, payload_json, payload_bytes, ord)
     ),
     -- The live tail of each chain this batch appends to.
+    -- (LATERAL ... LIMIT 1: an index probe per chain, whatever the plan.)
     tails AS (
-        SELECT c.channel_name, c.channel_args, c.tail_id
-        FROM (SELECT DISTINCT b.channel_name, b.args FROM batch b WHERE b.ordered) w
-        JOIN mq_chains c
-          ON c.channel_key = ((hashtext(w.channel_name)::bigint << 32)
-                              | (hashtext(w.args)::bigint & 4294967295))
-         AND c.channel_name = w.channel_name
-         AND c.channel_args = w.args
-        JOIN mq_msgs m ON m.id = c.tail_id
+        SELECT w.channel_name, w.args AS channel_args, t.tail_id
+        FROM (SELECT DISTINCT b.channel_name, b.args FROM batch b WHERE b.ordered) w,
+        LATERAL (
+            SELECT c.tail_id FROM mq_chains c
+            JOIN mq_msgs m ON m.id = c.tail_id
+            WHERE c.channel_key = ((hashtext(w.channel_name)::bigint << 32)
+                                   | (hashtext(w.args)::bigint & 4294967295))
+              AND c.channel_name = w.channel_name
+              AND c.channel_args = w.args
+            LIMIT 1
+        ) t
     )
     INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                          channel_name, channel_args, commit_interval,
@@ -322,6 +326,7 @@ DECLARE
     lo      bigint;
     hi      bigint;
     next_at timestamptz;
+    max_dur interval := (mq_limits()).max_duration; -- once, not per row
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
@@ -385,10 +390,14 @@ BEGIN
                 attempt_at = ts + m.retry_backoff,
                 attempts = m.attempts - 1,
                 -- Doubling stops at the duration limit so it never overflows.
-                retry_backoff = CASE WHEN m.retry_backoff * 2 > (mq_limits()).max_duration
+                retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur
                                      THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
                 deliveries = m.deliveries + 1
-            WHERE m.id = ANY (picked)
+            -- Joined through unnest and looked up per id (LIMIT 1 keeps the
+            -- payload lookup an index probe): plans cached while the tables
+            -- were small must not turn into scans of a big backlog.
+            FROM unnest(picked) AS k(id)
+            WHERE m.id = k.id
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
                       m.channel_args, m.deliveries, m.attempts, m.attempt_at
@@ -397,7 +406,10 @@ BEGIN
                c.lease, interval '0', c.channel_name, c.channel_args,
                c.deliveries, c.attempts
         FROM claimed c
-        LEFT JOIN mq_payloads p ON p.id = c.id
+        LEFT JOIN LATERAL (
+            SELECT p.name, p.payload_json, p.payload_bytes FROM mq_payloads p
+            WHERE p.id = c.id LIMIT 1
+        ) p ON true
         ORDER BY c.attempt_at, c.id;
         RETURN;
     END IF;
@@ -581,32 +593,49 @@ BEGIN
             cardinality(msg_ids), cardinality(msg_attempts)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM mq_lock_chains(msg_ids);
-
+    -- Unordered messages need no chain lock: they go first, and usually
+    -- that is all there is.
     WITH want AS (
         SELECT * FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
     ),
     gone AS (
         DELETE FROM mq_msgs m USING want w
         WHERE m.id = w.id
+          AND m.after_message_id IS NULL
+          AND (w.attempt IS NULL OR m.deliveries = w.attempt)
+        RETURNING m.id
+    ),
+    cold AS (
+        DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
+    )
+    SELECT count(*) INTO n FROM gone;
+    IF n = cardinality(msg_ids) THEN
+        RETURN n;
+    END IF;
+
+    PERFORM mq_lock_chains(msg_ids);
+    WITH want AS (
+        SELECT * FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
+    ),
+    gone AS (
+        DELETE FROM mq_msgs m USING want w
+        WHERE m.id = w.id
+          AND m.after_message_id IS NOT NULL
           AND (w.attempt IS NULL OR m.deliveries = w.attempt)
         RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
     ),
     cold AS (
         DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
     )
-    SELECT count(*),
-           array_agg(g.id) FILTER (WHERE g.after_message_id IS NOT NULL),
-           array_agg(g.after_message_id) FILTER (WHERE g.after_message_id IS NOT NULL),
-           array_agg(g.channel_name) FILTER (WHERE g.after_message_id IS NOT NULL),
-           array_agg(g.channel_args) FILTER (WHERE g.after_message_id IS NOT NULL)
-    INTO n, g_id, g_after, g_name, g_args
+    SELECT array_agg(g.id), array_agg(g.after_message_id),
+           array_agg(g.channel_name), array_agg(g.channel_args)
+    INTO g_id, g_after, g_name, g_args
     FROM gone g;
 
     IF g_id IS NOT NULL THEN
         PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
     END IF;
-    RETURN n;
+    RETURN n + COALESCE(cardinality(g_id), 0);
 END;
 $$;
 
