@@ -181,16 +181,29 @@ static int fail_from(pqmq_client *c, const char *what, const char *msg,
 PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
                      const char *what, int *rc)
 {
-    PGresult *r = PQparamExec(c->conn, param, sql, 1);
-    if (r) {
+    /* Send with libpqtypes, but read the outcome from the PGresult: the
+     * error text libpqtypes keeps (PQgeterror) is one per process, which
+     * threads with their own connections would overwrite. */
+    if (!PQparamSendQuery(c->conn, param, sql, 1)) {
+        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
+        return NULL;
+    }
+    PGresult *r = NULL, *next;
+    while ((next = PQgetResult(c->conn)) != NULL) {
+        PQclear(r); /* only the last result of the statement matters */
+        r = next;
+    }
+    ExecStatusType st = PQresultStatus(r);
+    if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
         *rc = 0;
         return r;
     }
-    /* The primary message reads as one line; PQgeterror() adds the query's
-     * position and context over several. */
-    const char *primary = PQgetErrorField(PG_DIAG_MESSAGE_PRIMARY);
-    *rc = fail_from(c, what, primary && *primary ? primary : PQgeterror(),
-                    PQgetErrorField(PG_DIAG_SQLSTATE));
+    if (!r)
+        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
+    else
+        *rc = fail_from(c, what, PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
+                        PQresultErrorField(r, PG_DIAG_SQLSTATE));
+    PQclear(r);
     return NULL;
 }
 

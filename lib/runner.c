@@ -189,6 +189,7 @@ struct loop {
     pqmq_client *ctl;
     int poll_due;      /* something may be ready now */
     int64_t poll_at;   /* or: when the earliest message becomes ready */
+    uint64_t settled;  /* processed + failed when the loop last looked */
 };
 
 /* LISTENs on what this runner serves: mq_<channel> per channel, or mq
@@ -475,6 +476,15 @@ static void loop_run(struct loop *L)
     for (;;) {
         take_notifications(L); /* also those read during earlier queries */
         flush_done(L);
+        /* A job that failed (its retry is due after the backoff) or that
+         * completed in its handler's transaction freed a slot without a
+         * notification, and poll_at may predate it: poll to learn what is
+         * ready and when. */
+        uint64_t settled = atomic_load(&r->processed) + atomic_load(&r->failed);
+        if (settled != L->settled) {
+            L->settled = settled;
+            L->poll_due = 1;
+        }
         int stopping = atomic_load(&r->stop);
         if (stopping && !busy(r))
             break;
@@ -504,7 +514,7 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: no handler registered");
         return PQMQ_EINVAL;
     }
-    struct loop L = {r, NULL, 1, 0};
+    struct loop L = {r, NULL, 1, 0, 0};
     int rc = pqmq_connect(r->conninfo, &L.ctl);
     if (!rc)
         rc = listen_all(&L);

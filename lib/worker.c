@@ -4,6 +4,7 @@
  * checkpoints and failures; plain completions go back to the main loop,
  * which sends them in batches.
  */
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,14 @@ PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
     PGconn *conn = pqmq_conn(ctx->slot->client);
     if (!ctx->tx_open && !ctx->tx_broken) {
         PGresult *res = PQexec(conn, "BEGIN");
+        /* The backend died since the job started: nothing was done in the
+         * transaction yet, so reconnecting (same PGconn) and retrying is safe. */
+        if (PQresultStatus(res) != PGRES_COMMAND_OK && PQstatus(conn) == CONNECTION_BAD &&
+            pqmq__reconnect(ctx->slot->client) == 0) {
+            atomic_fetch_add(&ctx->slot->runner->reconnects, 1);
+            PQclear(res);
+            res = PQexec(conn, "BEGIN");
+        }
         if (PQresultStatus(res) == PGRES_COMMAND_OK)
             ctx->tx_open = 1;
         else
@@ -158,15 +167,18 @@ static int run_job(pqmq__slot *s)
             atomic_fetch_add(&r->processed, 1);
             return 0;
         }
-        exec_ok(pqmq_conn(s->client), "ROLLBACK");
+        if (PQtransactionStatus(pqmq_conn(s->client)) != PQTRANS_IDLE)
+            exec_ok(pqmq_conn(s->client), "ROLLBACK"); /* not already rolled back */
         rc = -1;
     } else if (rc == 0 && !ctx.tx_broken) {
         return 1;
     }
     if (ctx.tx_broken && !ctx.error[0])
         snprintf(ctx.error, sizeof ctx.error, "could not open the job's transaction");
-    atomic_fetch_add(&r->failed, 1);
     record_failure(&ctx);
+    /* Counted once recorded: the main loop polls when this moves, and
+     * whoever reads the counter then also sees last_error. */
+    atomic_fetch_add(&r->failed, 1);
     return 0;
 }
 
@@ -189,8 +201,24 @@ static void push_done(pqmq_runner *r, const uuid_t id, int attempt)
     r->done_attempts[r->ndone++] = attempt;
 }
 
+/* A backend terminated while its worker was idle has sent its last words
+ * and closed the socket, but libpq notices only when it reads: read what is
+ * pending, without blocking, so that PQstatus tells the truth. */
+static void notice_hangup(PGconn *conn)
+{
+    for (int i = 0; i < 2 && PQstatus(conn) == CONNECTION_OK; i++) {
+        struct pollfd p = {PQsocket(conn), POLLIN, 0};
+        if (poll(&p, 1, 0) <= 0 || !PQconsumeInput(conn))
+            return;
+        PGnotify *n;
+        while ((n = PQnotifies(conn)) != NULL) /* also parses what was read */
+            PQfreemem(n);
+    }
+}
+
 static void ensure_connected(pqmq__slot *s)
 {
+    notice_hangup(pqmq_conn(s->client));
     if (PQstatus(pqmq_conn(s->client)) == CONNECTION_OK)
         return;
     for (int64_t delay = 50; !atomic_load(&s->runner->stop); delay *= 2) {

@@ -1,0 +1,1022 @@
+/*
+ * test_runner.c: the runner (DESIGN.md section 4): dispatch by name,
+ * concurrency, LISTEN/NOTIFY wake-ups, keep-alive, transactional
+ * completion, failures and retries, graceful stop (call, signal,
+ * notification), reconnecting, statistics and bad arguments.
+ *
+ * Each runner runs on its own thread (pqmq_runner_run blocks); the test
+ * thread inserts, watches the tables and the runner's statistics, and stops
+ * it. Waits are generous (a noisy 2-core machine); the only tight bound is
+ * the wake-up latency, which is the point of LISTEN/NOTIFY.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static pqmq_client *q; /* the test's producer */
+static PGconn *pg;     /* the test's SQL connection */
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+#define WAIT_UNTIL(cond, ms) do { \
+        int64_t end_ = t_now_ms() + (ms); \
+        while (!(cond) && t_now_ms() < end_) \
+            t_sleep_ms(5); \
+    } while (0)
+
+/* The runner's conninfo, like t_client's, optionally with an
+ * application_name to find its backends by. Caller frees. */
+static char *runner_conninfo(const char *app)
+{
+    char *s = NULL;
+    if (asprintf(&s, "%s options='-c search_path=%s -c client_min_messages=warning'%s%s",
+                 t_dsn(), t_schema(), app ? " application_name=" : "", app ? app : "") < 0)
+        abort();
+    return s;
+}
+
+static pqmq_runner *new_runner(const char *app)
+{
+    char *ci = runner_conninfo(app);
+    pqmq_runner *r = pqmq_runner_new(ci);
+    free(ci);
+    if (!r)
+        abort();
+    return r;
+}
+
+static pqmq_runner_stats_t stats(const pqmq_runner *r)
+{
+    pqmq_runner_stats_t s;
+    pqmq_runner_stats(r, &s);
+    return s;
+}
+
+/* A runner running on a thread. */
+typedef struct {
+    pqmq_runner *r;
+    pthread_t th;
+    int rc;
+} bg_t;
+
+static void *bg_main(void *p)
+{
+    bg_t *b = p;
+    b->rc = pqmq_runner_run(b->r);
+    return NULL;
+}
+
+static void bg_start(bg_t *b, pqmq_runner *r)
+{
+    b->r = r;
+    b->rc = 99;
+    if (pthread_create(&b->th, NULL, bg_main, b) != 0)
+        abort();
+}
+
+/* Joins within ms; returns 0, or -1 (a failed check) after stopping and
+ * joining it anyway. */
+static int bg_join(bg_t *b, int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    if (pthread_timedjoin_np(b->th, NULL, &ts) == 0)
+        return 0;
+    t_fail(__FILE__, __LINE__, "pqmq_runner_run did not return within %lld ms",
+           (long long)ms);
+    pqmq_runner_stop(b->r);
+    pthread_join(b->th, NULL);
+    return -1;
+}
+
+/* Stops the runner and checks that run returned 0 in time. */
+static void bg_stop(bg_t *b)
+{
+    pqmq_runner_stop(b->r);
+    bg_join(b, 15000);
+    CHECK_INT(b->rc, 0);
+}
+
+/* Waits until the runner has polled once (it LISTENs before that) and then
+ * lets it settle into its idle wait. */
+static void settle(pqmq_runner *r, int64_t ms)
+{
+    WAIT_UNTIL(stats(r).polls >= 1, 10000);
+    CHECK(stats(r).polls >= 1);
+    t_sleep_ms(ms);
+}
+
+/* Inserts one message; backoff_ms 0 keeps the default. */
+static void put(const char *channel, const char *name, const char *json, int64_t backoff_ms,
+                uuid_t id_out)
+{
+    pqmq_msg *m = t_msg(channel, NULL, name, json, 0);
+    if (backoff_ms > 0)
+        pqmq_msg_set_backoff(m, backoff_ms);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    if (id_out)
+        pqmq_msg_id(m, id_out);
+    pqmq_msg_free(m);
+}
+
+/* Inserts n messages in one batch; ids_out (may be NULL) receives their ids. */
+static void put_n(const char *channel, const char *name, int n, int64_t backoff_ms,
+                  uuid_t *ids_out)
+{
+    pqmq_msg **msgs = calloc((size_t)n, sizeof *msgs);
+    if (!msgs)
+        abort();
+    for (int i = 0; i < n; i++) {
+        char json[32];
+        snprintf(json, sizeof json, "{\"i\": %d}", i);
+        msgs[i] = t_msg(channel, NULL, name, json, 0);
+        if (backoff_ms > 0)
+            pqmq_msg_set_backoff(msgs[i], backoff_ms);
+        if (ids_out)
+            pqmq_msg_id(msgs[i], ids_out[i]);
+    }
+    CHECK_OK(q, pqmq_insert(q, msgs, (size_t)n));
+    t_msgs_free(msgs, (size_t)n);
+    free(msgs);
+}
+
+static long long msgs_left(void)
+{
+    return t_sql_int(pg, "SELECT count(*) FROM mq_msgs");
+}
+
+/* mq_payloads.last_error of a message (empty when NULL or gone). */
+static void last_error_of(const uuid_t id, char *out, size_t len)
+{
+    char text[37];
+    uuid_unparse_lower(id, text);
+    const char *params[1] = {text};
+    PGresult *r = PQexecParams(pg, "SELECT last_error FROM mq_payloads WHERE id = $1::uuid",
+                               1, NULL, params, NULL, NULL, 0);
+    out[0] = '\0';
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
+        snprintf(out, len, "%s", PQgetvalue(r, 0, 0));
+    else if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        t_fail(__FILE__, __LINE__, "last_error query: %s", PQerrorMessage(pg));
+    PQclear(r);
+}
+
+/* A channel name no other test program in this database uses, so that a
+ * runner serving only it gets no foreign notifications. */
+static const char *own_channel(const char *suffix)
+{
+    static char buf[8][64];
+    static int next;
+    char *b = buf[next++ % 8];
+    snprintf(b, 64, "%s_%s", t_schema(), suffix);
+    return b;
+}
+
+/* ---- a log of handler calls -------------------------------------------- */
+
+typedef struct {
+    uuid_t id;
+    char name[32];
+    const char *route; /* the handler's arg */
+    int attempt;
+    int64_t start_us;
+} call_t;
+
+#define MAX_CALLS 4096
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static call_t calls[MAX_CALLS];
+static int ncalls;
+
+static void log_reset(void)
+{
+    pthread_mutex_lock(&log_lock);
+    ncalls = 0;
+    pthread_mutex_unlock(&log_lock);
+}
+
+static int log_call(const char *route, const pqmq_job *job)
+{
+    int64_t start = now_us();
+    pthread_mutex_lock(&log_lock);
+    int i = ncalls < MAX_CALLS ? ncalls++ : -1;
+    if (i >= 0) {
+        pqmq_job_id(job, calls[i].id);
+        snprintf(calls[i].name, sizeof calls[i].name, "%s", pqmq_job_name(job));
+        calls[i].route = route;
+        calls[i].attempt = pqmq_job_attempt(job);
+        calls[i].start_us = start;
+    }
+    pthread_mutex_unlock(&log_lock);
+    return i;
+}
+
+static int log_count(void)
+{
+    pthread_mutex_lock(&log_lock);
+    int n = ncalls;
+    pthread_mutex_unlock(&log_lock);
+    return n;
+}
+
+/* How many calls the log holds for id. */
+static int calls_for(const uuid_t id)
+{
+    int n = 0;
+    pthread_mutex_lock(&log_lock);
+    for (int i = 0; i < ncalls; i++)
+        n += !uuid_compare(calls[i].id, id);
+    pthread_mutex_unlock(&log_lock);
+    return n;
+}
+
+static int h_record(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx;
+    log_call(arg, job);
+    return 0;
+}
+
+/* ---- 1. dispatch by message name ---------------------------------------- */
+
+static void test_dispatch_by_name(void)
+{
+    t_truncate();
+    log_reset();
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, "a", h_record, "a"), 0);
+    CHECK_INT(pqmq_runner_handle(r, "b", h_record, "b"), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
+    const char *names[] = {"a", "b", "c", "a", "", "b", "a", "c"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        put("disp", names[i], NULL, 0, NULL);
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(stats(r).processed >= 8, 15000);
+    bg_stop(&b);
+    CHECK_INT(stats(r).processed, 8);
+    CHECK_INT(stats(r).failed, 0);
+    CHECK_INT(log_count(), 8);
+    int na = 0, nb = 0, nf = 0;
+    for (int i = 0; i < log_count(); i++) {
+        const call_t *c = &calls[i];
+        if (!strcmp(c->route, "a")) {
+            CHECK_STR(c->name, "a");
+            na++;
+        } else if (!strcmp(c->route, "b")) {
+            CHECK_STR(c->name, "b");
+            nb++;
+        } else {
+            CHECK(strcmp(c->name, "a") != 0 && strcmp(c->name, "b") != 0);
+            nf++;
+        }
+    }
+    CHECK_INT(na, 3);
+    CHECK_INT(nb, 2);
+    CHECK_INT(nf, 3); /* "c", "" and "c" */
+    CHECK_INT(msgs_left(), 0);
+    pqmq_runner_free(r);
+
+    /* Without a fallback, an unknown name fails with "no handler". */
+    t_truncate();
+    log_reset();
+    r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, "a", h_record, "a"), 0);
+    uuid_t id;
+    put("disp", "zzz", NULL, 60000, id);
+    bg_start(&b, r);
+    WAIT_UNTIL(stats(r).failed >= 1, 15000);
+    bg_stop(&b);
+    CHECK_INT(stats(r).failed, 1);
+    CHECK_INT(stats(r).processed, 0);
+    CHECK_INT(log_count(), 0);
+    char err[256];
+    last_error_of(id, err, sizeof err);
+    if (!strstr(err, "no handler"))
+        t_fail(__FILE__, __LINE__, "last_error \"%s\" lacks \"no handler\"", err);
+    CHECK_INT(msgs_left(), 1); /* failed, not completed */
+    pqmq_runner_free(r);
+}
+
+/* ---- 2. concurrency limit ----------------------------------------------- */
+
+static atomic_int conc_now, conc_max;
+
+static int h_concurrent(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx, (void)job, (void)arg;
+    int now = atomic_fetch_add(&conc_now, 1) + 1;
+    int seen = atomic_load(&conc_max);
+    while (now > seen && !atomic_compare_exchange_weak(&conc_max, &seen, now))
+        ;
+    t_sleep_ms(50);
+    atomic_fetch_sub(&conc_now, 1);
+    return 0;
+}
+
+static void test_concurrency_limit(void)
+{
+    t_truncate();
+    atomic_store(&conc_now, 0);
+    atomic_store(&conc_max, 0);
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 3), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_concurrent, NULL), 0);
+    put_n("conc", "w", 30, 10000, NULL);
+    bg_t b;
+    int64_t t0 = t_now_ms();
+    bg_start(&b, r);
+    WAIT_UNTIL(stats(r).processed >= 30, 30000);
+    int64_t took = t_now_ms() - t0;
+    bg_stop(&b);
+    printf("    30 jobs of 50 ms at concurrency 3: %lld ms, max in flight %d\n",
+           (long long)took, atomic_load(&conc_max));
+    CHECK_INT(stats(r).processed, 30);
+    CHECK_INT(atomic_load(&conc_max), 3);
+    CHECK_INT(msgs_left(), 0);
+    pqmq_runner_free(r);
+}
+
+/* ---- 3. wake-up latency; an idle runner is silent ------------------------ */
+
+static atomic_llong lat_start_us;
+
+static int h_latency(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx, (void)job, (void)arg;
+    atomic_store(&lat_start_us, (long long)now_us());
+    return 0;
+}
+
+static int cmp_ll(const void *a, const void *b)
+{
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_wakeup_latency_and_idle(void)
+{
+    t_truncate();
+    const char *ch = own_channel("lat");
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_latency, NULL), 0);
+    bg_t b;
+    bg_start(&b, r);
+    settle(r, 300);
+
+    /* Idle: no queries, no wake-ups. */
+    pqmq_runner_stats_t s0 = stats(r);
+    t_sleep_ms(1000);
+    pqmq_runner_stats_t s1 = stats(r);
+    printf("    idle for 1 s: %llu polls, %llu wake-ups (before: %llu, %llu)\n",
+           (unsigned long long)s1.polls, (unsigned long long)s1.wakeups,
+           (unsigned long long)s0.polls, (unsigned long long)s0.wakeups);
+    CHECK_INT(s1.polls, s0.polls);
+    CHECK_INT(s1.wakeups, s0.wakeups);
+
+    /* A message inserted by another client starts within milliseconds. */
+    enum { N = 5 };
+    long long lat[N];
+    for (int i = 0; i < N; i++) {
+        atomic_store(&lat_start_us, 0);
+        uint64_t done = stats(r).processed;
+        put(ch, "ping", NULL, 0, NULL);
+        int64_t inserted = now_us();
+        WAIT_UNTIL(atomic_load(&lat_start_us) != 0, 10000);
+        CHECK(atomic_load(&lat_start_us) != 0);
+        lat[i] = atomic_load(&lat_start_us) - inserted;
+        WAIT_UNTIL(stats(r).processed > done, 10000);
+        t_sleep_ms(200); /* idle again */
+    }
+    pqmq_runner_stats_t s2 = stats(r);
+    printf("    wake-up latency (handler start - insert return), us:");
+    for (int i = 0; i < N; i++)
+        printf(" %lld", lat[i]);
+    long long sorted[N];
+    memcpy(sorted, lat, sizeof lat);
+    qsort(sorted, N, sizeof *sorted, cmp_ll);
+    printf("; median %.2f ms\n", sorted[N / 2] / 1000.0);
+    CHECK(sorted[N / 2] < 100000);
+    CHECK(s2.wakeups >= s1.wakeups + N);
+    CHECK_INT(s2.processed, N);
+    bg_stop(&b);
+    pqmq_runner_free(r);
+}
+
+/* ---- 4. keep-alive ------------------------------------------------------ */
+
+static atomic_int ka_calls, ka_attempt;
+
+static int h_long(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx, (void)arg;
+    atomic_store(&ka_attempt, pqmq_job_attempt(job));
+    atomic_fetch_add(&ka_calls, 1);
+    t_sleep_ms(3000);
+    return 0;
+}
+
+static void test_keep_alive(void)
+{
+    t_truncate();
+    atomic_store(&ka_calls, 0);
+    atomic_store(&ka_attempt, 0);
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_long, NULL), 0);
+    put("ka", "long", NULL, 1000, NULL); /* a 1 s lease for 3 s of work */
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(atomic_load(&ka_calls) >= 1, 10000);
+    CHECK_INT(atomic_load(&ka_calls), 1);
+
+    /* Another consumer polls all the while: the job is never claimable. */
+    pqmq_client *other = t_client();
+    int polls = 0, stolen = 0;
+    for (int64_t end = t_now_ms() + 3000; t_now_ms() < end; t_sleep_ms(100)) {
+        pqmq_batch *batch = NULL;
+        CHECK_OK(other, pqmq_poll(other, NULL, 0, 10, &batch));
+        stolen += (int)pqmq_batch_count(batch);
+        polls++;
+        pqmq_batch_free(batch);
+    }
+    pqmq_client_free(other);
+    WAIT_UNTIL(stats(r).processed >= 1, 10000);
+    bg_stop(&b);
+    printf("    a second consumer polled %d times during the job, claimed %d\n", polls,
+           stolen);
+    CHECK_INT(stolen, 0);
+    CHECK_INT(atomic_load(&ka_calls), 1);
+    CHECK_INT(atomic_load(&ka_attempt), 1);
+    CHECK_INT(stats(r).processed, 1);
+    CHECK_INT(stats(r).failed, 0);
+    CHECK_INT(msgs_left(), 0);
+    pqmq_runner_free(r);
+}
+
+/* ---- 5. transactional completion ---------------------------------------- */
+
+static struct {
+    atomic_int result;   /* what the handler returns */
+    atomic_int sleep_ms; /* after its write */
+    atomic_int started;  /* its write is done */
+    atomic_int ok;       /* the write succeeded */
+} txh;
+
+static int h_tx(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)arg;
+    PGconn *conn = pqmq_ctx_begin(ctx);
+    if (!conn) {
+        pqmq_ctx_error(ctx, "pqmq_ctx_begin returned NULL");
+        atomic_store(&txh.started, 1);
+        return -1;
+    }
+    uuid_t id;
+    char text[37];
+    pqmq_job_id(job, id);
+    uuid_unparse_lower(id, text);
+    const char *params[1] = {text};
+    PGresult *res = PQexecParams(conn, "INSERT INTO rt_effects (msg_id) VALUES ($1::uuid)", 1,
+                                 NULL, params, NULL, NULL, 0);
+    atomic_store(&txh.ok, PQresultStatus(res) == PGRES_COMMAND_OK);
+    PQclear(res);
+    atomic_store(&txh.started, 1);
+    t_sleep_ms(atomic_load(&txh.sleep_ms));
+    int rc = atomic_load(&txh.result);
+    if (rc)
+        pqmq_ctx_error(ctx, "rolled back on purpose");
+    return rc;
+}
+
+static long long effects_of(const uuid_t id)
+{
+    char text[37];
+    uuid_unparse_lower(id, text);
+    return t_sql_int(pg, "SELECT count(*) FROM rt_effects WHERE msg_id = '%s'", text);
+}
+
+static long long msg_exists(const uuid_t id)
+{
+    char text[37];
+    uuid_unparse_lower(id, text);
+    return t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = '%s'", text);
+}
+
+static void test_transactional_completion(void)
+{
+    t_truncate();
+    t_exec(pg, "CREATE TABLE rt_effects (msg_id uuid PRIMARY KEY, "
+               "tx bigint NOT NULL DEFAULT txid_current())");
+    /* Which transaction deleted each message: to prove "the same commit". */
+    t_exec(pg, "CREATE TABLE rt_deleted (msg_id uuid, tx bigint)");
+    t_exec(pg, "CREATE FUNCTION rt_log_delete() RETURNS trigger LANGUAGE plpgsql AS $$ "
+               "BEGIN INSERT INTO rt_deleted VALUES (OLD.id, txid_current()); RETURN OLD; END $$");
+    t_exec(pg, "CREATE TRIGGER rt_log_delete AFTER DELETE ON mq_msgs "
+               "FOR EACH ROW EXECUTE FUNCTION rt_log_delete()");
+
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_tx, NULL), 0);
+    bg_t b;
+    bg_start(&b, r);
+    settle(r, 0);
+
+    /* A failing handler: its write is rolled back, the message stays. */
+    atomic_store(&txh.result, 1);
+    atomic_store(&txh.sleep_ms, 0);
+    atomic_store(&txh.started, 0);
+    uuid_t failed_id;
+    put("tx", "t", NULL, 60000, failed_id);
+    WAIT_UNTIL(stats(r).failed >= 1, 10000);
+    CHECK_INT(stats(r).failed, 1);
+    CHECK_INT(atomic_load(&txh.ok), 1);
+    CHECK_INT(effects_of(failed_id), 0);
+    CHECK_INT(msg_exists(failed_id), 1);
+    char err[256];
+    last_error_of(failed_id, err, sizeof err);
+    CHECK_STR(err, "rolled back on purpose");
+    CHECK_INT(stats(r).processed, 0);
+
+    /* A succeeding handler: nothing is visible until the one commit that
+     * holds both the write and the completion. */
+    atomic_store(&txh.result, 0);
+    atomic_store(&txh.sleep_ms, 1000); /* room to look while it runs */
+    atomic_store(&txh.started, 0);
+    uuid_t ok_id;
+    put("tx", "t", NULL, 60000, ok_id);
+    WAIT_UNTIL(atomic_load(&txh.started), 10000);
+    CHECK(atomic_load(&txh.started));
+    CHECK_INT(effects_of(ok_id), 0); /* not committed yet */
+    CHECK_INT(msg_exists(ok_id), 1);
+    WAIT_UNTIL(stats(r).processed >= 1, 10000);
+    CHECK_INT(stats(r).processed, 1);
+    CHECK_INT(effects_of(ok_id), 1);
+    CHECK_INT(msg_exists(ok_id), 0);
+    char text[37];
+    uuid_unparse_lower(ok_id, text);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rt_effects e JOIN rt_deleted d "
+                            "USING (msg_id) WHERE msg_id = '%s' AND e.tx = d.tx", text), 1);
+
+    /* Completed elsewhere while the handler ran: the handler's write must
+     * not happen (its effect would otherwise be done by two consumers). */
+    atomic_store(&txh.result, 0);
+    atomic_store(&txh.sleep_ms, 1000); /* room to delete it meanwhile */
+    atomic_store(&txh.started, 0);
+    uint64_t failed_before = stats(r).failed;
+    uuid_t lost_id;
+    put("tx", "t", NULL, 60000, lost_id);
+    WAIT_UNTIL(atomic_load(&txh.started), 10000);
+    CHECK(atomic_load(&txh.started));
+    uuid_unparse_lower(lost_id, text);
+    t_exec(pg, "SELECT mq_delete(ARRAY['%s'::uuid])", text);
+    WAIT_UNTIL(stats(r).failed > failed_before, 10000);
+    CHECK_INT(stats(r).failed, failed_before + 1);
+    CHECK_INT(stats(r).processed, 1);
+    CHECK_INT(effects_of(lost_id), 0);
+
+    bg_stop(&b);
+    pqmq_runner_free(r);
+    t_exec(pg, "DROP TRIGGER rt_log_delete ON mq_msgs");
+    t_exec(pg, "DROP FUNCTION rt_log_delete()");
+    t_exec(pg, "DROP TABLE rt_effects, rt_deleted");
+}
+
+/* ---- 6. failure and retry ------------------------------------------------ */
+
+static char boom_seen[256]; /* last_error as the retry saw it */
+
+static int h_boom(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    log_call(arg, job);
+    if (pqmq_job_attempt(job) == 1) {
+        pqmq_ctx_error(ctx, "boom %d", 7);
+        return -1;
+    }
+    uuid_t id;
+    char text[37];
+    pqmq_job_id(job, id);
+    uuid_unparse_lower(id, text);
+    const char *params[1] = {text};
+    PGresult *res = PQexecParams(pqmq_ctx_conn(ctx),
+                                 "SELECT last_error FROM mq_payloads WHERE id = $1::uuid", 1,
+                                 NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+        snprintf(boom_seen, sizeof boom_seen, "%s", PQgetvalue(res, 0, 0));
+    PQclear(res);
+    return 0;
+}
+
+static void test_failure_is_retried(void)
+{
+    t_truncate();
+    log_reset();
+    boom_seen[0] = '\0';
+    /* Its own channel: no other program's inserts wake this runner, so
+     * only the runner itself can bring the retry about. */
+    const char *ch = own_channel("fail");
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_boom, "boom"), 0);
+    bg_t b;
+    bg_start(&b, r);
+    settle(r, 300); /* idle: only the insert's notification wakes it */
+    uuid_t id;
+    put(ch, "f", NULL, 1000, id);
+    WAIT_UNTIL(stats(r).failed >= 1, 10000);
+    CHECK_INT(stats(r).failed, 1);
+    char err[256];
+    last_error_of(id, err, sizeof err);
+    if (err[0]) /* else the retry already completed it */
+        CHECK_STR(err, "boom 7");
+    /* Retried after its 1 s backoff (not only after some later wake-up). */
+    WAIT_UNTIL(stats(r).processed >= 1, 10000);
+    bg_stop(&b);
+    CHECK_INT(stats(r).processed, 1);
+    CHECK_INT(log_count(), 2);
+    if (log_count() == 2) {
+        CHECK_INT(calls[0].attempt, 1);
+        CHECK_INT(calls[1].attempt, 2);
+        long long gap = (calls[1].start_us - calls[0].start_us) / 1000;
+        printf("    retried %lld ms after the failure (backoff 1000 ms)\n", gap);
+        CHECK(gap >= 800);
+        CHECK(gap < 5000);
+    }
+    CHECK_STR(boom_seen, "boom 7");
+    CHECK_INT(msgs_left(), 0);
+    pqmq_runner_free(r);
+}
+
+/* ---- 7. graceful stop ----------------------------------------------------- */
+
+static atomic_int gs_started, gs_finished, gs_stopping;
+
+static int h_graceful(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    log_call(arg, job);
+    atomic_fetch_add(&gs_started, 1);
+    t_sleep_ms(500);
+    atomic_fetch_add(&gs_stopping, pqmq_ctx_stopping(ctx) != 0);
+    atomic_fetch_add(&gs_finished, 1);
+    return 0;
+}
+
+static pqmq_runner *volatile g_runner; /* for the signal handler */
+
+static void on_sigusr1(int sig)
+{
+    (void)sig;
+    pqmq_runner_stop(g_runner);
+}
+
+static void test_graceful_stop(void)
+{
+    t_truncate();
+    log_reset();
+    atomic_store(&gs_started, 0);
+    atomic_store(&gs_finished, 0);
+    atomic_store(&gs_stopping, 0);
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 4), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_graceful, "g"), 0);
+    put_n("stop", "g", 4, 10000, NULL);
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(atomic_load(&gs_started) == 4, 10000);
+    CHECK_INT(atomic_load(&gs_started), 4);
+    CHECK_INT(stats(r).in_flight, 4);
+    pqmq_runner_stop(r);
+    put_n("stop", "g", 2, 10000, NULL); /* after the stop: not picked up */
+    bg_join(&b, 15000);
+    int finished_at_return = atomic_load(&gs_finished);
+    CHECK_INT(b.rc, 0);
+    CHECK_INT(finished_at_return, 4);
+    CHECK_INT(atomic_load(&gs_stopping), 4);
+    CHECK_INT(log_count(), 4);
+    CHECK_INT(stats(r).processed, 4);
+    CHECK_INT(stats(r).in_flight, 0);
+    CHECK_INT(msgs_left(), 2); /* only the two inserted after the stop */
+    pqmq_runner_free(r);
+
+    /* A signal handler may stop a runner: to its thread and to another. */
+    t_truncate();
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigusr1;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, &old);
+    for (int to_runner = 1; to_runner >= 0; to_runner--) {
+        r = new_runner(NULL);
+        CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "s"), 0);
+        g_runner = r;
+        bg_start(&b, r);
+        settle(r, 200);
+        if (to_runner)
+            pthread_kill(b.th, SIGUSR1);
+        else
+            raise(SIGUSR1);
+        if (bg_join(&b, 10000) == 0)
+            CHECK_INT(b.rc, 0);
+        g_runner = NULL;
+        pqmq_runner_free(r);
+    }
+    sigaction(SIGUSR1, &old, NULL);
+}
+
+/* ---- 8. stop notification ------------------------------------------------- */
+
+static void test_stop_notification(void)
+{
+    t_truncate();
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "n"), 0);
+    /* Notification channels are per database: a name of its own, so that a
+     * test program running beside this one cannot stop it. */
+    const char *stop = own_channel("stop_here");
+    CHECK_INT(pqmq_runner_set_stop_channel(r, stop), 0);
+    bg_t b;
+    bg_start(&b, r);
+    settle(r, 200);
+    PGconn *other = t_pg();
+    int64_t t0 = t_now_ms();
+    t_exec(other, "SELECT pg_notify('%s', '')", stop);
+    PQfinish(other);
+    if (bg_join(&b, 10000) == 0) {
+        printf("    stopped %lld ms after the notification\n", (long long)(t_now_ms() - t0));
+        CHECK_INT(b.rc, 0);
+    }
+    CHECK(stats(r).wakeups >= 1);
+    pqmq_runner_free(r);
+}
+
+/* ---- 9. reconnect ---------------------------------------------------------- */
+
+static atomic_int rc_sleep_ms, rc_started, rc_tx;
+
+/* Plain (rc_tx 0): sleeps. Transactional: writes its effect in the job's
+ * transaction, then sleeps (so a kill can land inside the transaction). */
+static int h_reconn(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    log_call(arg, job);
+    atomic_fetch_add(&rc_started, 1);
+    if (atomic_load(&rc_tx)) {
+        PGconn *conn = pqmq_ctx_begin(ctx);
+        if (!conn) {
+            pqmq_ctx_error(ctx, "pqmq_ctx_begin returned NULL");
+            return -1;
+        }
+        uuid_t id;
+        char text[37];
+        pqmq_job_id(job, id);
+        uuid_unparse_lower(id, text);
+        const char *params[1] = {text};
+        PGresult *res = PQexecParams(conn, "INSERT INTO rt_once (msg_id) VALUES ($1::uuid)",
+                                     1, NULL, params, NULL, NULL, 0);
+        int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        if (!ok)
+            pqmq_ctx_error(ctx, "insert: %s", PQerrorMessage(conn));
+        PQclear(res);
+        if (!ok)
+            return -1;
+    }
+    t_sleep_ms(atomic_load(&rc_sleep_ms));
+    return 0;
+}
+
+static long long terminate_app(const char *app)
+{
+    return t_sql_int(pg, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                         "WHERE application_name = '%s'", app);
+}
+
+/* Waits until every one of ids was handled and the queue is empty; returns
+ * how many were never handled, and counts redeliveries in *dups. */
+static int wait_all_handled(const uuid_t *ids, int n, int *dups)
+{
+    int lost = n;
+    for (int64_t end = t_now_ms() + 30000; t_now_ms() < end; t_sleep_ms(50)) {
+        lost = 0;
+        for (int i = 0; i < n; i++)
+            lost += calls_for(ids[i]) == 0;
+        if (!lost && msgs_left() == 0)
+            break;
+    }
+    *dups = 0;
+    for (int i = 0; i < n; i++)
+        *dups += calls_for(ids[i]) > 1 ? calls_for(ids[i]) - 1 : 0;
+    return lost;
+}
+
+static void test_reconnect(void)
+{
+    t_truncate();
+    log_reset();
+    t_exec(pg, "CREATE TABLE rt_once (msg_id uuid PRIMARY KEY)");
+    char app[64];
+    snprintf(app, sizeof app, "pqmq_trun_%ld", (long)getpid());
+    pqmq_runner *r = new_runner(app);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 4), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_reconn, "r"), 0);
+    atomic_store(&rc_sleep_ms, 0);
+    atomic_store(&rc_tx, 0);
+    bg_t b;
+    bg_start(&b, r);
+    settle(r, 300);
+
+    /* Every backend dies while the runner is idle. */
+    long long killed = terminate_app(app);
+    printf("    terminated %lld idle backends (1 control + 4 workers)\n", killed);
+    CHECK_INT(killed, 5);
+    t_sleep_ms(300);
+    enum { N = 20 };
+    uuid_t ids[N];
+    put_n("re", "r", N, 0, ids);
+    WAIT_UNTIL(stats(r).processed >= N, 20000);
+    CHECK_INT(stats(r).processed, N);
+    for (int i = 0; i < N; i++)
+        CHECK_INT(calls_for(ids[i]), 1);
+    CHECK_INT(msgs_left(), 0);
+    pqmq_runner_stats_t s = stats(r);
+    printf("    after the idle kill: %llu reconnects\n", (unsigned long long)s.reconnects);
+    CHECK(s.reconnects > 0);
+    CHECK_INT(s.failed, 0);
+
+    /* Again, with transactional handlers: a worker whose backend died while
+     * it was idle must not fail its next job for it. */
+    log_reset();
+    atomic_store(&rc_tx, 1);
+    t_sleep_ms(200);
+    killed = terminate_app(app);
+    CHECK(killed >= 1);
+    t_sleep_ms(300);
+    put_n("re", "r", N, 0, ids);
+    WAIT_UNTIL(stats(r).processed >= 2 * N, 20000);
+    s = stats(r);
+    printf("    transactional after the idle kill: processed %llu, failed %llu\n",
+           (unsigned long long)s.processed - N, (unsigned long long)s.failed);
+    CHECK_INT(s.processed, 2 * N);
+    CHECK_INT(s.failed, 0);
+    for (int i = 0; i < N; i++)
+        CHECK_INT(calls_for(ids[i]), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rt_once"), N);
+    CHECK_INT(msgs_left(), 0);
+
+    /* Every backend dies while handlers run: plain, then transactional. */
+    for (int tx = 0; tx <= 1; tx++) {
+        log_reset();
+        t_exec(pg, "TRUNCATE rt_once");
+        atomic_store(&rc_tx, tx);
+        atomic_store(&rc_sleep_ms, 200);
+        atomic_store(&rc_started, 0);
+        uint64_t reconnects = stats(r).reconnects;
+        put_n("re", "r", N, 0, ids);
+        WAIT_UNTIL(atomic_load(&rc_started) >= 1, 10000);
+        t_sleep_ms(50);
+        killed = terminate_app(app);
+        int dups = 0;
+        int lost = wait_all_handled(ids, N, &dups);
+        s = stats(r);
+        printf("    %s handlers, killed %lld busy backends: %d lost, %d redelivered, "
+               "%llu reconnects\n", tx ? "transactional" : "plain", killed, lost, dups,
+               (unsigned long long)(s.reconnects - reconnects));
+        CHECK_INT(killed, 5);
+        CHECK_INT(lost, 0);
+        CHECK_INT(msgs_left(), 0);
+        CHECK(s.reconnects > reconnects);
+        if (tx) /* each effect exactly once, whatever was redelivered */
+            CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rt_once"), N);
+    }
+    bg_stop(&b);
+    CHECK_INT(stats(r).in_flight, 0);
+    pqmq_runner_free(r);
+    t_exec(pg, "DROP TABLE rt_once");
+}
+
+/* ---- 10. statistics --------------------------------------------------------- */
+
+static int h_stats(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx, (void)arg;
+    if (!strcmp(pqmq_job_name(job), "slow"))
+        t_sleep_ms(400);
+    return strcmp(pqmq_job_name(job), "bad") ? 0 : -1;
+}
+
+static void test_stats(void)
+{
+    t_truncate();
+    const char *ch = own_channel("stats");
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_stats, NULL), 0);
+    pqmq_runner_stats_t s = stats(r);
+    CHECK(s.processed == 0 && s.failed == 0 && s.in_flight == 0 && s.polls == 0 &&
+          s.wakeups == 0 && s.reconnects == 0);
+    bg_t b;
+    bg_start(&b, r);
+    settle(r, 200);
+    s = stats(r);
+    CHECK_INT(s.wakeups, 0);
+    CHECK_INT(s.processed, 0);
+    uint64_t polls0 = s.polls;
+
+    put(ch, "slow", NULL, 60000, NULL);
+    WAIT_UNTIL(stats(r).in_flight == 1, 10000);
+    CHECK_INT(stats(r).in_flight, 1);
+    WAIT_UNTIL(stats(r).processed == 1, 10000);
+    put_n(ch, "good", 5, 60000, NULL);
+    put_n(ch, "bad", 2, 60000, NULL);
+    WAIT_UNTIL(stats(r).processed == 6 && stats(r).failed == 2, 10000);
+    bg_stop(&b);
+    s = stats(r);
+    printf("    processed %llu, failed %llu, polls %llu, wake-ups %llu, reconnects %llu\n",
+           (unsigned long long)s.processed, (unsigned long long)s.failed,
+           (unsigned long long)s.polls, (unsigned long long)s.wakeups,
+           (unsigned long long)s.reconnects);
+    CHECK_INT(s.processed, 6);
+    CHECK_INT(s.failed, 2);
+    CHECK_INT(s.in_flight, 0);
+    CHECK(s.polls > polls0);
+    CHECK(s.wakeups >= 3); /* one per insert statement at least */
+    CHECK_INT(s.reconnects, 0);
+    CHECK_INT(msgs_left(), 2); /* the failed ones wait for their retry */
+    pqmq_runner_free(r);
+}
+
+/* ---- 11. bad arguments --------------------------------------------------------- */
+
+static void test_bad_arguments(void)
+{
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_run(r), PQMQ_EINVAL);
+    if (!strstr(pqmq_runner_errmsg(r), "no handler"))
+        t_fail(__FILE__, __LINE__, "errmsg \"%s\" lacks \"no handler\"", pqmq_runner_errmsg(r));
+
+    CHECK_INT(pqmq_runner_set_concurrency(r, 0), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 257), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 256), 0);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
+    CHECK_INT(pqmq_runner_set_batch(r, 0), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_batch(r, PQMQ_MAX_BATCH + 1), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_batch(r, PQMQ_MAX_BATCH), 0);
+    CHECK_INT(pqmq_runner_set_keep_alive(r, -1), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_keep_alive(r, 0), 0);
+    CHECK_INT(pqmq_runner_handle(r, "x", NULL, NULL), PQMQ_EINVAL);
+    const char *empty[] = {""};
+    CHECK_INT(pqmq_runner_set_channels(r, empty, 1), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_channels(r, NULL, 1), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_concurrency(NULL, 4), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_run(NULL), PQMQ_EINVAL);
+    pqmq_runner_stop(NULL);
+    pqmq_runner_free(NULL);
+    pqmq_runner_free(r);
+
+    /* A server that is not there. */
+    r = pqmq_runner_new("host=/nonexistent-pqmq-socket-dir port=1 connect_timeout=2");
+    CHECK(r != NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_record, NULL), 0);
+    CHECK_INT(pqmq_runner_run(r), PQMQ_ECONN);
+    CHECK(pqmq_runner_errmsg(r)[0] != '\0');
+    printf("    bad conninfo: %s\n", pqmq_runner_errmsg(r));
+    pqmq_runner_free(r);
+}
+
+int main(void)
+{
+    t_init("runner");
+    q = t_client();
+    pg = t_pg();
+    T_RUN(test_dispatch_by_name);
+    T_RUN(test_concurrency_limit);
+    T_RUN(test_wakeup_latency_and_idle);
+    T_RUN(test_keep_alive);
+    T_RUN(test_transactional_completion);
+    T_RUN(test_failure_is_retried);
+    T_RUN(test_graceful_stop);
+    T_RUN(test_stop_notification);
+    T_RUN(test_reconnect);
+    T_RUN(test_stats);
+    T_RUN(test_bad_arguments);
+    pqmq_client_free(q);
+    PQfinish(pg);
+    return t_done();
+}
