@@ -1000,6 +1000,70 @@ static void test_bad_arguments(void)
     pqmq_runner_free(r);
 }
 
+/* ---- 12. checkpoint from a handler, batch size ------------------------- */
+
+static atomic_int cp_calls;
+static char cp_second_json[64];
+
+/* First attempt: saves progress and one extra retry, then fails. The retry
+ * must see the saved payload. */
+static int h_checkpoint(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)arg;
+    if (atomic_fetch_add(&cp_calls, 1) == 0) {
+        if (pqmq_ctx_checkpoint(ctx, "{\"step\": 1}", NULL, 0, 1) != 0)
+            return -1;
+        pqmq_ctx_error(ctx, "stopped after step 0");
+        return -1;
+    }
+    snprintf(cp_second_json, sizeof cp_second_json, "%s",
+             pqmq_job_json(job) ? pqmq_job_json(job) : "(none)");
+    return 0;
+}
+
+static void test_checkpoint_from_handler(void)
+{
+    t_truncate();
+    atomic_store(&cp_calls, 0);
+    const char *ch = own_channel("cp");
+    pqmq_msg *m = t_msg(ch, NULL, "cp", "{\"step\": 0}", 0);
+    pqmq_msg_set_retries(m, 0);      /* one delivery, unless a checkpoint adds */
+    pqmq_msg_set_backoff(m, 200);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, "cp", h_checkpoint, NULL), 0);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(stats(r).processed >= 1, 15000);
+    bg_stop(&b);
+    CHECK_INT(atomic_load(&cp_calls), 2);
+    CHECK_STR(cp_second_json, "{\"step\": 1}");
+    CHECK_INT(msgs_left(), 0);
+    pqmq_runner_free(r);
+}
+
+static void test_batch_size_bounds_claims(void)
+{
+    t_truncate();
+    const char *ch = own_channel("batch");
+    put_n(ch, "n", 24, 60000, NULL);
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 8), 0);
+    CHECK_INT(pqmq_runner_set_batch(r, 2), 0);
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(stats(r).processed >= 24, 15000);
+    bg_stop(&b);
+    CHECK_INT(stats(r).processed, 24);
+    /* At most two claimed per poll: at least twelve polls. */
+    CHECK(stats(r).polls >= 12);
+    pqmq_runner_free(r);
+}
+
 int main(void)
 {
     t_init("runner");
@@ -1016,6 +1080,8 @@ int main(void)
     T_RUN(test_reconnect);
     T_RUN(test_stats);
     T_RUN(test_bad_arguments);
+    T_RUN(test_checkpoint_from_handler);
+    T_RUN(test_batch_size_bounds_claims);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
