@@ -1,225 +1,350 @@
 /*
- * pqmq-bench: measures the queue on a real PostgreSQL.
+ * pqmq-bench: measures the queue on a real PostgreSQL, against the cheapest
+ * SQL that does the same work (the "floor"), in one run.
  *
- *   pqmq-bench [--dsn CONNINFO] [--messages N] [--batch N] [--channels N]
- *              [--backlog] [--json]
+ *   pqmq-bench [--dsn CONNINFO] [--messages N] [--producers N] [--consumers N]
+ *              [--batch N] [--channels N] [--ordered FRACTION]
+ *              [--payload-bytes N] [--floor] [--json]
+ *              [--sweep consumers=1,2,4,8 | --sweep batch=10,100,1000]
+ *              [--backlog] [--profile]   (--help lists every option)
  *
- * Default run: inserts N messages in batches over the given channels, then
- * drains them with pqmq_poll + pqmq_complete, and prints both rates.
- * --backlog: the poll-cost scaling check. Measures poll+complete cost per
- * message over a 5,000-message backlog on 50 channels and over a
- * 300,000-message backlog on 20,000 channels, in one run, and prints the
- * ratio (the design target is below 2).
- * Everything runs in schema pqmq_bench, emptied first.
+ * The default run, in order (every phase starts its clock once all its
+ * clients are connected):
+ *   1. enqueue: --producers threads, each with its own client, insert
+ *      --messages messages in batches of --batch (pqmq_insert), spread over
+ *      --channels channels (chains, for the --ordered fraction);
+ *   2. processing with the runner: --consumers pqmq_runners, each with
+ *      --runner-threads workers (default: as many as --batch, as far as the
+ *      server's free connections allow) and a handler that does nothing;
+ *   3. with --floor: the floor's insert and drain of the same messages with
+ *      the same clients and batch size, twice: drained with the issue's
+ *      DELETE ... WHERE id IN (...), and by ctid (see floor.c); the ratios
+ *      are against the first, the second is printed beside them;
+ *   4. enqueue again, then processing with the polling API: --consumers
+ *      threads, each pqmq_poll(--batch) + pqmq_complete_batch in a loop;
+ *   5. the same (enqueue, runner, poll API) with every message on one of
+ *      --chains ordered chains;
+ *   6. latency: single messages every --latency-gap-ms ms into an idle
+ *      runner, insert to handler start, unordered and on one ordered chain.
+ * The enqueue rate covers both enqueue runs of steps 1 and 4 (the floor's
+ * insert rate its two runs).
+ *
+ * --profile prints, per phase, the server's time in each SQL function and
+ * this process's CPU time (see profile.c).
+ * --sweep NAME=V1,V2,... repeats steps 1-4 for each value of consumers,
+ * producers, batch or runner-threads, writes bench-sweep.csv and (with
+ * gnuplot) a plot, bench-sweep.png. --backlog runs the poll-cost scaling
+ * check instead.
+ *
+ * Peak memory (maxrss) must stay flat in --messages: nothing here or in the
+ * library may buffer more than a batch per client.
+ * Everything runs in schema pqmq_bench, dropped and created anew first.
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include <pqmq.h>
+#include "bench.h"
 
-struct opts {
-    const char *dsn;
-    int messages, batch, channels, backlog, json;
-};
-
-static double now_s(void)
+static void usage(FILE *f, const char *argv0)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    fprintf(f,
+            "usage: %s [options]\n"
+            "  --dsn CONNINFO        the server (default: libpq's environment)\n"
+            "  --messages N          messages per phase (20000)\n"
+            "  --producers N         producer threads, one client each (2)\n"
+            "  --consumers N         runners / poll-API consumer threads (2)\n"
+            "  --batch N             insert and poll batch size (100)\n"
+            "  --channels N          channels = chains of the main scenario (100)\n"
+            "  --ordered FRACTION    share of messages on ordered chains, 0..1 (0)\n"
+            "  --chains N            chains of the all-ordered phase (1000)\n"
+            "  --payload-bytes N     JSON payload size, about (32)\n"
+            "  --runner-threads N    worker threads per runner (default: --batch,\n"
+            "                        fewer if the server lacks free connections)\n"
+            "  --latency-samples N   single messages timed per latency figure (200)\n"
+            "  --latency-gap-ms N    pause between them (5)\n"
+            "  --floor               also measure the SQL floor and print ratios\n"
+            "  --json                print one JSON object with every figure\n"
+            "  --sweep NAME=V,V,...  NAME: consumers, producers, batch or\n"
+            "                        runner-threads; writes\n"
+            "                        bench-sweep.csv and bench-sweep.png\n"
+            "  --sweep-out PREFIX    file names of the sweep (bench-sweep)\n"
+            "  --backlog             poll cost over a 5,000 vs a 300,000 backlog\n"
+            "  --profile             per phase, print SQL function times (server) and\n"
+            "                        this process's CPU time (client) to stderr;\n"
+            "                        needs a superuser (track_functions)\n",
+            argv0);
 }
 
-static void die(pqmq_client *c, const char *what)
+static int int_arg(const char *name, const char *s, int lo, int hi)
 {
-    fprintf(stderr, "pqmq-bench: %s: %s\n", what, c ? pqmq_errmsg(c) : "failed");
-    exit(1);
-}
-
-static PGconn *connect_bench(const char *dsn)
-{
-    const char *keys[] = {"dbname", "options", NULL};
-    const char *vals[] = {dsn ? dsn : "", "-c search_path=pqmq_bench -c client_min_messages=warning",
-                          NULL};
-    PGconn *conn = PQconnectdbParams(keys, vals, 1);
-    if (PQstatus(conn) != CONNECTION_OK) {
-        fprintf(stderr, "pqmq-bench: cannot connect: %s", PQerrorMessage(conn));
-        exit(1);
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "pqmq-bench: --%s must be an integer in %d..%d\n", name, lo, hi);
+        exit(2);
     }
-    return conn;
+    return (int)v;
 }
 
-static void sql(PGconn *conn, const char *text)
+static void analyze_queue(PGconn *admin)
 {
-    PGresult *r = PQexec(conn, text);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
-        fprintf(stderr, "pqmq-bench: %s: %s", text, PQerrorMessage(conn));
-        exit(1);
-    }
-    PQclear(r);
+    bench_sql(admin, "ANALYZE mq_msgs, mq_payloads");
 }
 
-/* Inserts n messages round-robin over `channels` channels, in batches. */
-static double enqueue(pqmq_client *c, int n, int batch, int channels, const char *prefix)
+static void expect_empty(PGconn *admin, const char *after)
 {
-    pqmq_msg **msgs = calloc((size_t)batch, sizeof *msgs);
-    double t0 = now_s();
-    for (int done = 0; done < n;) {
-        int k = n - done < batch ? n - done : batch;
-        for (int i = 0; i < k; i++) {
-            char args[32], json[48];
-            snprintf(args, sizeof args, "%s%d", prefix, (done + i) % channels);
-            snprintf(json, sizeof json, "{\"seq\": %d}", done + i);
-            msgs[i] = pqmq_msg_new();
-            pqmq_msg_set_channel(msgs[i], "bench", args);
-            pqmq_msg_set_name(msgs[i], "work");
-            pqmq_msg_set_json(msgs[i], json);
-            pqmq_msg_set_backoff(msgs[i], 600000); /* no redelivery mid-run */
+    long left = bench_scalar(admin, "SELECT count(*) FROM mq_msgs");
+    if (left)
+        die("%s left %ld messages in the queue", after, left);
+}
+
+/* Steps 1-4 of the header comment for one shape; the floor too if asked
+ * (floor_out non-NULL: insert, drain, drain by ctid). */
+static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s,
+                      int threads, const char *tag, struct rates *out, double *floor_out)
+{
+    char label[96];
+    queue_reset(admin);
+    snprintf(label, sizeof label, "%s: enqueue", tag);
+    profile_begin(o, admin);
+    double t_in = queue_enqueue(o, s, label);
+    profile_end(o, admin, label);
+    analyze_queue(admin);
+    snprintf(label, sizeof label, "%s: runner", tag);
+    profile_begin(o, admin);
+    out->runner = o->messages / queue_drain_runner(o, threads, label);
+    profile_end(o, admin, label);
+    expect_empty(admin, label);
+
+    if (floor_out) {
+        /* Twice, like the enqueue: drained by id (the issue's SQL), then by
+         * ctid. */
+        double t_fl = 0;
+        for (int by_ctid = 0; by_ctid < 2; by_ctid++) {
+            profile_begin(o, admin);
+            t_fl += floor_insert(o, admin);
+            profile_end(o, admin, "floor: insert");
+            bench_sql(admin, "ANALYZE floor_msgs");
+            profile_begin(o, admin);
+            floor_out[1 + by_ctid] = o->messages / floor_drain(o, admin, by_ctid);
+            profile_end(o, admin, by_ctid ? "floor: drain (ctid)" : "floor: drain");
         }
-        if (pqmq_insert(c, msgs, (size_t)k))
-            die(c, "insert");
-        for (int i = 0; i < k; i++)
-            pqmq_msg_free(msgs[i]);
-        done += k;
+        floor_out[0] = 2.0 * o->messages / t_fl;
     }
-    free(msgs);
-    return now_s() - t0;
+
+    queue_reset(admin);
+    snprintf(label, sizeof label, "%s: enqueue", tag);
+    profile_begin(o, admin);
+    t_in += queue_enqueue(o, s, label);
+    profile_end(o, admin, label);
+    analyze_queue(admin);
+    snprintf(label, sizeof label, "%s: poll API", tag);
+    profile_begin(o, admin);
+    out->poll = o->messages / queue_drain_poll(o, label);
+    profile_end(o, admin, label);
+    expect_empty(admin, label);
+    out->enqueue = 2.0 * o->messages / t_in;
 }
 
-/* Polls and completes up to `limit` messages; returns seconds, sets *got. */
-static double drain(pqmq_client *c, int limit, int batch, int *got)
+static int threads_for(const struct opts *o, PGconn *admin)
 {
-    *got = 0;
-    double t0 = now_s();
-    while (*got < limit) {
-        pqmq_batch *b = NULL;
-        int want = limit - *got < batch ? limit - *got : batch;
-        if (pqmq_poll(c, NULL, 0, want, &b))
-            die(c, "poll");
-        size_t n = pqmq_batch_count(b);
-        if (n && pqmq_complete_batch(c, b))
-            die(c, "complete");
-        pqmq_batch_free(b);
-        if (!n)
-            break;
-        *got += (int)n;
-    }
-    return now_s() - t0;
+    return o->runner_threads ? o->runner_threads
+                             : derive_runner_threads(admin, o->consumers, o->batch);
 }
 
-static void reset(PGconn *conn)
+static void run_default(const struct opts *o, PGconn *admin)
 {
-    sql(conn, "TRUNCATE mq_msgs, mq_payloads, mq_chains");
-    sql(conn, "VACUUM ANALYZE mq_msgs");
-    sql(conn, "VACUUM ANALYZE mq_payloads");
-}
+    struct results r;
+    memset(&r, 0, sizeof r);
+    r.runner_threads = threads_for(o, admin);
+    struct shape main_shape = {o->channels, o->ordered};
+    double fl[3] = {0, 0, 0};
+    run_rates(o, admin, &main_shape, r.runner_threads, "main", &r.main, o->floor ? fl : NULL);
+    r.floor_insert = fl[0];
+    r.floor_drain = fl[1];
+    r.floor_drain_ctid = fl[2];
 
-static void run_default(pqmq_client *c, PGconn *admin, const struct opts *o)
-{
-    reset(admin);
-    double t_in = enqueue(c, o->messages, o->batch, o->channels, "c");
-    int got = 0;
-    double t_out = drain(c, o->messages, o->batch, &got);
-    if (got != o->messages) {
-        fprintf(stderr, "pqmq-bench: drained %d of %d messages\n", got, o->messages);
-        exit(1);
-    }
-    double in_rate = o->messages / t_in, out_rate = got / t_out;
+    struct shape chains = {o->chains, 1.0};
+    char tag[64];
+    snprintf(tag, sizeof tag, "%d ordered chains", o->chains);
+    run_rates(o, admin, &chains, r.runner_threads, tag, &r.ordered, NULL);
+
+    queue_reset(admin);
+    profile_begin(o, admin);
+    queue_latency(o, 0, &r.idle);
+    profile_end(o, admin, "latency, idle runner");
+    queue_reset(admin);
+    profile_begin(o, admin);
+    queue_latency(o, 1, &r.idle_ordered);
+    profile_end(o, admin, "latency, one ordered chain");
+    queue_reset(admin);
+
+    r.maxrss_kb = maxrss_kb();
     if (o->json)
-        printf("{\"messages\": %d, \"batch\": %d, \"channels\": %d, "
-               "\"enqueue_per_s\": %.0f, \"drain_per_s\": %.0f}\n",
-               o->messages, o->batch, o->channels, in_rate, out_rate);
+        report_json(o, &r);
     else
-        printf("messages %d, batch %d, channels %d, 1 producer, 1 consumer\n"
-               "  enqueue: %10.0f messages/s\n"
-               "  drain:   %10.0f messages/s (poll + complete)\n",
-               o->messages, o->batch, o->channels, in_rate, out_rate);
+        report_text(o, &r);
 }
 
-/* Cost per message (µs) of poll+complete over `measure` messages drawn from
- * a backlog of `backlog` messages on `channels` channels. */
-static double cost_us(pqmq_client *c, PGconn *admin, int backlog, int channels,
-                      int measure, int batch)
+static void run_sweep(const struct opts *o, PGconn *admin)
 {
-    reset(admin);
-    enqueue(c, backlog, 1000, channels, "k");
-    sql(admin, "ANALYZE mq_msgs");
-    int got = 0;
-    drain(c, 200, batch, &got); /* warm plans and caches */
-    double t = drain(c, measure, batch, &got);
-    return t * 1e6 / got;
-}
+    char param[32];
+    const char *eq = strchr(o->sweep, '=');
+    size_t plen = eq ? (size_t)(eq - o->sweep) : 0;
+    if (!eq || plen >= sizeof param) {
+        fprintf(stderr, "pqmq-bench: --sweep wants NAME=V1,V2,... (e.g. consumers=1,2,4,8)\n");
+        exit(2);
+    }
+    memcpy(param, o->sweep, plen);
+    param[plen] = '\0';
+    int *field, lo = 1, hi = 256;
+    struct opts run = *o;
+    if (!strcmp(param, "consumers"))
+        field = &run.consumers;
+    else if (!strcmp(param, "producers"))
+        field = &run.producers;
+    else if (!strcmp(param, "batch"))
+        field = &run.batch, hi = PQMQ_MAX_BATCH;
+    else if (!strcmp(param, "runner-threads"))
+        field = &run.runner_threads;
+    else {
+        fprintf(stderr, "pqmq-bench: --sweep: NAME is consumers, producers, batch or "
+                        "runner-threads\n");
+        exit(2);
+    }
 
-static void run_backlog(pqmq_client *c, PGconn *admin, const struct opts *o)
-{
-    enum { ROUNDS = 3, MEASURE = 5000 };
-    double small[ROUNDS], large[ROUNDS];
-    /* Interleaved rounds, so machine noise hits both sides alike. */
-    for (int r = 0; r < ROUNDS; r++) {
-        small[r] = cost_us(c, admin, 5000 + 200, 50, MEASURE, o->batch);
-        large[r] = cost_us(c, admin, 300000, 20000, MEASURE, o->batch);
+    char *values = strdup(eq + 1);
+    if (!values)
+        die("out of memory");
+    int n = 0, cap = 0;
+    struct sweep_row *rows = NULL;
+    for (char *save = NULL, *v = strtok_r(values, ",", &save); v;
+         v = strtok_r(NULL, ",", &save)) {
+        *field = int_arg("sweep", v, lo, hi);
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            rows = realloc(rows, (size_t)cap * sizeof *rows);
+            if (!rows)
+                die("out of memory");
+        }
+        struct sweep_row *w = &rows[n++];
+        memset(w, 0, sizeof *w);
+        w->value = *field;
+        w->runner_threads = threads_for(&run, admin);
         if (!o->json)
-            printf("  round %d: %.1f us/message (5,000 on 50 channels), "
-                   "%.1f us/message (300,000 on 20,000 channels)\n", r + 1, small[r], large[r]);
+            fprintf(stderr, "sweep: %s = %d\n", param, w->value);
+        struct shape s = {run.channels, run.ordered};
+        double fl[3] = {0, 0, 0};
+        run_rates(&run, admin, &s, w->runner_threads, param, &w->rates, o->floor ? fl : NULL);
+        w->floor_insert = fl[0];
+        w->floor_drain = fl[1];
+        w->floor_drain_ctid = fl[2];
     }
-    double s = small[0], l = large[0];
-    for (int r = 1; r < ROUNDS; r++) {
-        s = small[r] < s ? small[r] : s;
-        l = large[r] < l ? large[r] : l;
+    free(values);
+    if (n == 0) {
+        fprintf(stderr, "pqmq-bench: --sweep %s: no values\n", o->sweep);
+        exit(2);
     }
-    reset(admin);
-    if (o->json)
-        printf("{\"small_us_per_msg\": %.2f, \"large_us_per_msg\": %.2f, \"ratio\": %.2f}\n",
-               s, l, l / s);
-    else
-        printf("poll+complete cost, best of %d (batch %d): %.1f us vs %.1f us per message: "
-               "ratio %.2f (target < 2)\n", ROUNDS, o->batch, s, l, l / s);
+    queue_reset(admin);
+    report_sweep(o, param, rows, n, maxrss_kb());
+    free(rows);
 }
 
 int main(int argc, char **argv)
 {
-    struct opts o = {getenv("PQMQ_BENCH_DSN"), 20000, 100, 100, 0, 0};
+    struct opts o = {
+        .dsn = getenv("PQMQ_BENCH_DSN"),
+        .messages = 20000,
+        .producers = 2,
+        .consumers = 2,
+        .batch = 100,
+        .channels = 100,
+        .chains = 1000,
+        .ordered = 0,
+        .payload_bytes = 32,
+        .latency_samples = 200,
+        .latency_gap_ms = 5,
+        .sweep_out = "bench-sweep",
+    };
+    enum {
+        O_DSN = 256, O_MESSAGES, O_PRODUCERS, O_CONSUMERS, O_BATCH, O_CHANNELS, O_CHAINS,
+        O_ORDERED, O_PAYLOAD, O_THREADS, O_SAMPLES, O_GAP, O_FLOOR, O_JSON, O_SWEEP,
+        O_SWEEP_OUT, O_BACKLOG, O_PROFILE, O_HELP
+    };
     static const struct option longs[] = {
-        {"dsn", required_argument, 0, 'd'},      {"messages", required_argument, 0, 'm'},
-        {"batch", required_argument, 0, 'b'},    {"channels", required_argument, 0, 'c'},
-        {"backlog", no_argument, 0, 'B'},        {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+        {"dsn", required_argument, 0, O_DSN},
+        {"messages", required_argument, 0, O_MESSAGES},
+        {"producers", required_argument, 0, O_PRODUCERS},
+        {"consumers", required_argument, 0, O_CONSUMERS},
+        {"batch", required_argument, 0, O_BATCH},
+        {"channels", required_argument, 0, O_CHANNELS},
+        {"chains", required_argument, 0, O_CHAINS},
+        {"ordered", required_argument, 0, O_ORDERED},
+        {"payload-bytes", required_argument, 0, O_PAYLOAD},
+        {"runner-threads", required_argument, 0, O_THREADS},
+        {"latency-samples", required_argument, 0, O_SAMPLES},
+        {"latency-gap-ms", required_argument, 0, O_GAP},
+        {"floor", no_argument, 0, O_FLOOR},
+        {"json", no_argument, 0, O_JSON},
+        {"sweep", required_argument, 0, O_SWEEP},
+        {"sweep-out", required_argument, 0, O_SWEEP_OUT},
+        {"backlog", no_argument, 0, O_BACKLOG},
+        {"profile", no_argument, 0, O_PROFILE},
+        {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0}};
     int ch;
+    char *end;
     while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (ch) {
-        case 'd': o.dsn = optarg; break;
-        case 'm': o.messages = atoi(optarg); break;
-        case 'b': o.batch = atoi(optarg); break;
-        case 'c': o.channels = atoi(optarg); break;
-        case 'B': o.backlog = 1; break;
-        case 'j': o.json = 1; break;
-        default:
-            fprintf(stderr, "usage: %s [--dsn CONNINFO] [--messages N] [--batch N] "
-                            "[--channels N] [--backlog] [--json]\n", argv[0]);
-            return ch == 'h' ? 0 : 2;
+        case O_DSN: o.dsn = optarg; break;
+        case O_MESSAGES: o.messages = int_arg("messages", optarg, 1, 1000000000); break;
+        case O_PRODUCERS: o.producers = int_arg("producers", optarg, 1, 256); break;
+        case O_CONSUMERS: o.consumers = int_arg("consumers", optarg, 1, 256); break;
+        case O_BATCH: o.batch = int_arg("batch", optarg, 1, PQMQ_MAX_BATCH); break;
+        case O_CHANNELS: o.channels = int_arg("channels", optarg, 1, 100000000); break;
+        case O_CHAINS: o.chains = int_arg("chains", optarg, 1, 100000000); break;
+        case O_ORDERED:
+            o.ordered = strtod(optarg, &end);
+            if (*optarg == '\0' || *end != '\0' || !(o.ordered >= 0 && o.ordered <= 1)) {
+                fprintf(stderr, "pqmq-bench: --ordered must be a fraction in 0..1\n");
+                return 2;
+            }
+            break;
+        case O_PAYLOAD: o.payload_bytes = int_arg("payload-bytes", optarg, 0, 1 << 24); break;
+        case O_THREADS: o.runner_threads = int_arg("runner-threads", optarg, 1, 256); break;
+        case O_SAMPLES: o.latency_samples = int_arg("latency-samples", optarg, 1, 100000); break;
+        case O_GAP: o.latency_gap_ms = int_arg("latency-gap-ms", optarg, 0, 10000); break;
+        case O_FLOOR: o.floor = 1; break;
+        case O_JSON: o.json = 1; break;
+        case O_SWEEP: o.sweep = optarg; break;
+        case O_SWEEP_OUT: o.sweep_out = optarg; break;
+        case O_BACKLOG: o.backlog = 1; break;
+        case O_PROFILE: o.profile = 1; break;
+        case O_HELP: usage(stdout, argv[0]); return 0;
+        default: usage(stderr, argv[0]); return 2;
         }
     }
-    if (o.messages < 1 || o.batch < 1 || o.batch > PQMQ_MAX_BATCH || o.channels < 1) {
-        fprintf(stderr, "pqmq-bench: --messages, --channels >= 1; --batch 1..%d\n",
-                PQMQ_MAX_BATCH);
+    if (optind < argc) {
+        usage(stderr, argv[0]);
         return 2;
     }
-    PGconn *admin = connect_bench(o.dsn);
-    sql(admin, "CREATE SCHEMA IF NOT EXISTS pqmq_bench");
-    pqmq_client *c = NULL;
-    if (pqmq_wrap(connect_bench(o.dsn), &c))
-        die(c, "wrap");
-    if (pqmq_migrate(c))
-        die(c, "migrate");
-    if (o.backlog)
-        run_backlog(c, admin, &o);
-    else
-        run_default(c, admin, &o);
-    PGconn *own = pqmq_conn(c);
-    pqmq_client_free(c);
-    PQfinish(own);
+
+    o.conninfo = bench_conninfo(o.dsn, o.profile);
+    PGconn *admin = bench_connect(&o);
+    queue_setup(admin, &o);
+    if (o.backlog) {
+        run_backlog(&o, admin);
+    } else {
+        if (o.floor)
+            floor_setup(admin);
+        if (o.sweep)
+            run_sweep(&o, admin);
+        else
+            run_default(&o, admin);
+    }
     PQfinish(admin);
+    free(o.conninfo);
     return 0;
 }

@@ -144,12 +144,16 @@ CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- Custom plans (a new session's first five calls) pick hash joins over the
+-- whole table for arrays of ids; the generic plan probes the indexes.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ts      timestamptz := clock_timestamp();
     lim     record;
     bad     record;
     chans   text[];
+    has_ordered boolean;
 BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
         RETURN;
@@ -196,7 +200,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    has_ordered := EXISTS (SELECT 1 FROM unnest(new_messages) AS t WHERE t.ordered);
+
     -- Serialize producers (and mq_delete) per chain; key order avoids deadlock.
+    IF has_ordered THEN
     PERFORM pg_advisory_xact_lock(k.a, k.b)
     FROM (
         SELECT DISTINCT hashtext(t.channel_name) AS a,
@@ -205,6 +212,7 @@ BEGIN
         WHERE t.ordered
         ORDER BY 1, 2
     ) k;
+    END IF;
 
     INSERT INTO mq_payloads (id, name, payload_json, payload_bytes)
     SELECT t.id, COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes
@@ -252,6 +260,7 @@ BEGIN
     ORDER BY b.ord;
 
     -- Record each touched chain's new tail: the batch's last message on it.
+    IF has_ordered THEN
     WITH last AS (
         SELECT DISTINCT ON (t.channel_name, COALESCE(t.channel_args, ''))
                t.channel_name, COALESCE(t.channel_args, '') AS args, t.id
@@ -274,6 +283,7 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM moved mv
                       WHERE mv.channel_name = l.channel_name
                         AND mv.channel_args = l.args);
+    END IF;
 
     SELECT array_agg(DISTINCT t.channel_name) INTO chans
     FROM unnest(new_messages) AS t;
@@ -315,6 +325,9 @@ RETURNS TABLE(id uuid, is_committed boolean, name text, payload_json text,
               attempts_left int)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- Custom plans (a new session's first five calls) pick hash joins over the
+-- whole table for arrays of ids; the generic plan probes the indexes.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ts      timestamptz := clock_timestamp();
@@ -577,6 +590,9 @@ CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAUL
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- Custom plans (a new session's first five calls) pick hash joins over the
+-- whole table for arrays of ids; the generic plan probes the indexes.
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n       int;
@@ -693,6 +709,9 @@ BEGIN
         UPDATE mq_msgs s SET after_message_id = r.pred
         FROM unnest(r_id, r_pred) AS r(id, pred)
         WHERE s.after_message_id = r.id
+          -- (the predicate of mq_msgs_successor, so that index is used)
+          AND s.after_message_id IS NOT NULL
+          AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid
         RETURNING s.channel_name, r.pred
     )
     SELECT array_agg(DISTINCT mv.channel_name) INTO chans

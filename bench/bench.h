@@ -1,0 +1,132 @@
+/*
+ * bench.h: what the files of pqmq-bench share. Nothing here is pqmq API.
+ *
+ *   bench.c     options, the order of the phases, --sweep
+ *   util.c      clock, errors, connections, payloads, percentiles, memory
+ *   progress.c  the progress bar on a terminal
+ *   queue.c     pqmq phases: enqueue, runner and poll-API processing, latency
+ *   floor.c     the SQL floor: the cheapest insert and drain of the same work
+ *   backlog.c   --backlog: poll cost over a small and a large backlog
+ *   profile.c   --profile: SQL function times and client CPU per phase
+ *   report.c    text table, JSON, sweep CSV and plot
+ */
+#ifndef PQMQ_BENCH_H
+#define PQMQ_BENCH_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+#include <pqmq.h>
+
+#define BENCH_SCHEMA "pqmq_bench"
+#define BENCH_CHANNEL "bench"    /* every message's channel; args tell chains apart */
+#define BENCH_LATENCY_WARMUP 5   /* latency messages sent before measuring */
+
+struct opts {
+    const char *dsn;       /* as given; NULL: libpq's environment */
+    char *conninfo;        /* dsn plus search_path: every connection uses it */
+    int messages, producers, consumers, batch, channels, chains;
+    double ordered;        /* fraction of messages on ordered chains */
+    int payload_bytes;
+    int runner_threads;    /* worker threads per runner; 0: derived */
+    int latency_samples;
+    int latency_gap_ms;
+    int json, floor, backlog, profile;
+    const char *sweep;     /* "consumers=1,2,4" or NULL */
+    const char *sweep_out; /* file name prefix of the sweep's CSV and PNG */
+};
+
+/* Which messages a phase moves: message seq goes to chain/channel
+ * seq % channels, and is ordered per the fraction. */
+struct shape {
+    int channels;
+    double ordered;
+};
+
+struct latency {
+    int n;                 /* samples; 0: not measured */
+    double p50, p99, max;  /* milliseconds */
+};
+
+/* One scenario's rates in messages/s (0: not measured). */
+struct rates {
+    double enqueue, runner, poll;
+};
+
+struct results {
+    int runner_threads;
+    struct rates main, ordered;  /* ordered: every message on --chains chains */
+    double floor_insert, floor_drain, floor_drain_ctid;
+    struct latency idle, idle_ordered;
+    long maxrss_kb;
+};
+
+/* ---- util.c ---- */
+double now_s(void);                       /* monotonic seconds */
+int64_t realtime_us(void);                /* CLOCK_REALTIME microseconds */
+void sleep_s(double s);
+_Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* dsn as key=value with our search_path (and, for --profile,
+ * track_functions) added to its options. Caller frees. */
+char *bench_conninfo(const char *dsn, int profile);
+PGconn *bench_connect(const struct opts *o);
+pqmq_client *bench_client(const struct opts *o);
+void bench_sql(PGconn *conn, const char *sql);
+long bench_scalar(PGconn *conn, const char *sql);
+/* Is message seq on an ordered chain? Spreads the fraction evenly. */
+int shape_ordered(const struct shape *s, long seq);
+/* Writes a JSON object {"seq":..,"ts":..,"pad":".."} of about `bytes`
+ * bytes (at least what seq and ts need) into buf; returns its length. */
+int bench_payload(char *buf, size_t cap, long seq, int64_t ts, int bytes);
+size_t bench_payload_cap(int bytes);
+/* Sorts v[0..n) and fills p50/p99/max (inputs and outputs in ms). */
+void latency_summary(double *v, int n, struct latency *out);
+long maxrss_kb(void);
+/* The worker threads per runner that the server's free connections allow
+ * for `consumers` runners, at most batch. */
+int derive_runner_threads(PGconn *admin, int consumers, int batch);
+
+/* ---- progress.c ---- */
+/* Shows label and done/total on stderr until progress_end (only when stderr
+ * is a terminal). done is read, never written. */
+void progress_begin(const char *label, long total, const atomic_long *done);
+void progress_end(void);
+
+/* ---- queue.c ---- */
+void queue_setup(PGconn *admin, const struct opts *o);
+void queue_reset(PGconn *admin);
+double queue_enqueue(const struct opts *o, const struct shape *s, const char *label);
+double queue_drain_runner(const struct opts *o, int threads, const char *label);
+double queue_drain_poll(const struct opts *o, const char *label);
+void queue_latency(const struct opts *o, int ordered, struct latency *out);
+
+/* ---- floor.c ---- */
+void floor_setup(PGconn *admin);
+double floor_insert(const struct opts *o, PGconn *admin);
+/* by_ctid 0: the DELETE ... WHERE id IN (...); 1: by ctid. */
+double floor_drain(const struct opts *o, PGconn *admin, int by_ctid);
+
+/* ---- profile.c ---- */
+/* With --profile: per-phase SQL function times and the bench's CPU time,
+ * printed to stderr by profile_end. No-ops otherwise. */
+void profile_begin(const struct opts *o, PGconn *admin);
+void profile_end(const struct opts *o, PGconn *admin, const char *label);
+
+/* ---- backlog.c ---- */
+void run_backlog(const struct opts *o, PGconn *admin);
+
+/* ---- report.c ---- */
+void report_text(const struct opts *o, const struct results *r);
+void report_json(const struct opts *o, const struct results *r);
+
+struct sweep_row {
+    int value;
+    int runner_threads;
+    struct rates rates;
+    double floor_insert, floor_drain, floor_drain_ctid;
+};
+void report_sweep(const struct opts *o, const char *param, const struct sweep_row *rows,
+                  int n, long maxrss);
+
+#endif

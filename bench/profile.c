@@ -1,0 +1,171 @@
+/*
+ * profile.c: --profile, where a phase's time goes. Every connection runs
+ * with track_functions = pl (a superuser setting), so the server counts
+ * calls, total and self time of each SQL function of the queue; after each
+ * phase (whose connections are closed by then, which flushes their
+ * counters) the deltas are printed to stderr, with the bench process's own
+ * CPU time beside the phase's wall time: client against server.
+ * When the server runs on this machine, the CPU time of the backends that
+ * exited during the phase (the postmaster's cutime + cstime from /proc: the
+ * phase's own connections, but also any other session's that ended
+ * meanwhile) is printed too.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define MAX_FUNCS 64
+
+struct fstat {
+    char name[64];
+    long calls;
+    double total_ms, self_ms;
+};
+
+static struct {
+    int nf;
+    struct fstat f[MAX_FUNCS];
+    double wall, user, sys;
+    long postmaster;   /* 0: not looked up yet; -1: not on this machine */
+    double server_cpu; /* postmaster's reaped children's CPU at begin */
+} S;
+
+/* The postmaster's pid if the server runs here: the parent of our
+ * backend, when /proc shows it as a postgres process. */
+static long find_postmaster(PGconn *admin)
+{
+    long backend = bench_scalar(admin, "SELECT pg_backend_pid()");
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%ld/status", backend);
+    FILE *f = fopen(path, "r");
+    long ppid = -1;
+    int postgres = 0;
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "PPid:", 5))
+            ppid = strtol(line + 5, NULL, 10);
+        if (!strncmp(line, "Name:", 5) && strstr(line, "postgres"))
+            postgres = 1;
+    }
+    fclose(f);
+    return postgres && ppid > 1 ? ppid : -1;
+}
+
+/* CPU seconds of the postmaster's reaped children, or -1. */
+static double reaped_cpu(void)
+{
+    if (S.postmaster <= 0)
+        return -1;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", S.postmaster);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* after the command name */
+    if (!p)
+        return -1;
+    /* Fields after ")": state(3) ... utime(14) stime(15) cutime(16) cstime(17). */
+    long v[15];
+    int k = 0;
+    for (p++; k < 15 && *p; k++) {
+        char *end;
+        while (*p == ' ')
+            p++;
+        v[k] = strtol(p, &end, 10);
+        if (end == p) { /* the state letter */
+            while (*p && *p != ' ')
+                p++;
+            v[k] = 0;
+        } else {
+            p = end;
+        }
+    }
+    if (k < 15)
+        return -1;
+    return (double)(v[13] + v[14]) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double cpu_s(const struct timeval *tv)
+{
+    return (double)tv->tv_sec + tv->tv_usec / 1e6;
+}
+
+static void snapshot(PGconn *admin, struct fstat *f, int *nf)
+{
+    bench_sql(admin, "SELECT pg_stat_clear_snapshot()");
+    PGresult *r = PQexec(admin, "SELECT funcname, calls, total_time, self_time"
+                                " FROM pg_stat_user_functions"
+                                " WHERE schemaname = '" BENCH_SCHEMA "' ORDER BY funcname");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        die("profile: %s", PQerrorMessage(admin));
+    *nf = 0;
+    for (int i = 0; i < PQntuples(r) && i < MAX_FUNCS; i++) {
+        snprintf(f[i].name, sizeof f[i].name, "%s", PQgetvalue(r, i, 0));
+        f[i].calls = strtol(PQgetvalue(r, i, 1), NULL, 10);
+        f[i].total_ms = strtod(PQgetvalue(r, i, 2), NULL);
+        f[i].self_ms = strtod(PQgetvalue(r, i, 3), NULL);
+        (*nf)++;
+    }
+    PQclear(r);
+}
+
+void profile_begin(const struct opts *o, PGconn *admin)
+{
+    if (!o->profile)
+        return;
+    sleep_s(0.3); /* backends of the previous phase flush their counters on exit */
+    snapshot(admin, S.f, &S.nf);
+    if (!S.postmaster)
+        S.postmaster = find_postmaster(admin);
+    S.server_cpu = reaped_cpu();
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    S.user = cpu_s(&ru.ru_utime);
+    S.sys = cpu_s(&ru.ru_stime);
+    S.wall = now_s();
+}
+
+void profile_end(const struct opts *o, PGconn *admin, const char *label)
+{
+    if (!o->profile)
+        return;
+    double wall = now_s() - S.wall;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double user = cpu_s(&ru.ru_utime) - S.user, sys = cpu_s(&ru.ru_stime) - S.sys;
+    sleep_s(0.3);
+    struct fstat now[MAX_FUNCS];
+    int n;
+    snapshot(admin, now, &n);
+    double server = reaped_cpu();
+    fprintf(stderr, "profile: %s: wall %.3f s (with connecting), bench process CPU %.3f s "
+                    "(user %.3f, sys %.3f)", label, wall, user + sys, user, sys);
+    if (server >= 0 && S.server_cpu >= 0)
+        fprintf(stderr, ", exited backends CPU %.3f s", server - S.server_cpu);
+    fputc('\n', stderr);
+    int header = 0;
+    for (int i = 0; i < n; i++) {
+        struct fstat d = now[i];
+        for (int k = 0; k < S.nf; k++)
+            if (!strcmp(S.f[k].name, d.name)) {
+                d.calls -= S.f[k].calls;
+                d.total_ms -= S.f[k].total_ms;
+                d.self_ms -= S.f[k].self_ms;
+            }
+        if (d.calls <= 0)
+            continue;
+        if (!header++)
+            fprintf(stderr, "  %-22s %8s %11s %11s %9s\n", "SQL function", "calls", "total ms",
+                    "self ms", "ms/call");
+        fprintf(stderr, "  %-22s %8ld %11.1f %11.1f %9.3f\n", d.name, d.calls, d.total_ms,
+                d.self_ms, d.total_ms / (double)d.calls);
+    }
+}

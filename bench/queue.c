@@ -1,0 +1,422 @@
+/*
+ * queue.c: the pqmq side of the benchmark. Producers insert batches with
+ * pqmq_insert; consumers drain them either with pqmq_runner (a trivial
+ * handler) or with the polling API (pqmq_poll + pqmq_complete_batch); an
+ * idle runner receives single messages for the latency figures.
+ *
+ * Every phase connects first and starts its clock only when all its
+ * clients are connected. Nothing here keeps per-message state beyond one
+ * batch (the latency samples are bounded by --latency-samples).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+#define STALL_S 60.0 /* a phase that makes no progress this long is broken */
+
+void queue_setup(PGconn *admin, const struct opts *o)
+{
+    bench_sql(admin, "DROP SCHEMA IF EXISTS " BENCH_SCHEMA " CASCADE");
+    bench_sql(admin, "CREATE SCHEMA " BENCH_SCHEMA);
+    pqmq_client *c = bench_client(o);
+    if (pqmq_migrate(c))
+        die("migrate: %s", pqmq_errmsg(c));
+    pqmq_client_free(c);
+}
+
+void queue_reset(PGconn *admin)
+{
+    bench_sql(admin, "TRUNCATE mq_msgs, mq_payloads, mq_chains");
+}
+
+/* ---- enqueue ----------------------------------------------------------- */
+
+struct producer {
+    const struct opts *o;
+    const struct shape *s;
+    pthread_barrier_t *start;
+    atomic_long *next_batch, *done;
+    long nbatches;
+    pthread_t thread;
+};
+
+static void *producer_main(void *arg)
+{
+    struct producer *p = arg;
+    const struct opts *o = p->o;
+    pqmq_client *c = bench_client(o);
+    pqmq_msg **msgs = calloc((size_t)o->batch, sizeof *msgs);
+    size_t cap = bench_payload_cap(o->payload_bytes);
+    char *json = malloc(cap);
+    if (!msgs || !json)
+        die("out of memory");
+    pthread_barrier_wait(p->start);
+    for (;;) {
+        long b = atomic_fetch_add(p->next_batch, 1);
+        if (b >= p->nbatches)
+            break;
+        long first = b * o->batch;
+        int k = o->messages - first < o->batch ? (int)(o->messages - first) : o->batch;
+        for (int i = 0; i < k; i++) {
+            long seq = first + i;
+            char args[24];
+            snprintf(args, sizeof args, "c%ld", seq % p->s->channels);
+            bench_payload(json, cap, seq, 0, o->payload_bytes);
+            pqmq_msg *m = msgs[i] = pqmq_msg_new();
+            if (!m || pqmq_msg_set_channel(m, BENCH_CHANNEL, args) ||
+                pqmq_msg_set_name(m, "work") || pqmq_msg_set_json(m, json) ||
+                pqmq_msg_set_backoff(m, 600000) || /* no redelivery mid-run */
+                pqmq_msg_set_ordered(m, shape_ordered(p->s, seq)))
+                die("out of memory");
+        }
+        if (pqmq_insert(c, msgs, (size_t)k))
+            die("pqmq_insert: %s", pqmq_errmsg(c));
+        for (int i = 0; i < k; i++)
+            pqmq_msg_free(msgs[i]);
+        atomic_fetch_add(p->done, k);
+    }
+    free(json);
+    free(msgs);
+    pqmq_client_free(c);
+    return NULL;
+}
+
+double queue_enqueue(const struct opts *o, const struct shape *s, const char *label)
+{
+    int n = o->producers;
+    struct producer *ps = calloc((size_t)n, sizeof *ps);
+    pthread_barrier_t start;
+    atomic_long next_batch = 0, done = 0;
+    if (!ps)
+        die("out of memory");
+    pthread_barrier_init(&start, NULL, (unsigned)n + 1);
+    for (int i = 0; i < n; i++) {
+        ps[i] = (struct producer){o, s, &start, &next_batch, &done,
+                                  (o->messages + o->batch - 1) / o->batch, 0};
+        if (pthread_create(&ps[i].thread, NULL, producer_main, &ps[i]))
+            die("cannot start a thread");
+    }
+    pthread_barrier_wait(&start);
+    double t0 = now_s();
+    progress_begin(label, o->messages, &done);
+    for (int i = 0; i < n; i++)
+        pthread_join(ps[i].thread, NULL);
+    double t = now_s() - t0;
+    progress_end();
+    pthread_barrier_destroy(&start);
+    free(ps);
+    return t;
+}
+
+/* ---- processing with the runner ---------------------------------------- */
+
+/* Handlers wait here until every runner has connected, so the clock starts
+ * with all consumers ready. */
+struct drain {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    atomic_int open;
+    atomic_long handled;
+};
+
+static int drain_handler(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx;
+    (void)job;
+    struct drain *d = arg;
+    if (!atomic_load(&d->open)) {
+        pthread_mutex_lock(&d->lock);
+        while (!atomic_load(&d->open))
+            pthread_cond_wait(&d->cond, &d->lock);
+        pthread_mutex_unlock(&d->lock);
+    }
+    atomic_fetch_add(&d->handled, 1);
+    return 0;
+}
+
+struct runner_thread {
+    pqmq_runner *r;
+    pthread_t thread;
+};
+
+static void *runner_main(void *arg)
+{
+    struct runner_thread *t = arg;
+    if (pqmq_runner_run(t->r))
+        die("%s (lower --runner-threads?)", pqmq_runner_errmsg(t->r));
+    return NULL;
+}
+
+static void start_runner(struct runner_thread *t, const struct opts *o, int threads,
+                         int batch, pqmq_handler fn, void *arg)
+{
+    t->r = pqmq_runner_new(o->conninfo);
+    if (!t->r || pqmq_runner_handle(t->r, NULL, fn, arg))
+        die("out of memory");
+    if (threads && pqmq_runner_set_concurrency(t->r, threads))
+        die("runner threads %d out of range", threads);
+    if (batch && pqmq_runner_set_batch(t->r, batch))
+        die("batch %d out of range", batch);
+    if (pthread_create(&t->thread, NULL, runner_main, t))
+        die("cannot start a thread");
+}
+
+/* Waits until the runner has connected its workers and polled once. */
+static void wait_started(struct runner_thread *t)
+{
+    double t0 = now_s();
+    pqmq_runner_stats_t st;
+    for (;;) {
+        pqmq_runner_stats(t->r, &st);
+        if (st.polls > 0)
+            return;
+        if (now_s() - t0 > STALL_S)
+            die("a runner did not start within %.0f s", STALL_S);
+        sleep_s(0.001);
+    }
+}
+
+static void stop_runner(struct runner_thread *t)
+{
+    pqmq_runner_stop(t->r);
+    pthread_join(t->thread, NULL);
+    pqmq_runner_free(t->r);
+}
+
+double queue_drain_runner(const struct opts *o, int threads, const char *label)
+{
+    int n = o->consumers;
+    struct drain d = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    struct runner_thread *ts = calloc((size_t)n, sizeof *ts);
+    if (!ts)
+        die("out of memory");
+    for (int i = 0; i < n; i++)
+        start_runner(&ts[i], o, threads, o->batch, drain_handler, &d);
+    for (int i = 0; i < n; i++)
+        wait_started(&ts[i]);
+
+    pthread_mutex_lock(&d.lock);
+    double t0 = now_s();
+    atomic_store(&d.open, 1);
+    pthread_cond_broadcast(&d.cond);
+    pthread_mutex_unlock(&d.lock);
+
+    /* Done when the completions (not just the handlers) have reached the
+     * server: the runner counts a job processed after its mq_complete. */
+    atomic_long processed = 0;
+    progress_begin(label, o->messages, &processed);
+    double last_change = t0;
+    long last = 0;
+    while (atomic_load(&processed) < o->messages) {
+        sleep_s(0.0005);
+        long sum = 0, failed = 0;
+        for (int i = 0; i < n; i++) {
+            pqmq_runner_stats_t st;
+            pqmq_runner_stats(ts[i].r, &st);
+            sum += (long)st.processed;
+            failed += (long)st.failed;
+        }
+        if (failed)
+            die("%s: %ld jobs failed", label, failed);
+        atomic_store(&processed, sum);
+        double now = now_s();
+        if (sum != last) {
+            last = sum;
+            last_change = now;
+        } else if (now - last_change > STALL_S) {
+            die("%s: stalled at %ld of %d messages", label, sum, o->messages);
+        }
+    }
+    double t = now_s() - t0;
+    progress_end();
+    for (int i = 0; i < n; i++)
+        stop_runner(&ts[i]);
+    free(ts);
+    return t;
+}
+
+/* ---- processing with the polling API ----------------------------------- */
+
+struct poller {
+    const struct opts *o;
+    pthread_barrier_t *start;
+    atomic_long *done;
+    pthread_t thread;
+};
+
+static void *poller_main(void *arg)
+{
+    struct poller *p = arg;
+    const struct opts *o = p->o;
+    pqmq_client *c = bench_client(o);
+    pthread_barrier_wait(p->start);
+    double last = now_s();
+    while (atomic_load(p->done) < o->messages) {
+        pqmq_batch *b = NULL;
+        if (pqmq_poll(c, NULL, 0, o->batch, &b))
+            die("pqmq_poll: %s", pqmq_errmsg(c));
+        size_t n = pqmq_batch_count(b);
+        if (n) {
+            if (pqmq_complete_batch(c, b))
+                die("pqmq_complete_batch: %s", pqmq_errmsg(c));
+            atomic_fetch_add(p->done, (long)n);
+            last = now_s();
+        } else if (now_s() - last > STALL_S) {
+            die("poll API drain stalled at %ld of %d messages", atomic_load(p->done),
+                o->messages);
+        } else {
+            sleep_s(0.0005); /* the rest is in flight on other consumers */
+        }
+        pqmq_batch_free(b);
+    }
+    pqmq_client_free(c);
+    return NULL;
+}
+
+double queue_drain_poll(const struct opts *o, const char *label)
+{
+    int n = o->consumers;
+    struct poller *ps = calloc((size_t)n, sizeof *ps);
+    pthread_barrier_t start;
+    atomic_long done = 0;
+    if (!ps)
+        die("out of memory");
+    pthread_barrier_init(&start, NULL, (unsigned)n + 1);
+    for (int i = 0; i < n; i++) {
+        ps[i] = (struct poller){o, &start, &done, 0};
+        if (pthread_create(&ps[i].thread, NULL, poller_main, &ps[i]))
+            die("cannot start a thread");
+    }
+    pthread_barrier_wait(&start);
+    double t0 = now_s();
+    progress_begin(label, o->messages, &done);
+    for (int i = 0; i < n; i++)
+        pthread_join(ps[i].thread, NULL);
+    double t = now_s() - t0;
+    progress_end();
+    pthread_barrier_destroy(&start);
+    free(ps);
+    return t;
+}
+
+/* ---- latency ----------------------------------------------------------- */
+
+struct lat {
+    double *ms;      /* [n]: insert-to-handler time of message seq */
+    int n;
+    atomic_long got; /* measured messages handled */
+    atomic_int warm; /* warm-up messages handled */
+};
+
+/* The integer after "key": in json (jsonb renders it as "key": value, in
+ * its own key order). */
+static int json_int(const char *json, const char *key, long long *out)
+{
+    const char *p = strstr(json, key);
+    if (!p)
+        return -1;
+    p += strlen(key);
+    char *end;
+    *out = strtoll(p, &end, 10);
+    return end == p ? -1 : 0;
+}
+
+static int latency_handler(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    int64_t now = realtime_us();
+    (void)ctx;
+    struct lat *l = arg;
+    const char *json = pqmq_job_json(job);
+    long long seq, ts;
+    if (!json || json_int(json, "\"seq\":", &seq) || json_int(json, "\"ts\":", &ts))
+        return -1;
+    if (seq < 0) {
+        atomic_fetch_add(&l->warm, 1);
+    } else if (seq < l->n) {
+        l->ms[seq] = (double)(now - ts) / 1000.0;
+        atomic_fetch_add(&l->got, 1);
+    }
+    return 0;
+}
+
+static void send_one(pqmq_client *c, const struct opts *o, int ordered, long seq,
+                     char *json, size_t cap)
+{
+    char args[24];
+    if (ordered)
+        snprintf(args, sizeof args, "latency-chain");
+    else
+        snprintf(args, sizeof args, "c%ld", (seq < 0 ? -seq : seq) % o->channels);
+    pqmq_msg *m = pqmq_msg_new();
+    int64_t ts = realtime_us();
+    bench_payload(json, cap, seq, ts, o->payload_bytes);
+    if (!m || pqmq_msg_set_channel(m, BENCH_CHANNEL, args) ||
+        pqmq_msg_set_name(m, "latency") || pqmq_msg_set_json(m, json) ||
+        pqmq_msg_set_backoff(m, 600000) || pqmq_msg_set_ordered(m, ordered))
+        die("out of memory");
+    if (pqmq_insert(c, &m, 1))
+        die("pqmq_insert: %s", pqmq_errmsg(c));
+    pqmq_msg_free(m);
+}
+
+static void wait_count(atomic_long *count, long want, const char *what)
+{
+    double t0 = now_s();
+    while (atomic_load(count) < want) {
+        if (now_s() - t0 > STALL_S)
+            die("%s: %ld of %ld messages arrived", what, atomic_load(count), want);
+        sleep_s(0.001);
+    }
+}
+
+/*
+ * Single messages, one every --latency-gap ms, into one idle runner with
+ * default settings; each carries its insert time (CLOCK_REALTIME) and the
+ * handler subtracts it from its own start time. ordered: every message is
+ * on one ordered chain, so each also waits for its predecessor's completion
+ * to reach the server.
+ */
+void queue_latency(const struct opts *o, int ordered, struct latency *out)
+{
+    struct lat l = {calloc((size_t)o->latency_samples, sizeof(double)), o->latency_samples,
+                    0, 0};
+    size_t cap = bench_payload_cap(o->payload_bytes);
+    char *json = malloc(cap);
+    if (!l.ms || !json)
+        die("out of memory");
+    struct runner_thread t;
+    start_runner(&t, o, 0, 0, latency_handler, &l);
+    wait_started(&t);
+    pqmq_client *c = bench_client(o);
+    sleep_s(0.05); /* let the runner settle into its idle wait */
+
+    for (int i = 0; i < BENCH_LATENCY_WARMUP; i++) {
+        send_one(c, o, ordered, -1 - i, json, cap);
+        sleep_s(o->latency_gap_ms / 1000.0);
+    }
+    double t0 = now_s();
+    while (atomic_load(&l.warm) < BENCH_LATENCY_WARMUP) {
+        if (now_s() - t0 > STALL_S)
+            die("latency warm-up messages did not arrive");
+        sleep_s(0.001);
+    }
+    sleep_s(0.05);
+
+    const char *label = ordered ? "latency, one ordered chain" : "latency, idle runner";
+    progress_begin(label, l.n, &l.got);
+    t0 = now_s();
+    for (long i = 0; i < l.n; i++) {
+        send_one(c, o, ordered, i, json, cap);
+        sleep_s(t0 + (double)(i + 1) * o->latency_gap_ms / 1000.0 - now_s());
+    }
+    wait_count(&l.got, l.n, label);
+    progress_end();
+    stop_runner(&t);
+    pqmq_client_free(c);
+    latency_summary(l.ms, l.n, out);
+    free(json);
+    free(l.ms);
+}
