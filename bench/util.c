@@ -222,7 +222,9 @@ int derive_runner_threads(PGconn *admin, int consumers, int batch)
     /* Keep 10 for the bench's own connections and for other users; each
      * runner also has its control connection. */
     long per = (free_slots - 10) / consumers - 1;
-    int cap = batch < 256 ? batch : 256;
+    /* A runner claims up to --batch jobs whatever its thread count, so a
+     * trivial handler needs few threads: more only add switching. */
+    int cap = batch < 8 ? batch : 8;
     if (per > cap)
         per = cap;
     if (per < 1)

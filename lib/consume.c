@@ -282,11 +282,12 @@ PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *c, const pqmq_batch *b)
     return rc;
 }
 
-int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
-                          size_t *done)
+/* Runs sql (taking a uuid[] $1 and an int[] $2) on ids and attempts and
+ * returns the function's count in *count. */
+static int ids_attempts_call(pqmq_client *c, const char *what, const char *sql,
+                             const uuid_t *ids, const int *attempts, size_t n, int *count)
 {
-    const char *what = "pqmq_complete_batch";
-    *done = 0;
+    *count = 0;
     int rc = pqmq__ready(c);
     if (!rc)
         rc = pqmq__check_ids(c, ids, n, what);
@@ -305,19 +306,33 @@ int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts
     if (!rc && !PQputf(param, "%int4[]", &arr))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     PQparamClear(arr.param);
-    int count = 0;
     if (!rc)
-        rc = exec_scalar(c, param, "SELECT mq_complete($1, $2)", what, "%int4", &count);
+        rc = exec_scalar(c, param, sql, what, "%int4", count);
     PQparamClear(param);
-    if (!rc) {
-        *done = (size_t)count;
-        if ((size_t)count < n)
-            rc = pqmq__seterr(c, PQMQ_ESTALE,
-                              "%s: %zu of %zu jobs were delivered again (or completed) since "
-                              "this delivery; they were left to their new owner",
-                              what, n - (size_t)count, n);
-    }
     return rc;
+}
+
+int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
+                          size_t *done)
+{
+    const char *what = "pqmq_complete_batch";
+    int count;
+    int rc = ids_attempts_call(c, what, "SELECT mq_complete($1, $2)", ids, attempts, n,
+                               &count);
+    *done = rc ? 0 : (size_t)count;
+    if (!rc && (size_t)count < n)
+        rc = pqmq__seterr(c, PQMQ_ESTALE,
+                          "%s: %zu of %zu jobs were delivered again (or completed) since "
+                          "this delivery; they were left to their new owner",
+                          what, n - (size_t)count, n);
+    return rc;
+}
+
+int pqmq__release(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n)
+{
+    int count;
+    return ids_attempts_call(c, "release", "SELECT mq_release($1, $2)", ids, attempts, n,
+                             &count);
 }
 
 PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *c, const uuid_t *ids, size_t n,

@@ -59,19 +59,24 @@ typedef struct {
     int refs; /* under the runner's lock */
 } pqmq__held;
 
-/* One worker thread and the job it is handling. */
+/* A claimed job: queued for a worker, or running. */
 typedef struct {
-    pqmq_runner *runner;
-    pthread_t thread;
-    pthread_cond_t wake;
-    pqmq_client *client;     /* the worker's own connection */
-    /* Under the runner's lock: */
-    const pqmq_job *job;     /* NULL: idle */
+    const pqmq_job *job;     /* NULL: the entry is free */
     pqmq__held *held;
     uuid_t id;
     int attempt;
+    int running;             /* 0: queued */
+    uint64_t seq;            /* claim order: workers take the oldest */
     int64_t lease_ms;
     int64_t extended_at_ms;  /* when its lease was last set (claim or keep-alive) */
+} pqmq__entry;
+
+/* One worker thread. */
+typedef struct {
+    pqmq_runner *runner;
+    pthread_t thread;
+    pqmq_client *client;     /* the worker's own connection */
+    pqmq__entry *entry;      /* the job it runs (set under the lock) */
 } pqmq__slot;
 
 struct pqmq_runner {
@@ -88,8 +93,12 @@ struct pqmq_runner {
     atomic_int stop;
     int wake_pipe[2];        /* workers and pqmq_runner_stop write one byte */
     pthread_mutex_t lock;
+    pthread_cond_t work;     /* a job was queued, or shutdown */
     int shutdown;            /* under lock: workers exit */
-    pqmq__slot *slots;
+    pqmq__slot *slots;       /* threads of them */
+    pqmq__entry *entries;    /* capacity of them: batch, at least threads */
+    int capacity;
+    uint64_t next_seq;
     uuid_t *done;            /* under lock: ids whose handler succeeded */
     int *done_attempts;      /* and the attempt each was on */
     size_t ndone, done_cap;
@@ -100,6 +109,10 @@ struct pqmq_runner {
 /* worker.c: starts/stops the worker threads; the runner's lock is free. */
 int pqmq__workers_start(pqmq_runner *r);
 void pqmq__workers_join(pqmq_runner *r);
+/* runner.c: frees an entry whose job is settled (under the lock). */
+void pqmq__entry_release(pqmq_runner *r, pqmq__entry *e);
+/* consume.c: hands claimed jobs back unstarted (mq_release). */
+int pqmq__release(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n);
 /* runner.c: wakes the main loop (async-signal-safe). */
 void pqmq__runner_wake(pqmq_runner *r);
 /* client.c: re-establishes an owned connection; 0 or PQMQ_ECONN. */

@@ -43,6 +43,7 @@ PQMQ_EXPORT pqmq_runner *pqmq_runner_new(const char *conninfo)
         fcntl(r->wake_pipe[i], F_SETFD, FD_CLOEXEC);
     }
     pthread_mutex_init(&r->lock, NULL);
+    pthread_cond_init(&r->work, NULL);
     r->threads = 4;
     r->batch = 100;
     return r;
@@ -65,6 +66,7 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
     close(r->wake_pipe[0]);
     close(r->wake_pipe[1]);
     pthread_mutex_destroy(&r->lock);
+    pthread_cond_destroy(&r->work);
     free(r);
 }
 
@@ -249,16 +251,21 @@ static void reconnect(struct loop *L)
     }
 }
 
-static int idle_slots(pqmq_runner *r)
+/* Counts free and queued entries (under the lock). */
+static int count_free(pqmq_runner *r, int *queued)
 {
-    int idle = 0;
-    for (int i = 0; i < r->threads; i++)
-        idle += r->slots[i].job == NULL;
-    return idle;
+    int free_n = 0, q = 0;
+    for (int i = 0; i < r->capacity; i++) {
+        free_n += r->entries[i].job == NULL;
+        q += r->entries[i].job && !r->entries[i].running;
+    }
+    if (queued)
+        *queued = q;
+    return free_n;
 }
 
-/* Hands the jobs of b to idle workers (there are enough: we polled for
- * no more than that). */
+/* Queues the jobs of b in free entries (there are enough: we polled for no
+ * more than that) and wakes the workers. */
 static void dispatch(pqmq_runner *r, pqmq_batch *b)
 {
     size_t n = pqmq_batch_count(b);
@@ -272,31 +279,56 @@ static void dispatch(pqmq_runner *r, pqmq_batch *b)
     int64_t now = now_ms();
     pthread_mutex_lock(&r->lock);
     size_t k = 0;
-    for (int i = 0; i < r->threads && k < n; i++) {
-        pqmq__slot *s = &r->slots[i];
-        if (s->job)
+    for (int i = 0; i < r->capacity && k < n; i++) {
+        pqmq__entry *e = &r->entries[i];
+        if (e->job)
             continue;
-        s->job = pqmq_batch_job(b, k++);
-        s->held = held;
-        pqmq_job_id(s->job, s->id);
-        s->attempt = pqmq_job_attempt(s->job);
-        s->lease_ms = pqmq_job_lease_ms(s->job);
-        s->extended_at_ms = now;
+        e->job = pqmq_batch_job(b, k++);
+        e->held = held;
+        pqmq_job_id(e->job, e->id);
+        e->attempt = pqmq_job_attempt(e->job);
+        e->lease_ms = pqmq_job_lease_ms(e->job);
+        e->extended_at_ms = now;
+        e->running = 0;
+        e->seq = r->next_seq++;
         atomic_fetch_add(&r->in_flight, 1);
-        pthread_cond_signal(&s->wake);
     }
+    pthread_cond_broadcast(&r->work);
     pthread_mutex_unlock(&r->lock);
+}
+
+/* Frees an entry whose job is settled or released (under the lock). */
+void pqmq__entry_release(pqmq_runner *r, pqmq__entry *e)
+{
+    if (--e->held->refs == 0) {
+        pqmq_batch_free(e->held->batch);
+        free(e->held);
+    }
+    e->job = NULL;
+    e->held = NULL;
+    atomic_fetch_sub(&r->in_flight, 1);
+}
+
+/* How many jobs to claim now: 0 while the queue is still well filled
+ * (claims go in batches: when the queue ran dry or half of it is free). */
+static int claim_room(pqmq_runner *r)
+{
+    int queued;
+    pthread_mutex_lock(&r->lock);
+    int free_n = count_free(r, &queued);
+    pthread_mutex_unlock(&r->lock);
+    if (free_n == 0 || (queued > 0 && free_n < r->capacity / 2))
+        return 0;
+    return free_n;
 }
 
 static void poll_once(struct loop *L)
 {
     pqmq_runner *r = L->r;
-    pthread_mutex_lock(&r->lock);
-    int idle = idle_slots(r);
-    pthread_mutex_unlock(&r->lock);
-    if (!idle)
+    int free_n = claim_room(r);
+    if (!free_n)
         return; /* a finishing worker wakes us; poll_due stays set */
-    int want = idle < r->batch ? idle : r->batch;
+    int want = free_n < r->batch ? free_n : r->batch;
     pqmq_batch *b = NULL;
     atomic_fetch_add(&r->polls, 1);
     int rc = pqmq_poll(L->ctl, (const char *const *)r->channels, r->nchannels, want, &b);
@@ -321,6 +353,30 @@ static void poll_once(struct loop *L)
         return;
     }
     dispatch(r, b);
+}
+
+/* Stopping: hands queued (unstarted) jobs back to the queue at once, so
+ * other consumers need not wait for their leases to run out. */
+static void release_queued(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    uuid_t *ids = malloc((size_t)r->capacity * sizeof *ids);
+    int *attempts = malloc((size_t)r->capacity * sizeof *attempts);
+    size_t n = 0;
+    pthread_mutex_lock(&r->lock);
+    for (int i = 0; ids && attempts && i < r->capacity; i++) {
+        pqmq__entry *e = &r->entries[i];
+        if (!e->job || e->running)
+            continue;
+        memcpy(ids[n], e->id, sizeof(uuid_t));
+        attempts[n++] = e->attempt;
+        pqmq__entry_release(r, e);
+    }
+    pthread_mutex_unlock(&r->lock);
+    if (n)
+        (void)pqmq__release(L->ctl, (const uuid_t *)ids, attempts, n);
+    free(ids);
+    free(attempts);
 }
 
 /* Completes, in one statement, every job whose handler succeeded; fenced
@@ -361,11 +417,11 @@ static void flush_done(struct loop *L)
 
 /* The keep-alive period of a job: the configured one, or a third of its
  * lease. */
-static int64_t period_of(const pqmq_runner *r, const pqmq__slot *s)
+static int64_t period_of(const pqmq_runner *r, const pqmq__entry *e)
 {
     if (r->keep_alive_ms > 0)
         return r->keep_alive_ms;
-    return s->lease_ms / 3 > 10 ? s->lease_ms / 3 : 10;
+    return e->lease_ms / 3 > 10 ? e->lease_ms / 3 : 10;
 }
 
 /* When the next keep-alive is due (FOREVER with nothing in flight). */
@@ -373,33 +429,33 @@ static int64_t keep_alive_at(pqmq_runner *r)
 {
     int64_t at = FOREVER;
     pthread_mutex_lock(&r->lock);
-    for (int i = 0; i < r->threads; i++) {
-        pqmq__slot *s = &r->slots[i];
-        if (s->job && s->extended_at_ms + period_of(r, s) < at)
-            at = s->extended_at_ms + period_of(r, s);
+    for (int i = 0; i < r->capacity; i++) {
+        pqmq__entry *e = &r->entries[i];
+        if (e->job && e->extended_at_ms + period_of(r, e) < at)
+            at = e->extended_at_ms + period_of(r, e);
     }
     pthread_mutex_unlock(&r->lock);
     return at;
 }
 
-/* Extends every in-flight lease in one statement, by the longest lease in
- * flight (or three configured periods). */
+/* Extends every in-flight lease (queued or running) in one statement, by
+ * the longest lease in flight (or three configured periods). */
 static void keep_alive(struct loop *L)
 {
     pqmq_runner *r = L->r;
-    uuid_t *ids = malloc((size_t)r->threads * sizeof *ids);
+    uuid_t *ids = malloc((size_t)r->capacity * sizeof *ids);
     if (!ids)
         return;
     size_t n = 0;
     int64_t duration = 3 * r->keep_alive_ms;
     pthread_mutex_lock(&r->lock);
-    for (int i = 0; i < r->threads; i++) {
-        pqmq__slot *s = &r->slots[i];
-        if (!s->job)
+    for (int i = 0; i < r->capacity; i++) {
+        pqmq__entry *e = &r->entries[i];
+        if (!e->job)
             continue;
-        memcpy(ids[n++], s->id, sizeof(uuid_t));
-        if (!r->keep_alive_ms && s->lease_ms > duration)
-            duration = s->lease_ms;
+        memcpy(ids[n++], e->id, sizeof(uuid_t));
+        if (!r->keep_alive_ms && e->lease_ms > duration)
+            duration = e->lease_ms;
     }
     pthread_mutex_unlock(&r->lock);
     int64_t sent_at = now_ms();
@@ -407,13 +463,13 @@ static void keep_alive(struct loop *L)
     if (rc == PQMQ_ECONN)
         reconnect(L);
     pthread_mutex_lock(&r->lock);
-    for (int i = 0; i < r->threads; i++) {
-        pqmq__slot *s = &r->slots[i];
-        for (size_t k = 0; rc == 0 && s->job && k < n; k++)
-            if (!memcmp(s->id, ids[k], sizeof(uuid_t))) {
-                s->extended_at_ms = sent_at;
-                if (duration > s->lease_ms)
-                    s->lease_ms = duration;
+    for (int i = 0; i < r->capacity; i++) {
+        pqmq__entry *e = &r->entries[i];
+        for (size_t k = 0; rc == 0 && e->job && k < n; k++)
+            if (!memcmp(e->id, ids[k], sizeof(uuid_t))) {
+                e->extended_at_ms = sent_at;
+                if (duration > e->lease_ms)
+                    e->lease_ms = duration;
             }
     }
     pthread_mutex_unlock(&r->lock);
@@ -462,10 +518,11 @@ static void wait_events(struct loop *L, int64_t deadline)
         reconnect(L);
 }
 
+/* Jobs claimed and not yet settled (queued or running). */
 static int busy(pqmq_runner *r)
 {
     pthread_mutex_lock(&r->lock);
-    int n = r->threads - idle_slots(r);
+    int n = r->capacity - count_free(r, NULL);
     pthread_mutex_unlock(&r->lock);
     return n;
 }
@@ -486,6 +543,8 @@ static void loop_run(struct loop *L)
             L->poll_due = 1;
         }
         int stopping = atomic_load(&r->stop);
+        if (stopping)
+            release_queued(L);
         if (stopping && !busy(r))
             break;
         int64_t now = now_ms();
@@ -498,7 +557,7 @@ static void loop_run(struct loop *L)
         int64_t deadline = keep_alive_at(r);
         if (!stopping && !L->poll_due && L->poll_at < deadline)
             deadline = L->poll_at;
-        if (!stopping && L->poll_due && busy(r) < r->threads)
+        if (!stopping && L->poll_due && claim_room(r))
             deadline = now_ms(); /* more to claim right away */
         wait_events(L, deadline);
     }
@@ -524,7 +583,16 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         pqmq_client_free(L.ctl);
         return rc;
     }
+    r->capacity = r->batch > r->threads ? r->batch : r->threads;
+    r->entries = calloc((size_t)r->capacity, sizeof *r->entries);
+    if (!r->entries) {
+        snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: out of memory");
+        pqmq_client_free(L.ctl);
+        return PQMQ_ENOMEM;
+    }
     if ((rc = pqmq__workers_start(r))) {
+        free(r->entries);
+        r->entries = NULL;
         pqmq_client_free(L.ctl);
         return rc;
     }
@@ -532,5 +600,7 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
     pqmq__workers_join(r);
     flush_done(&L); /* results of the last handlers */
     pqmq_client_free(L.ctl);
+    free(r->entries);
+    r->entries = NULL;
     return 0;
 }

@@ -79,7 +79,7 @@ PQMQ_EXPORT int pqmq_ctx_checkpoint(pqmq_ctx *ctx, const char *json, const void 
 {
     if (!ctx)
         return PQMQ_EINVAL;
-    return pqmq_checkpoint(ctx->slot->client, ctx->slot->id, pqmq_job_lease_ms(ctx->job), json,
+    return pqmq_checkpoint(ctx->slot->client, ctx->slot->entry->id, pqmq_job_lease_ms(ctx->job), json,
                            bytes, len, extra_retries);
 }
 
@@ -105,9 +105,9 @@ static int commit_with_completion(pqmq_ctx *ctx)
 {
     pqmq_client *c = ctx->slot->client;
     PGparam *param = pqmq__param(c);
-    int rc = param ? pqmq__put_uuids(c, param, (const uuid_t *)ctx->slot->id, 1,
+    int rc = param ? pqmq__put_uuids(c, param, (const uuid_t *)ctx->slot->entry->id, 1,
                                      "complete") : PQMQ_ENOMEM;
-    if (!rc && !PQputf(param, "%int4", ctx->slot->attempt))
+    if (!rc && !PQputf(param, "%int4", ctx->slot->entry->attempt))
         rc = PQMQ_ENOMEM;
     /* Fenced by attempt: a redelivered message is not ours to complete. */
     PGresult *res = rc ? NULL : pqmq__exec(c, param, "SELECT mq_complete($1, ARRAY[$2])",
@@ -138,7 +138,7 @@ static void record_failure(pqmq_ctx *ctx)
     pqmq_client *c = ctx->slot->client;
     if (PQstatus(pqmq_conn(c)) != CONNECTION_OK && pqmq__reconnect(c) == 0)
         atomic_fetch_add(&ctx->slot->runner->reconnects, 1);
-    (void)pqmq__fail(c, ctx->slot->id, ctx->slot->attempt,
+    (void)pqmq__fail(c, ctx->slot->entry->id, ctx->slot->entry->attempt,
                      ctx->error[0] ? ctx->error : "handler failed");
 }
 
@@ -147,12 +147,13 @@ static void record_failure(pqmq_ctx *ctx)
 static int run_job(pqmq__slot *s)
 {
     pqmq_runner *r = s->runner;
-    pqmq_ctx ctx = {s, s->job, 0, 0, ""};
-    const char *name = pqmq_job_name(s->job);
+    const pqmq_job *job = s->entry->job;
+    pqmq_ctx ctx = {s, job, 0, 0, ""};
+    const char *name = pqmq_job_name(job);
     const pqmq__route *route = route_for(r, name);
     int rc;
     if (route) {
-        rc = route->fn(&ctx, s->job, route->arg);
+        rc = route->fn(&ctx, job, route->arg);
     } else {
         snprintf(ctx.error, sizeof ctx.error, "no handler for message name \"%s\"", name);
         rc = -1;
@@ -231,30 +232,39 @@ static void ensure_connected(pqmq__slot *s)
     }
 }
 
+/* The oldest queued entry, or NULL (under the lock). */
+static pqmq__entry *next_queued(pqmq_runner *r)
+{
+    pqmq__entry *best = NULL;
+    for (int i = 0; i < r->capacity; i++) {
+        pqmq__entry *e = &r->entries[i];
+        if (e->job && !e->running && (!best || e->seq < best->seq))
+            best = e;
+    }
+    return best;
+}
+
 static void *worker_main(void *arg)
 {
     pqmq__slot *s = arg;
     pqmq_runner *r = s->runner;
     pthread_mutex_lock(&r->lock);
     for (;;) {
-        while (!s->job && !r->shutdown)
-            pthread_cond_wait(&s->wake, &r->lock);
-        if (!s->job)
+        pqmq__entry *e;
+        while (!(e = next_queued(r)) && !r->shutdown)
+            pthread_cond_wait(&r->work, &r->lock);
+        if (!e)
             break;
+        e->running = 1;
+        s->entry = e;
         pthread_mutex_unlock(&r->lock);
         ensure_connected(s);
         int complete = run_job(s);
         pthread_mutex_lock(&r->lock);
         if (complete)
-            push_done(r, s->id, s->attempt);
-        pqmq__held *held = s->held;
-        s->job = NULL;
-        s->held = NULL;
-        if (--held->refs == 0) {
-            pqmq_batch_free(held->batch);
-            free(held);
-        }
-        atomic_fetch_sub(&r->in_flight, 1);
+            push_done(r, e->id, e->attempt);
+        s->entry = NULL;
+        pqmq__entry_release(r, e);
         pqmq__runner_wake(r);
     }
     pthread_mutex_unlock(&r->lock);
@@ -271,7 +281,6 @@ int pqmq__workers_start(pqmq_runner *r)
     for (int i = 0; i < r->threads && !rc; i++) {
         pqmq__slot *s = &r->slots[i];
         s->runner = r;
-        pthread_cond_init(&s->wake, NULL);
         rc = pqmq_connect(r->conninfo, &s->client);
         if (rc) {
             snprintf(r->errmsg, sizeof r->errmsg, "worker connection: %s",
@@ -288,7 +297,6 @@ int pqmq__workers_start(pqmq_runner *r)
     if (rc) {
         /* The slot that failed has no thread; the others are joined. */
         pqmq_client_free(r->slots[started].client);
-        pthread_cond_destroy(&r->slots[started].wake);
         int configured = r->threads;
         r->threads = started;
         pqmq__workers_join(r);
@@ -303,12 +311,10 @@ void pqmq__workers_join(pqmq_runner *r)
         return;
     pthread_mutex_lock(&r->lock);
     r->shutdown = 1;
-    for (int i = 0; i < r->threads; i++)
-        pthread_cond_signal(&r->slots[i].wake);
+    pthread_cond_broadcast(&r->work);
     pthread_mutex_unlock(&r->lock);
     for (int i = 0; i < r->threads; i++) {
         pthread_join(r->slots[i].thread, NULL);
-        pthread_cond_destroy(&r->slots[i].wake);
         pqmq_client_free(r->slots[i].client);
     }
     free(r->slots);

@@ -743,6 +743,38 @@ BEGIN
 END;
 $$;
 
+-- Hands claimed messages back unstarted (a runner stopping with jobs still
+-- queued): ready again at once, with the attempt refunded. Only the given
+-- delivery (attempt number) of a message still leased is released.
+CREATE OR REPLACE FUNCTION mq_release(msg_ids uuid[], msg_attempts int[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts    timestamptz := clock_timestamp();
+    n     int;
+    chans text[];
+BEGIN
+    WITH r AS (
+        UPDATE mq_msgs m SET
+            attempt_at = ts,
+            attempts = m.attempts + 1,
+            deliveries = m.deliveries - 1,
+            retry_backoff = m.retry_backoff / 2,
+            dead_since = NULL
+        FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
+        WHERE m.id = u.id
+          AND m.deliveries = u.attempt
+          AND m.attempt_at > ts
+        RETURNING m.channel_name
+    )
+    SELECT count(*), array_agg(DISTINCT r.channel_name) INTO n, chans FROM r;
+    PERFORM mq_wake(chans);
+    RETURN n;
+END;
+$$;
+
 -- Pushes the lease of in-flight messages (or the commit deadline of pending
 -- two-phase messages) to now + duration. Never shortens a lease, and never
 -- touches a message whose lease already ran out: that one belongs to the

@@ -1064,6 +1064,46 @@ static void test_batch_size_bounds_claims(void)
     pqmq_runner_free(r);
 }
 
+/* ---- 13. stopping releases queued jobs ---------------------------------- */
+
+static atomic_int rel_started;
+
+static int h_slow_one(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx, (void)job, (void)arg;
+    atomic_fetch_add(&rel_started, 1);
+    t_sleep_ms(300);
+    return 0;
+}
+
+static void test_stop_releases_queued_jobs(void)
+{
+    t_truncate();
+    atomic_store(&rel_started, 0);
+    const char *ch = own_channel("rel");
+    put_n(ch, "n", 5, 60000, NULL); /* leases far longer than the test */
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_slow_one, NULL), 0);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
+    CHECK_INT(pqmq_runner_set_batch(r, 10), 0); /* claims all 5, runs one */
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(atomic_load(&rel_started) >= 1, 10000);
+    bg_stop(&b);
+    CHECK_INT(atomic_load(&rel_started), 1);
+    CHECK_INT(msgs_left(), 4);
+    /* The four never started are ready now, their attempt refunded. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE deliveries = 0 "
+                            "AND attempt_at <= clock_timestamp()"), 4);
+    pqmq_batch *got = NULL;
+    CHECK_OK(q, pqmq_poll(q, &ch, 1, 10, &got));
+    CHECK_INT(pqmq_batch_count(got), 4);
+    CHECK_INT(pqmq_job_attempt(pqmq_batch_job(got, 0)), 1);
+    pqmq_batch_free(got);
+    pqmq_runner_free(r);
+}
+
 int main(void)
 {
     t_init("runner");
@@ -1082,6 +1122,7 @@ int main(void)
     T_RUN(test_bad_arguments);
     T_RUN(test_checkpoint_from_handler);
     T_RUN(test_batch_size_bounds_claims);
+    T_RUN(test_stop_releases_queued_jobs);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
