@@ -14,8 +14,8 @@
  *      --messages messages in batches of --batch (pqmq_insert), spread over
  *      --channels channels (chains, for the --ordered fraction);
  *   2. processing with the runner: --consumers pqmq_runners, each with
- *      --runner-threads workers (default: as many as --batch, as far as the
- *      server's free connections allow) and a handler that does nothing;
+ *      --runner-threads workers (default: 8, fewer if the server lacks free
+ *      connections) and a handler that does nothing;
  *   3. with --floor: the floor's insert and drain of the same messages with
  *      the same clients and batch size, twice: drained with the issue's
  *      DELETE ... WHERE id IN (...), and by ctid (see floor.c); the ratios
@@ -60,7 +60,7 @@ static void usage(FILE *f, const char *argv0)
             "  --ordered FRACTION    share of messages on ordered chains, 0..1 (0)\n"
             "  --chains N            chains of the all-ordered phase (1000)\n"
             "  --payload-bytes N     JSON payload size, about (32)\n"
-            "  --runner-threads N    worker threads per runner (default: --batch,\n"
+            "  --runner-threads N    worker threads per runner (default: 8,\n"
             "                        fewer if the server lacks free connections)\n"
             "  --latency-samples N   single messages timed per latency figure (200)\n"
             "  --latency-gap-ms N    pause between them (5)\n"
