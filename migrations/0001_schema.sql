@@ -139,6 +139,58 @@ LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$ SELECT 10000, 16777216::bigint, interval '3650 days' $$;
 
+-- Serializes producers (and mq_complete, mq_skip) per chain: the advisory
+-- locks of the chains the batch appends to, in key order against deadlock.
+CREATE OR REPLACE FUNCTION mq_lock_new_chains(new_messages mq_new_t[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(k.a, k.b)
+    FROM (
+        SELECT DISTINCT hashtext(t.channel_name) AS a,
+                        hashtext(COALESCE(t.channel_args, '')) AS b
+        FROM unnest(new_messages) AS t
+        WHERE t.ordered
+        ORDER BY 1, 2
+    ) k;
+END;
+$$;
+
+-- Records each touched chain's new tail: the batch's last message on it.
+-- Called by mq_insert under the chains' locks.
+CREATE OR REPLACE FUNCTION mq_record_tails(new_messages mq_new_t[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    WITH last AS (
+        SELECT DISTINCT ON (t.channel_name, COALESCE(t.channel_args, ''))
+               t.channel_name, COALESCE(t.channel_args, '') AS args, t.id
+        FROM unnest(new_messages) WITH ORDINALITY AS t
+        WHERE t.ordered
+        ORDER BY t.channel_name, COALESCE(t.channel_args, ''), t.ordinality DESC
+    ),
+    moved AS (
+        UPDATE mq_chains c SET tail_id = l.id
+        FROM last l
+        WHERE c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
+                               | (hashtext(l.args)::bigint & 4294967295))
+          AND c.channel_name = l.channel_name
+          AND c.channel_args = l.args
+        RETURNING c.channel_name, c.channel_args
+    )
+    INSERT INTO mq_chains (channel_name, channel_args, tail_id)
+    SELECT l.channel_name, l.args, l.id
+    FROM last l
+    WHERE NOT EXISTS (SELECT 1 FROM moved mv
+                      WHERE mv.channel_name = l.channel_name
+                        AND mv.channel_args = l.args);
+END;
+$$;
+
 -- Inserts a batch in one statement: all of it, or (on any error) none of it.
 CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
@@ -202,16 +254,8 @@ BEGIN
 
     has_ordered := EXISTS (SELECT 1 FROM unnest(new_messages) AS t WHERE t.ordered);
 
-    -- Serialize producers (and mq_delete) per chain; key order avoids deadlock.
     IF has_ordered THEN
-    PERFORM pg_advisory_xact_lock(k.a, k.b)
-    FROM (
-        SELECT DISTINCT hashtext(t.channel_name) AS a,
-                        hashtext(COALESCE(t.channel_args, '')) AS b
-        FROM unnest(new_messages) AS t
-        WHERE t.ordered
-        ORDER BY 1, 2
-    ) k;
+        PERFORM mq_lock_new_chains(new_messages);
     END IF;
 
     INSERT INTO mq_payloads (id, name, payload_json, payload_bytes)
@@ -259,30 +303,8 @@ BEGIN
     WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
     ORDER BY b.ord;
 
-    -- Record each touched chain's new tail: the batch's last message on it.
     IF has_ordered THEN
-    WITH last AS (
-        SELECT DISTINCT ON (t.channel_name, COALESCE(t.channel_args, ''))
-               t.channel_name, COALESCE(t.channel_args, '') AS args, t.id
-        FROM unnest(new_messages) WITH ORDINALITY AS t
-        WHERE t.ordered
-        ORDER BY t.channel_name, COALESCE(t.channel_args, ''), t.ordinality DESC
-    ),
-    moved AS (
-        UPDATE mq_chains c SET tail_id = l.id
-        FROM last l
-        WHERE c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
-                               | (hashtext(l.args)::bigint & 4294967295))
-          AND c.channel_name = l.channel_name
-          AND c.channel_args = l.args
-        RETURNING c.channel_name, c.channel_args
-    )
-    INSERT INTO mq_chains (channel_name, channel_args, tail_id)
-    SELECT l.channel_name, l.args, l.id
-    FROM last l
-    WHERE NOT EXISTS (SELECT 1 FROM moved mv
-                      WHERE mv.channel_name = l.channel_name
-                        AND mv.channel_args = l.args);
+        PERFORM mq_record_tails(new_messages);
     END IF;
 
     SELECT array_agg(DISTINCT t.channel_name) INTO chans
