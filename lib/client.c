@@ -156,10 +156,18 @@ int pqmq__need_composite(pqmq_client *c)
 static int fail_from(pqmq_client *c, const char *what, const char *msg,
                      const char *state)
 {
-    if (PQstatus(c->conn) != CONNECTION_OK)
-        return pqmq__seterr(c, PQMQ_ECONN, "%s: connection lost: %s", what,
-                            PQerrorMessage(c->conn));
+    /* An error libpq made itself (no SQLSTATE) is often a dead connection
+     * that libpq still calls CONNECTION_OK until it reads the hang-up: read
+     * it. A lost connection leaves the statement's outcome unknown, which
+     * PQMQ_ECONN says and PQMQ_ESERVER ("refused") would not. Server-side
+     * shutdowns (57P0x) and connection exceptions (08xxx) count too. */
+    if (!state)
+        (void)PQconsumeInput(c->conn);
     snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+    if (PQstatus(c->conn) != CONNECTION_OK || (!state && PQsocket(c->conn) < 0) ||
+        (state && (!strncmp(state, "57P0", 4) || !strncmp(state, "08", 2))))
+        return pqmq__seterr(c, PQMQ_ECONN, "%s: connection lost: %s", what,
+                            msg && *msg ? msg : PQerrorMessage(c->conn));
     int code = PQMQ_ESERVER;
     if (state && (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
                   !strcmp(state, "42704")))
@@ -176,6 +184,13 @@ static int fail_from(pqmq_client *c, const char *what, const char *msg,
                           code == PQMQ_ESCHEMA ? "; run pqmq_migrate to create the queue" : "");
     memcpy(c->sqlstate, keep, sizeof keep);
     return rc;
+}
+
+/* The server's one-line message, or libpq's own text for local errors. */
+static const char *result_message(const PGresult *r)
+{
+    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    return primary && *primary ? primary : PQresultErrorMessage(r);
 }
 
 PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
@@ -201,8 +216,7 @@ PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
     if (!r)
         *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
     else
-        *rc = fail_from(c, what, PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
-                        PQresultErrorField(r, PG_DIAG_SQLSTATE));
+        *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_SQLSTATE));
     PQclear(r);
     return NULL;
 }
@@ -220,8 +234,7 @@ PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what,
         *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
         return NULL;
     }
-    *rc = fail_from(c, what, PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY),
-                    PQresultErrorField(r, PG_DIAG_SQLSTATE));
+    *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_SQLSTATE));
     PQclear(r);
     return NULL;
 }

@@ -217,17 +217,22 @@ static void notice_hangup(PGconn *conn)
     }
 }
 
+/* Re-establishes a lost worker connection, for about a second at most: a
+ * handler that needs no connection runs anyway, and one that does fails
+ * and leaves its job to the backoff (its lease is not held forever). */
 static void ensure_connected(pqmq__slot *s)
 {
     notice_hangup(pqmq_conn(s->client));
     if (PQstatus(pqmq_conn(s->client)) == CONNECTION_OK)
         return;
-    for (int64_t delay = 50; !atomic_load(&s->runner->stop); delay *= 2) {
+    int64_t delay = 50;
+    for (int64_t waited = 0; waited < 1000 && !atomic_load(&s->runner->stop);
+         waited += delay, delay = delay < 400 ? delay * 2 : 400) {
         if (pqmq__reconnect(s->client) == 0) {
             atomic_fetch_add(&s->runner->reconnects, 1);
             return;
         }
-        struct timespec ts = {0, (long)(delay < 1000 ? delay : 1000) * 1000000L};
+        struct timespec ts = {0, (long)delay * 1000000L};
         nanosleep(&ts, NULL);
     }
 }
