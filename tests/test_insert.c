@@ -127,6 +127,22 @@ static void test_server_names_bad_message(void)
     CHECK_INT(count_msgs(), 0);
 }
 
+static void test_nul_in_channel_name_is_refused(void)
+{
+    /* C strings end at a NUL, so only another client could send one; the
+     * server refuses it and stores nothing. */
+    t_truncate();
+    PGresult *r = PQexec(pg,
+        "SELECT mq_insert(ARRAY["
+        "(gen_random_uuid(), NULL, 1, '1s', 'ok', '', NULL, false, 'n', '{}', NULL)::mq_new_t,"
+        "(gen_random_uuid(), NULL, 1, '1s', convert_from('\\x6100'::bytea, 'UTF8'), '',"
+        " NULL, false, 'n', '{}', NULL)::mq_new_t])");
+    CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22021");
+    PQclear(r);
+    CHECK_INT(count_msgs(), 0);
+}
+
 static void test_rolled_back_insert_never_exists(void)
 {
     t_truncate();
@@ -336,6 +352,7 @@ int main(void)
     T_RUN(test_rejected_batch_leaves_no_trace);
     T_RUN(test_server_rejects_invalid_json_atomically);
     T_RUN(test_server_names_bad_message);
+    T_RUN(test_nul_in_channel_name_is_refused);
     T_RUN(test_rolled_back_insert_never_exists);
     T_RUN(test_committed_in_callers_transaction);
     T_RUN(test_bad_inputs);

@@ -404,6 +404,39 @@ static void test_complete_many(void)
     CHECK_ERR(q, pqmq_complete(q, NULL, 0), PQMQ_EINVAL, "no ids");
 }
 
+/* Keep-alive skips a row locked by another transaction (a consumer
+ * completing in its own transaction) instead of waiting for it. */
+static void test_keep_alive_skips_locked_rows(void)
+{
+    t_truncate();
+    pqmq_client *c = t_client();
+    pqmq_msg *m = t_msg("locked", NULL, "n", "{}", 0);
+    pqmq_msg_set_backoff(m, 60000);
+    CHECK_OK(c, pqmq_insert(c, &m, 1));
+    pqmq_msg_free(m);
+    pqmq_batch *b = NULL;
+    CHECK_OK(c, pqmq_poll(c, NULL, 0, 1, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    PGconn *holder = t_pg();
+    t_exec(holder, "BEGIN");
+    t_exec(holder, "SELECT 1 FROM mq_msgs FOR UPDATE");
+    /* A guard: were it to wait, the statement would fail after 3 s. */
+    t_exec(pqmq_conn(c), "SET statement_timeout = '3s'");
+    size_t extended = 99;
+    int64_t t0 = t_now_ms();
+    CHECK_OK(c, pqmq_keep_alive(c, (const uuid_t *)id, 1, 120000, &extended));
+    CHECK(t_now_ms() - t0 < 2000);
+    CHECK_INT(extended, 0);
+    t_exec(holder, "ROLLBACK");
+    CHECK_OK(c, pqmq_keep_alive(c, (const uuid_t *)id, 1, 120000, &extended));
+    CHECK_INT(extended, 1);
+    PQfinish(holder);
+    pqmq_batch_free(b);
+    pqmq_client_free(c);
+}
+
 int main(void)
 {
     t_init("lifecycle");
@@ -422,6 +455,7 @@ int main(void)
     T_RUN(test_fail_on_final_attempt_is_dead);
     T_RUN(test_fail_when_not_held);
     T_RUN(test_complete_many);
+    T_RUN(test_keep_alive_skips_locked_rows);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
