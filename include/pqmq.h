@@ -322,8 +322,9 @@ PQMQ_EXPORT int pqmq_runner_set_batch(pqmq_runner *runner, int batch_size);
  * in-flight lease by 3 periods. 0 (default): a third of the shortest lease
  * in flight. Returns 0 or PQMQ_EINVAL. */
 PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *runner, int64_t period_ms);
-/* Also stop when a notification arrives on this channel (copied; NULL: no
- * stop channel). E.g. SELECT pg_notify('my_stop', ''). */
+/* Also stop when a notification arrives on this channel (1..63 bytes,
+ * copied; NULL: no stop channel). E.g. SELECT pg_notify('my_stop', '').
+ * Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM. */
 PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *runner, const char *channel);
 
 /*

@@ -138,7 +138,8 @@ PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *r, int64_t period_ms)
 
 PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *r, const char *channel)
 {
-    if (!r)
+    /* A notify channel is an identifier: 1..63 bytes. */
+    if (!r || (channel && (!*channel || strlen(channel) > 63)))
         return PQMQ_EINVAL;
     char *copy = NULL;
     if (channel && !(copy = strdup(channel)))

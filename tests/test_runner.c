@@ -979,6 +979,9 @@ static void test_bad_arguments(void)
     CHECK_INT(pqmq_runner_set_batch(r, PQMQ_MAX_BATCH + 1), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_batch(r, PQMQ_MAX_BATCH), 0);
     CHECK_INT(pqmq_runner_set_keep_alive(r, -1), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_stop_channel(r, ""), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_set_stop_channel(r, "a_stop_channel_name_that_is_longer_than_"
+                                              "the_63_bytes_postgres_allows"), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_keep_alive(r, 0), 0);
     CHECK_INT(pqmq_runner_handle(r, "x", NULL, NULL), PQMQ_EINVAL);
     const char *empty[] = {""};
