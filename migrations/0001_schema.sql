@@ -262,46 +262,59 @@ BEGIN
     SELECT t.id, COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes
     FROM unnest(new_messages) AS t;
 
-    WITH batch AS (
-        SELECT t.*, COALESCE(t.channel_args, '') AS args
-        FROM unnest(new_messages) WITH ORDINALITY AS t(
-            id, delay, retries, retry_backoff, channel_name, channel_args,
-            commit_interval, ordered, name, payload_json, payload_bytes, ord)
-    ),
-    -- The live tail of each chain this batch appends to.
-    -- (LATERAL ... LIMIT 1: an index probe per chain, whatever the plan.)
-    tails AS (
-        SELECT w.channel_name, w.args AS channel_args, t.tail_id
-        FROM (SELECT DISTINCT b.channel_name, b.args FROM batch b WHERE b.ordered) w,
-        LATERAL (
-            SELECT c.tail_id FROM mq_chains c
-            JOIN mq_msgs m ON m.id = c.tail_id
-            WHERE c.channel_key = ((hashtext(w.channel_name)::bigint << 32)
-                                   | (hashtext(w.args)::bigint & 4294967295))
-              AND c.channel_name = w.channel_name
-              AND c.channel_args = w.args
-            LIMIT 1
-        ) t
-    )
-    INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
-                         channel_name, channel_args, commit_interval,
-                         after_message_id)
-    SELECT b.id, ts,
-           ts + COALESCE(b.delay, interval '0')
-              + COALESCE(b.commit_interval, interval '0'),
-           LEAST(COALESCE(b.retries, 4)::bigint + 1, 2147483647)::int,
-           COALESCE(b.retry_backoff, interval '1 second'),
-           b.channel_name, b.args, b.commit_interval,
-           CASE WHEN b.ordered THEN COALESCE(
-               lag(b.id) OVER chain,
-               tl.tail_id,
-               '00000000-0000-0000-0000-000000000000'::uuid)
-           END
-    FROM batch b
-    LEFT JOIN tails tl
-      ON b.ordered AND tl.channel_name = b.channel_name AND tl.channel_args = b.args
-    WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
-    ORDER BY b.ord;
+    IF NOT has_ordered THEN
+        -- No chains to extend: a plain insert.
+        INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
+                             channel_name, channel_args, commit_interval)
+        SELECT t.id, ts,
+               ts + COALESCE(t.delay, interval '0')
+                  + COALESCE(t.commit_interval, interval '0'),
+               LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
+               COALESCE(t.retry_backoff, interval '1 second'),
+               t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval
+        FROM unnest(new_messages) AS t;
+    ELSE
+        WITH batch AS (
+            SELECT t.*, COALESCE(t.channel_args, '') AS args
+            FROM unnest(new_messages) WITH ORDINALITY AS t(
+                id, delay, retries, retry_backoff, channel_name, channel_args,
+                commit_interval, ordered, name, payload_json, payload_bytes, ord)
+        ),
+        -- The live tail of each chain this batch appends to.
+        -- (LATERAL ... LIMIT 1: an index probe per chain, whatever the plan.)
+        tails AS (
+            SELECT w.channel_name, w.args AS channel_args, t.tail_id
+            FROM (SELECT DISTINCT b.channel_name, b.args FROM batch b WHERE b.ordered) w,
+            LATERAL (
+                SELECT c.tail_id FROM mq_chains c
+                JOIN mq_msgs m ON m.id = c.tail_id
+                WHERE c.channel_key = ((hashtext(w.channel_name)::bigint << 32)
+                                       | (hashtext(w.args)::bigint & 4294967295))
+                  AND c.channel_name = w.channel_name
+                  AND c.channel_args = w.args
+                LIMIT 1
+            ) t
+        )
+        INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
+                             channel_name, channel_args, commit_interval,
+                             after_message_id)
+        SELECT b.id, ts,
+               ts + COALESCE(b.delay, interval '0')
+                  + COALESCE(b.commit_interval, interval '0'),
+               LEAST(COALESCE(b.retries, 4)::bigint + 1, 2147483647)::int,
+               COALESCE(b.retry_backoff, interval '1 second'),
+               b.channel_name, b.args, b.commit_interval,
+               CASE WHEN b.ordered THEN COALESCE(
+                   lag(b.id) OVER chain,
+                   tl.tail_id,
+                   '00000000-0000-0000-0000-000000000000'::uuid)
+               END
+        FROM batch b
+        LEFT JOIN tails tl
+          ON b.ordered AND tl.channel_name = b.channel_name AND tl.channel_args = b.args
+        WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
+        ORDER BY b.ord;
+    END IF;
 
     IF has_ordered THEN
         PERFORM mq_record_tails(new_messages);
