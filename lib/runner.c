@@ -477,28 +477,41 @@ static void keep_alive(struct loop *L)
     free(ids);
 }
 
-/* Reads pending notifications; a stop-channel one requests a stop. */
-static void take_notifications(struct loop *L)
+/* Handles the notifications libpq has already read; a stop-channel one
+ * requests a stop. Returns how many there were. */
+static int handle_notifications(struct loop *L)
 {
-    PGconn *conn = pqmq_conn(L->ctl);
-    if (!PQconsumeInput(conn)) {
-        reconnect(L);
-        return;
-    }
     PGnotify *n;
-    while ((n = PQnotifies(conn)) != NULL) {
+    int count = 0;
+    while ((n = PQnotifies(pqmq_conn(L->ctl))) != NULL) {
         if (L->r->stop_channel && !strcmp(n->relname, L->r->stop_channel))
             atomic_store(&L->r->stop, 1);
         else
             L->poll_due = 1;
         atomic_fetch_add(&L->r->wakeups, 1);
         PQfreemem(n);
+        count++;
     }
+    return count;
+}
+
+/* Reads what the socket holds, then handles the notifications in it. */
+static void take_notifications(struct loop *L)
+{
+    if (!PQconsumeInput(pqmq_conn(L->ctl))) {
+        reconnect(L);
+        return;
+    }
+    handle_notifications(L);
 }
 
 /* Sleeps until a notification, a worker finishing, a stop, or deadline. */
 static void wait_events(struct loop *L, int64_t deadline)
 {
+    /* A notification that arrived right behind a query's result is already
+     * in libpq's buffer, not in the socket: poll(2) would sleep on it. */
+    if (handle_notifications(L))
+        return;
     struct pollfd fds[2] = {{PQsocket(pqmq_conn(L->ctl)), POLLIN, 0},
                             {L->r->wake_pipe[0], POLLIN, 0}};
     int64_t left = deadline == FOREVER ? -1 : deadline - now_ms();
