@@ -309,37 +309,6 @@ int pqmq__put_uuids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
     return 0;
 }
 
-int pqmq__utf8_ok(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        unsigned c = *p;
-        int extra;
-        unsigned min;
-        if (c < 0x80) {
-            p++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            extra = 1, min = 0x80, c &= 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            extra = 2, min = 0x800, c &= 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            extra = 3, min = 0x10000, c &= 0x07;
-        } else {
-            return 0;
-        }
-        p++;
-        for (int i = 0; i < extra; i++, p++) {
-            if ((*p & 0xc0) != 0x80)
-                return 0;
-            c = (c << 6) | (*p & 0x3f);
-        }
-        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
-            return 0;
-    }
-    return 1;
-}
-
 int pqmq__reconnect(pqmq_client *c)
 {
     if (!c->owns_conn)

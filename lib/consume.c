@@ -214,8 +214,7 @@ PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *j) { return j ? j->lease_m
 PQMQ_EXPORT const char *pqmq_job_last_error(const pqmq_job *j) { return j ? j->last_error : NULL; }
 PQMQ_EXPORT int pqmq_job_blocking(const pqmq_job *j) { return j ? j->blocking : 0; }
 
-/* Starts a call that takes ids: clears the error and checks the arguments. */
-static int begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
+int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
                      PGparam **param)
 {
     *param = NULL;
@@ -230,9 +229,7 @@ static int begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *wh
     return rc;
 }
 
-/* Runs sql with param and returns the single value of its single row as an
- * int (booleans as 0/1) in *value. */
-static int exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,
+int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,
                        const char *spec, int *value)
 {
     int rc;
@@ -251,9 +248,9 @@ PQMQ_EXPORT int pqmq_complete(pqmq_client *c, const uuid_t *ids, size_t n)
     if (!c)
         return PQMQ_EINVAL;
     PGparam *param;
-    int rc = begin_ids(c, ids, n, "pqmq_complete", &param);
+    int rc = pqmq__begin_ids(c, ids, n, "pqmq_complete", &param);
     if (!rc)
-        rc = exec_scalar(c, param, "SELECT mq_complete($1)", "pqmq_complete", NULL, &(int){0});
+        rc = pqmq__exec_scalar(c, param, "SELECT mq_complete($1)", "pqmq_complete", NULL, &(int){0});
     PQparamClear(param);
     return rc;
 }
@@ -288,14 +285,8 @@ static int ids_attempts_call(pqmq_client *c, const char *what, const char *sql,
                              const uuid_t *ids, const int *attempts, size_t n, int *count)
 {
     *count = 0;
-    int rc = pqmq__ready(c);
-    if (!rc)
-        rc = pqmq__check_ids(c, ids, n, what);
-    PGparam *param = rc ? NULL : pqmq__param(c);
-    if (!rc && !param)
-        rc = PQMQ_ENOMEM;
-    if (!rc)
-        rc = pqmq__put_uuids(c, param, ids, n, what);
+    PGparam *param;
+    int rc = pqmq__begin_ids(c, ids, n, what, &param);
     PGarray arr;
     memset(&arr, 0, sizeof arr);
     if (!rc && !(arr.param = pqmq__param(c)))
@@ -307,7 +298,7 @@ static int ids_attempts_call(pqmq_client *c, const char *what, const char *sql,
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     PQparamClear(arr.param);
     if (!rc)
-        rc = exec_scalar(c, param, sql, what, "%int4", count);
+        rc = pqmq__exec_scalar(c, param, sql, what, "%int4", count);
     PQparamClear(param);
     return rc;
 }
@@ -343,7 +334,7 @@ PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *c, const uuid_t *ids, size_t n,
     if (!c)
         return PQMQ_EINVAL;
     PGparam *param;
-    int rc = begin_ids(c, ids, n, "pqmq_keep_alive", &param);
+    int rc = pqmq__begin_ids(c, ids, n, "pqmq_keep_alive", &param);
     if (!rc)
         rc = pqmq__check_ms(c, duration_ms, "pqmq_keep_alive: duration");
     PGinterval iv;
@@ -352,7 +343,7 @@ PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *c, const uuid_t *ids, size_t n,
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_keep_alive: %s", PQgeterror());
     int count = 0;
     if (!rc)
-        rc = exec_scalar(c, param, "SELECT mq_keep_alive_count($1, $2)", "pqmq_keep_alive",
+        rc = pqmq__exec_scalar(c, param, "SELECT mq_keep_alive_count($1, $2)", "pqmq_keep_alive",
                          "%int4", &count);
     if (!rc && extended)
         *extended = (size_t)count;
@@ -383,7 +374,7 @@ int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error)
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_fail: %s", PQgeterror());
     /* Attempt 0 means "whichever delivery holds the lease". */
     if (!rc)
-        rc = exec_scalar(c, param, "SELECT mq_fail($1, $2, NULLIF($3, 0))", "pqmq_fail",
+        rc = pqmq__exec_scalar(c, param, "SELECT mq_fail($1, $2, NULLIF($3, 0))", "pqmq_fail",
                          "%bool", &held);
     PQparamClear(param);
     if (!rc && !held)
@@ -428,7 +419,7 @@ PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *c, const uuid_t id, int64_t duratio
                 bytes ? &b : NULL, extra_retries))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_checkpoint: %s", PQgeterror());
     if (!rc)
-        rc = exec_scalar(c, param, "SELECT mq_checkpoint_found($1, $2, $3, $4, $5)",
+        rc = pqmq__exec_scalar(c, param, "SELECT mq_checkpoint_found($1, $2, $3, $4, $5)",
                          "pqmq_checkpoint", "%bool", &found);
     PQparamClear(param);
     if (!rc && !found)

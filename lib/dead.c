@@ -49,24 +49,14 @@ static int ids_call(pqmq_client *c, const char *what, const char *sql, const uui
         *count = 0;
     if (!c)
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    int rc = pqmq__ready(c);
-    if (!rc)
-        rc = pqmq__check_ids(c, ids, n, what);
-    if (rc)
-        return rc;
-    PGparam *param = pqmq__param(c);
-    if (!param)
-        return PQMQ_ENOMEM;
-    rc = pqmq__put_uuids(c, param, ids, n, what);
+    PGparam *param;
+    int rc = pqmq__begin_ids(c, ids, n, what, &param);
     if (!rc && extra && !PQputf(param, "%int4", *extra))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
-    PGresult *res = rc ? NULL : pqmq__exec(c, param, sql, what, &rc);
-    PQparamClear(param);
     int got = 0;
-    if (res && !PQgetf(res, 0, "%int4", 0, &got))
-        rc = pqmq__seterr(c, PQMQ_ESERVER, "%s: unexpected result: %s", what, PQgeterror());
-    PQclear(res);
+    if (!rc)
+        rc = pqmq__exec_scalar(c, param, sql, what, "%int4", &got);
+    PQparamClear(param);
     if (!rc && count)
         *count = (size_t)got;
     return rc;

@@ -10,7 +10,7 @@
  * Numbers are checked against the grammar only: jsonb also refuses those
  * beyond numeric's range (1e1000000), which the server then reports.
  */
-#include "pqmq.h"
+#include "pqmq-int.h"
 
 #include <stdbool.h>
 
@@ -210,6 +210,25 @@ static bool scan_utf8(struct json_parser *p)
         hi = 0xbf;
     }
     return true;
+}
+
+int pqmq__utf8_ok(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned char lo, hi;
+        int more = *p < 0x80 ? 0 : utf8_lead(*p, &lo, &hi);
+        if (more < 0)
+            return 0;
+        p++;
+        for (int i = 0; i < more; i++, p++) {
+            if (*p < lo || *p > hi) /* also stops at the terminating NUL */
+                return 0;
+            lo = 0x80;
+            hi = 0xbf;
+        }
+    }
+    return 1;
 }
 
 /* A string; p->pos is on the opening quote. */

@@ -146,7 +146,8 @@ int pqmq__put_uuids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
 PGparam *pqmq__param(pqmq_client *c);
 /* Checks an id array argument: ids non-NULL, 1 <= n <= PQMQ_MAX_BATCH. */
 int pqmq__check_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what);
-/* Is s valid UTF-8? (Only checked when the client encoding is UTF8.) */
+/* json.c: is the NUL-terminated s valid UTF-8 (no overlongs, surrogates or
+ * code points above U+10FFFF)? */
 int pqmq__utf8_ok(const char *s);
 
 /* consume.c: puts channels (NULL: all) as one text[] parameter. */
@@ -159,6 +160,14 @@ int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out);
 int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
                           size_t *done);
 
+/* consume.c: starts a call that takes ids: clears the error, checks the
+ * arguments, and puts the ids as $1 of a new *param (caller clears it). */
+int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
+                    PGparam **param);
+/* consume.c: runs sql and returns the single value of its single row as an
+ * int (booleans as 0/1) in *value; spec NULL ignores the result. */
+int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,
+                      const char *spec, int *value);
 /* consume.c: pqmq_fail fenced by attempt (0: unfenced). */
 int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error);
 

@@ -566,9 +566,11 @@ static void loop_run(struct loop *L)
             L->poll_due = 1;
         if (!stopping && L->poll_due)
             poll_once(L);
-        if (keep_alive_at(r) <= now_ms())
-            keep_alive(L);
         int64_t deadline = keep_alive_at(r);
+        if (deadline <= now_ms()) {
+            keep_alive(L);
+            deadline = keep_alive_at(r);
+        }
         if (!stopping && !L->poll_due && L->poll_at < deadline)
             deadline = L->poll_at;
         if (!stopping && L->poll_due && claim_room(r))
