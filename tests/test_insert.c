@@ -289,6 +289,24 @@ static void test_limits_at_the_edges(void)
     t_truncate();
 }
 
+static void test_batch_payload_total_is_capped(void)
+{
+    /* 17 payloads at the per-message cap: over 256 MiB in all, refused
+     * before anything is sent. */
+    t_truncate();
+    enum { N = 17 };
+    char *big = calloc(1, PQMQ_MAX_PAYLOAD);
+    pqmq_msg *msgs[N];
+    for (int i = 0; i < N; i++) {
+        msgs[i] = t_msg("big", NULL, "n", NULL, 0);
+        pqmq_msg_set_bytes(msgs[i], big, PQMQ_MAX_PAYLOAD);
+    }
+    free(big);
+    CHECK_ERR(q, pqmq_insert(q, msgs, N), PQMQ_ETOOBIG, "exceed 256 MiB in all");
+    CHECK_INT(count_msgs(), 0);
+    t_msgs_free(msgs, N);
+}
+
 static void test_payload_at_cap_is_accepted(void)
 {
     t_truncate();
@@ -358,6 +376,7 @@ int main(void)
     T_RUN(test_bad_inputs);
     T_RUN(test_limits_at_the_edges);
     T_RUN(test_payload_at_cap_is_accepted);
+    T_RUN(test_batch_payload_total_is_capped);
     T_RUN(test_duplicate_id_rejects_batch);
     T_RUN(test_channel_names_are_data);
     pqmq_client_free(q);

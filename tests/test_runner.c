@@ -1107,6 +1107,42 @@ static void test_stop_releases_queued_jobs(void)
     pqmq_runner_free(r);
 }
 
+/* ---- 14. completions are batched ---------------------------------------- */
+
+static void test_completions_are_batched(void)
+{
+    t_truncate();
+    const char *ch = own_channel("batched");
+    put_n(ch, "n", 40, 60000, NULL);
+    /* The runner's sessions count their function calls (superuser GUC). */
+    char *ci = NULL;
+    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning "
+                      "-c track_functions=pl'", t_dsn(), t_schema()) < 0)
+        abort();
+    pqmq_runner *r = pqmq_runner_new(ci);
+    free(ci);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    const char *sql = "SELECT COALESCE(sum(calls), 0) FROM pg_stat_user_functions "
+                      "WHERE schemaname = current_schema() AND funcname = 'mq_complete'";
+    t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    long long before = t_sql_int(pg, "%s", sql); /* earlier tests' sessions */
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(stats(r).processed >= 40, 15000);
+    bg_stop(&b); /* its sessions end and flush their counters */
+    CHECK_INT(stats(r).processed, 40);
+    long long calls = 0;
+    for (int64_t end = t_now_ms() + 5000; t_now_ms() < end && calls == 0; t_sleep_ms(50)) {
+        t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+        calls = t_sql_int(pg, "%s", sql) - before;
+    }
+    printf("    40 jobs completed in %lld mq_complete calls\n", calls);
+    CHECK(calls >= 1);
+    CHECK(calls < 40); /* one statement per loop turn, not one per job */
+    pqmq_runner_free(r);
+}
+
 int main(void)
 {
     t_init("runner");
@@ -1126,6 +1162,7 @@ int main(void)
     T_RUN(test_checkpoint_from_handler);
     T_RUN(test_batch_size_bounds_claims);
     T_RUN(test_stop_releases_queued_jobs);
+    T_RUN(test_completions_are_batched);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
