@@ -77,6 +77,11 @@ typedef struct {
     pthread_t thread;
     pqmq_client *client;     /* the worker's own connection */
     pqmq__entry *entry;      /* the job it runs (set under the lock) */
+    /* Reconnect backoff, kept across jobs so that a server refusing us sees
+     * a few attempts a second at most, not one burst per job. */
+    int down;                /* under the lock: takes no job until reconnected */
+    int64_t retry_at_ms;     /* monotonic: no attempt before this */
+    int64_t retry_delay_ms;  /* 0 after a success; doubles up to a cap */
 } pqmq__slot;
 
 struct pqmq_runner {
@@ -115,6 +120,8 @@ void pqmq__entry_release(pqmq_runner *r, pqmq__entry *e);
 int pqmq__release(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n);
 /* runner.c: wakes the main loop (async-signal-safe). */
 void pqmq__runner_wake(pqmq_runner *r);
+/* runner.c: CLOCK_MONOTONIC in milliseconds. */
+int64_t pqmq__now_ms(void);
 /* client.c: re-establishes an owned connection; 0 or PQMQ_ECONN. */
 int pqmq__reconnect(pqmq_client *c);
 

@@ -18,7 +18,7 @@
 
 #define FOREVER INT64_MAX
 
-static int64_t now_ms(void)
+int64_t pqmq__now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -43,7 +43,12 @@ PQMQ_EXPORT pqmq_runner *pqmq_runner_new(const char *conninfo)
         fcntl(r->wake_pipe[i], F_SETFD, FD_CLOEXEC);
     }
     pthread_mutex_init(&r->lock, NULL);
-    pthread_cond_init(&r->work, NULL);
+    /* Monotonic, so that a worker's reconnect backoff ignores clock jumps. */
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->work, &attr);
+    pthread_condattr_destroy(&attr);
     r->threads = 4;
     r->batch = 100;
     return r;
@@ -277,7 +282,7 @@ static void dispatch(pqmq_runner *r, pqmq_batch *b)
     }
     held->batch = b;
     held->refs = (int)n;
-    int64_t now = now_ms();
+    int64_t now = pqmq__now_ms();
     pthread_mutex_lock(&r->lock);
     size_t k = 0;
     for (int i = 0; i < r->capacity && k < n; i++) {
@@ -340,7 +345,7 @@ static void poll_once(struct loop *L)
     if (rc) {
         /* A server-side error (e.g. statement_timeout): try again soon. */
         L->poll_due = 0;
-        L->poll_at = now_ms() + 100;
+        L->poll_at = pqmq__now_ms() + 100;
         return;
     }
     size_t got = pqmq_batch_count(b);
@@ -349,7 +354,7 @@ static void poll_once(struct loop *L)
     L->poll_due = got == (size_t)want;
     if (got == 0) {
         int64_t wait = pqmq_batch_wait_ms(b);
-        L->poll_at = wait < 0 ? FOREVER : now_ms() + (wait > 0 ? wait : 1);
+        L->poll_at = wait < 0 ? FOREVER : pqmq__now_ms() + (wait > 0 ? wait : 1);
         pqmq_batch_free(b);
         return;
     }
@@ -459,7 +464,7 @@ static void keep_alive(struct loop *L)
             duration = e->lease_ms;
     }
     pthread_mutex_unlock(&r->lock);
-    int64_t sent_at = now_ms();
+    int64_t sent_at = pqmq__now_ms();
     int rc = n ? pqmq_keep_alive(L->ctl, (const uuid_t *)ids, n, duration, NULL) : 0;
     if (rc == PQMQ_ECONN)
         reconnect(L);
@@ -514,7 +519,7 @@ static void wait_events(struct loop *L, int64_t deadline)
         return;
     struct pollfd fds[2] = {{PQsocket(pqmq_conn(L->ctl)), POLLIN, 0},
                             {L->r->wake_pipe[0], POLLIN, 0}};
-    int64_t left = deadline == FOREVER ? -1 : deadline - now_ms();
+    int64_t left = deadline == FOREVER ? -1 : deadline - pqmq__now_ms();
     if (deadline != FOREVER && left < 0)
         left = 0;
     int timeout = left > 60000 || left < 0 ? 60000 : (int)left;
@@ -561,20 +566,20 @@ static void loop_run(struct loop *L)
             release_queued(L);
         if (stopping && !busy(r))
             break;
-        int64_t now = now_ms();
+        int64_t now = pqmq__now_ms();
         if (!L->poll_due && now >= L->poll_at)
             L->poll_due = 1;
         if (!stopping && L->poll_due)
             poll_once(L);
         int64_t deadline = keep_alive_at(r);
-        if (deadline <= now_ms()) {
+        if (deadline <= pqmq__now_ms()) {
             keep_alive(L);
             deadline = keep_alive_at(r);
         }
         if (!stopping && !L->poll_due && L->poll_at < deadline)
             deadline = L->poll_at;
         if (!stopping && L->poll_due && claim_room(r))
-            deadline = now_ms(); /* more to claim right away */
+            deadline = pqmq__now_ms(); /* more to claim right away */
         wait_events(L, deadline);
     }
     flush_done(L);

@@ -33,6 +33,38 @@ static const pqmq__route *route_for(const pqmq_runner *r, const char *name)
     return fallback;
 }
 
+/* A pseudo-random number in [0, n), different per worker and per call:
+ * spreads the workers' reconnect attempts. */
+static int64_t jitter(const pqmq__slot *s, int64_t n)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)(uintptr_t)s >> 4);
+    x *= 0x9E3779B97F4A7C15ull;
+    return (int64_t)((x >> 33) % (uint64_t)n);
+}
+
+/* Tries to re-establish the worker's lost connection, unless its backoff
+ * says not yet: the first attempt is immediate (a terminated backend, a
+ * server that is up), then 100 ms, doubling to 2 s, with jitter so that the
+ * workers do not knock together. Returns 0 when connected. */
+static int try_reconnect(pqmq__slot *s)
+{
+    int64_t now = pqmq__now_ms();
+    if (now < s->retry_at_ms)
+        return -1;
+    if (pqmq__reconnect(s->client) == 0) {
+        atomic_fetch_add(&s->runner->reconnects, 1);
+        s->retry_delay_ms = 0;
+        s->retry_at_ms = 0;
+        return 0;
+    }
+    int64_t d = s->retry_delay_ms ? s->retry_delay_ms * 2 : 100;
+    s->retry_delay_ms = d < 2000 ? d : 2000;
+    s->retry_at_ms = now + s->retry_delay_ms / 2 + jitter(s, s->retry_delay_ms / 2 + 1);
+    return -1;
+}
+
 /* ---- pqmq_ctx ---------------------------------------------------------- */
 
 PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
@@ -45,8 +77,7 @@ PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
         /* The backend died since the job started: nothing was done in the
          * transaction yet, so reconnecting (same PGconn) and retrying is safe. */
         if (PQresultStatus(res) != PGRES_COMMAND_OK && PQstatus(conn) == CONNECTION_BAD &&
-            pqmq__reconnect(ctx->slot->client) == 0) {
-            atomic_fetch_add(&ctx->slot->runner->reconnects, 1);
+            try_reconnect(ctx->slot) == 0) {
             PQclear(res);
             res = PQexec(conn, "BEGIN");
         }
@@ -136,8 +167,8 @@ static int commit_with_completion(pqmq_ctx *ctx)
 static void record_failure(pqmq_ctx *ctx)
 {
     pqmq_client *c = ctx->slot->client;
-    if (PQstatus(pqmq_conn(c)) != CONNECTION_OK && pqmq__reconnect(c) == 0)
-        atomic_fetch_add(&ctx->slot->runner->reconnects, 1);
+    if (PQstatus(pqmq_conn(c)) != CONNECTION_OK)
+        (void)try_reconnect(ctx->slot);
     (void)pqmq__fail(c, ctx->slot->entry->id, ctx->slot->entry->attempt,
                      ctx->error[0] ? ctx->error : "handler failed");
 }
@@ -217,24 +248,31 @@ static void notice_hangup(PGconn *conn)
     }
 }
 
-/* Re-establishes a lost worker connection, for about a second at most: a
- * handler that needs no connection runs anyway, and one that does fails
- * and leaves its job to the backoff (its lease is not held forever). */
-static void ensure_connected(pqmq__slot *s)
+/* Whether the worker's connection works, reconnecting if the backoff
+ * allows. Called with no lock held. */
+static int connected(pqmq__slot *s)
 {
     notice_hangup(pqmq_conn(s->client));
-    if (PQstatus(pqmq_conn(s->client)) == CONNECTION_OK)
+    return PQstatus(pqmq_conn(s->client)) == CONNECTION_OK || try_reconnect(s) == 0;
+}
+
+/* A worker that cannot reach the server takes no job (another worker, or
+ * itself once reconnected, runs it): waits out its backoff, woken early by
+ * shutdown, then tries again (under the lock). */
+static void wait_reconnect(pqmq__slot *s)
+{
+    pqmq_runner *r = s->runner;
+    int64_t at = s->retry_at_ms;
+    struct timespec ts = {(time_t)(at / 1000), (long)(at % 1000) * 1000000L};
+    while (!r->shutdown && pqmq__now_ms() < at)
+        if (pthread_cond_timedwait(&r->work, &r->lock, &ts) != 0)
+            break;
+    if (r->shutdown)
         return;
-    int64_t delay = 50;
-    for (int64_t waited = 0; waited < 1000 && !atomic_load(&s->runner->stop);
-         waited += delay, delay = delay < 400 ? delay * 2 : 400) {
-        if (pqmq__reconnect(s->client) == 0) {
-            atomic_fetch_add(&s->runner->reconnects, 1);
-            return;
-        }
-        struct timespec ts = {0, (long)delay * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    pthread_mutex_unlock(&r->lock);
+    int ok = try_reconnect(s) == 0;
+    pthread_mutex_lock(&r->lock);
+    s->down = !ok;
 }
 
 /* The oldest queued entry, or NULL (under the lock). */
@@ -255,15 +293,29 @@ static void *worker_main(void *arg)
     pqmq_runner *r = s->runner;
     pthread_mutex_lock(&r->lock);
     for (;;) {
+        if (s->down && !r->shutdown) {
+            wait_reconnect(s);
+            continue;
+        }
         pqmq__entry *e;
         while (!(e = next_queued(r)) && !r->shutdown)
             pthread_cond_wait(&r->work, &r->lock);
-        if (!e)
+        if (!e || (s->down && r->shutdown))
             break;
         e->running = 1;
         s->entry = e;
         pthread_mutex_unlock(&r->lock);
-        ensure_connected(s);
+        int up = connected(s);
+        pthread_mutex_lock(&r->lock);
+        if (!up) {
+            /* Hand the job back to the queue, untouched. */
+            e->running = 0;
+            s->entry = NULL;
+            s->down = 1;
+            pthread_cond_broadcast(&r->work);
+            continue;
+        }
+        pthread_mutex_unlock(&r->lock);
         int complete = run_job(s);
         pthread_mutex_lock(&r->lock);
         if (complete)
