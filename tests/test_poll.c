@@ -152,9 +152,9 @@ static void test_busy_channel_does_not_starve_quiet_one(void)
     }
 }
 
-/* Index and heap tuples the server read for one poll of batch 10, from the
- * statistics of this test's tables. */
-static long long tuples_read_by_poll(void)
+/* Index and heap tuples the server read for one poll of batch_size, from
+ * the statistics of this test's tables. */
+static long long tuples_read_by_poll_of(int batch_size)
 {
     /* A backend flushes its counters before it reports idle, when forced:
      * so after these calls the totals hold every earlier statement's reads. */
@@ -165,11 +165,16 @@ static long long tuples_read_by_poll(void)
                       "FROM pg_stat_user_tables WHERE schemaname = current_schema() "
                       "AND relname = 'mq_msgs'";
     long long before = t_sql_int(pg, "%s", sql);
-    PGresult *r = t_sql(pg, "SELECT count(*) FROM mq_poll_jobs(NULL, 10)");
+    PGresult *r = t_sql(pg, "SELECT count(*) FROM mq_poll_jobs(NULL, %d)", batch_size);
     PQclear(r);
     t_exec(pg, "SELECT pg_stat_force_next_flush()");
     t_exec(pg, "SELECT pg_stat_clear_snapshot()");
     return t_sql_int(pg, "%s", sql) - before;
+}
+
+static long long tuples_read_by_poll(void)
+{
+    return tuples_read_by_poll_of(10);
 }
 
 static void test_poll_cost_does_not_grow_with_backlog(void)
@@ -196,6 +201,26 @@ static void test_poll_cost_does_not_grow_with_backlog(void)
     /* Grouping the backlog (the seed's way) reads all 20,000 rows. */
     CHECK(big < 400);
     CHECK(big < 4 * small + 100);
+}
+
+/* A poll takes each channel's oldest ready rows in index order and stops
+ * there: it must not read (and sort) a whole channel to return a few of its
+ * rows, whatever plan the statistics suggest (migration 0002). */
+static void test_poll_reads_channels_in_index_order(void)
+{
+    t_exec(pg, "SET stats_fetch_consistency = none");
+    t_truncate();
+    for (int c = 0; c < 100; c++) {
+        char ch[16];
+        snprintf(ch, sizeof ch, "d%d", c);
+        insert_n(ch, NULL, 200, 1, 60000);
+    }
+    t_exec(pg, "ANALYZE mq_msgs");
+    long long read = tuples_read_by_poll_of(100);
+    printf("    tuples read by a poll of 100 from 100 channels of 200: %lld\n", read);
+    /* 4 channels of 25 each, plus the probes; a whole-channel read is 800. */
+    CHECK(read >= 100);
+    CHECK(read < 400);
 }
 
 static void test_poll_bad_inputs(void)
@@ -227,6 +252,7 @@ int main(void)
     T_RUN(test_channel_filter);
     T_RUN(test_busy_channel_does_not_starve_quiet_one);
     T_RUN(test_poll_cost_does_not_grow_with_backlog);
+    T_RUN(test_poll_reads_channels_in_index_order);
     T_RUN(test_poll_bad_inputs);
     pqmq_client_free(q);
     PQfinish(pg);
