@@ -401,8 +401,9 @@ PQMQ_EXPORT const msgpack_object *pqmq_map_get(const msgpack_object *obj,
 
 /* ---- ids (uuid.c) ------------------------------------------------------ */
 
-/* A new time-ordered id (UUIDv7 layout: 48-bit Unix milliseconds, then
- * random bits from libuuid), so that ids inserted later sort later. */
+/* A new time-ordered id (UUIDv7 layout: 48-bit Unix milliseconds, 12 bits
+ * of sub-millisecond time, 62 random bits), so that ids made later in a
+ * process sort later. Thread-safe and fork-safe; about 60 ns. */
 PQMQ_EXPORT void pqmq_uuid_generate(uuid_t out);
 
 /* ---- JSON (json.c) ----------------------------------------------------- */

@@ -10,10 +10,18 @@
  * The 60-bit timestamp (ms << 12 | fraction) only ever grows within a
  * process, so ids made later compare greater with memcmp, even within one
  * millisecond, across threads, and when the wall clock steps back.
+ *
+ * The random bits come from getrandom(2), 64 ids' worth per call, kept per
+ * thread: libuuid's uuid_generate_random reseeds its fallback generator
+ * with four system calls on every call (2 us per id, a fifth of a
+ * producer's CPU). libuuid remains the generator when getrandom fails.
  */
 #include "pqmq.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 /* The last timestamp handed out; lock-free on every platform we target. */
@@ -45,13 +53,54 @@ static uint64_t next_stamp(void)
     return next;
 }
 
+#define POOL_IDS 64
+
+/* Random bytes not handed out yet, per thread. */
+static _Thread_local struct {
+    unsigned char bytes[POOL_IDS * 8];
+    unsigned left;      /* ids' worth still unused */
+    unsigned fork_gen;  /* fork_gen when filled */
+} pool;
+
+/* Bumped in a forked child, so that it never reuses its parent's bytes. */
+static atomic_uint fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void child_after_fork(void)
+{
+    atomic_fetch_add(&fork_gen, 1);
+}
+
+static void watch_forks(void)
+{
+    pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+/* Fills out[8..15] with random bits; 0, or -1 when getrandom failed. */
+static int take_random(uuid_t out)
+{
+    pthread_once(&fork_once, watch_forks);
+    unsigned gen = atomic_load(&fork_gen);
+    if (pool.left == 0 || pool.fork_gen != gen) {
+        if (getrandom(pool.bytes, sizeof pool.bytes, 0) != (ssize_t)sizeof pool.bytes)
+            return -1;
+        pool.left = POOL_IDS;
+        pool.fork_gen = gen;
+    }
+    unsigned char *b = pool.bytes + 8 * --pool.left;
+    memcpy(out + 8, b, 8);
+    memset(b, 0, 8); /* used once */
+    return 0;
+}
+
 PQMQ_EXPORT void pqmq_uuid_generate(uuid_t out)
 {
     uint64_t stamp = next_stamp();
     uint64_t ms = stamp >> 12;
     unsigned frac = (unsigned)(stamp & 0xfff);
 
-    uuid_generate_random(out);
+    if (take_random(out) != 0)
+        uuid_generate_random(out);
     for (int i = 0; i < 6; i++)
         out[i] = (unsigned char)(ms >> (40 - 8 * i));
     out[6] = (unsigned char)(0x70 | frac >> 8);

@@ -6,7 +6,9 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---- ids ---------------------------------------------------------------- */
 
@@ -87,6 +89,91 @@ static void test_uuid_threads(void)
         dups += memcmp(all[i - 1], all[i], sizeof(uuid_t)) == 0;
     CHECK_INT(dups, 0);
     free(all);
+}
+
+/* The random part of an id (bytes 8..15 without the variant bits). */
+static uint64_t uuid_tail(const uuid_t id)
+{
+    uint64_t t = id[8] & 0x3f;
+    for (int i = 9; i < 16; i++)
+        t = t << 8 | id[i];
+    return t;
+}
+
+static int u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Counts values present in both sorted arrays. */
+static int common_values(const uint64_t *a, const uint64_t *b, size_t n)
+{
+    int common = 0;
+    for (size_t i = 0, j = 0; i < n && j < n;) {
+        if (a[i] == b[j])
+            common++, i++, j++;
+        else if (a[i] < b[j])
+            i++;
+        else
+            j++;
+    }
+    return common;
+}
+
+/* Random bits are drawn in bulk and kept per thread: no id reuses another's. */
+static void test_uuid_random_bits_never_repeat(void)
+{
+    enum { N = 10000 };
+    uint64_t *tails = malloc(N * sizeof *tails);
+    if (!tails)
+        abort();
+    for (int i = 0; i < N; i++) {
+        uuid_t id;
+        pqmq_uuid_generate(id);
+        tails[i] = uuid_tail(id);
+    }
+    qsort(tails, N, sizeof *tails, u64_cmp);
+    int repeats = 0;
+    for (int i = 1; i < N; i++)
+        repeats += tails[i] == tails[i - 1];
+    CHECK_INT(repeats, 0);
+    free(tails);
+}
+
+/* A forked child draws fresh random bits, never the rest of its parent's
+ * batch: otherwise both make the same ids in the same millisecond. */
+static void test_uuid_fork_draws_fresh_bits(void)
+{
+    enum { N = 32 };
+    uuid_t id;
+    pqmq_uuid_generate(id); /* the parent now holds unused random bits */
+    int fds[2];
+    CHECK_INT(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint64_t t[N];
+        for (int i = 0; i < N; i++) {
+            pqmq_uuid_generate(id);
+            t[i] = uuid_tail(id);
+        }
+        _exit(write(fds[1], t, sizeof t) == (ssize_t)sizeof t ? 0 : 1);
+    }
+    CHECK(pid > 0);
+    uint64_t mine[N], child[N];
+    for (int i = 0; i < N; i++) {
+        pqmq_uuid_generate(id);
+        mine[i] = uuid_tail(id);
+    }
+    close(fds[1]);
+    CHECK_INT(read(fds[0], child, sizeof child), (long long)sizeof child);
+    close(fds[0]);
+    int status = 0;
+    CHECK_INT(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    qsort(mine, N, sizeof *mine, u64_cmp);
+    qsort(child, N, sizeof *child, u64_cmp);
+    CHECK_INT(common_values(mine, child, N), 0);
 }
 
 /* ---- JSON --------------------------------------------------------------- */
@@ -469,6 +556,8 @@ int main(void)
     T_RUN(test_uuid_layout);
     T_RUN(test_uuid_increasing);
     T_RUN(test_uuid_threads);
+    T_RUN(test_uuid_random_bits_never_repeat);
+    T_RUN(test_uuid_fork_draws_fresh_bits);
     T_RUN(test_json_table);
     T_RUN(test_json_nesting);
     T_RUN(test_msgpack_sample);
