@@ -119,6 +119,36 @@ int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
     return code;
 }
 
+static const struct {
+    const char *name, *format;
+} spec_defs[PQMQ__NSPECS] = {
+    [PQMQ__SPEC_UUID] = {"@pqmq_uuid", "%uuid"},
+    [PQMQ__SPEC_INT4] = {"@pqmq_int4", "%int4"},
+    [PQMQ__SPEC_MSG1] = {"@pqmq_msg1", "%uuid %interval %int4 %interval %text* %text*"},
+    [PQMQ__SPEC_MSG2] = {"@pqmq_msg2", "%interval %bool %text* %text* %bytea*"},
+    [PQMQ__SPEC_JOB1] = {"@pqmq_job1", "%uuid %bool %text %text %bytea %interval %interval"},
+    [PQMQ__SPEC_JOB2] = {"@pqmq_job2", "%text %text %int4 %int4 %text %bool"},
+};
+
+const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s)
+{
+    return c->specs_ready & (1u << s) ? spec_defs[s].name : spec_defs[s].format;
+}
+
+/* Prepares the specs on the connection, or finds them there from an
+ * earlier client or before a PQreset (same built-in types, same formats).
+ * One that fails (out of memory) stays unprepared; its format is used. */
+static void prepare_specs(pqmq_client *c)
+{
+    c->specs_ready = 0;
+    for (int s = 0; s < PQMQ__NSPECS; s++) {
+        const char *name = spec_defs[s].name + 1; /* without the '@' */
+        if (PQspecPrepare(c->conn, name, spec_defs[s].format, 0) ||
+            strstr(PQgeterror(), "already exists"))
+            c->specs_ready |= 1u << s;
+    }
+}
+
 int pqmq__ready(pqmq_client *c)
 {
     if (PQstatus(c->conn) != CONNECTION_OK)
@@ -130,6 +160,7 @@ int pqmq__ready(pqmq_client *c)
         (void)PQinitTypes(c->conn);
         c->typed_conn = c->conn;
         c->composite_ready = 0;
+        prepare_specs(c);
     }
     return 0;
 }
@@ -300,7 +331,7 @@ int pqmq__put_uuids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
         return PQMQ_ENOMEM;
     int ok = 1;
     for (size_t i = 0; ok && i < n; i++)
-        ok = PQputf(arr.param, "%uuid", (PGuuid)ids[i]);
+        ok = PQputf(arr.param, pqmq__spec(c, PQMQ__SPEC_UUID), (PGuuid)ids[i]);
     ok = ok && PQputf(param, "%uuid[]", &arr);
     PQparamClear(arr.param);
     if (!ok)
@@ -317,6 +348,7 @@ int pqmq__reconnect(pqmq_client *c)
     /* libpqtypes drops its registered types on reset: register again. */
     c->typed_conn = NULL;
     c->composite_ready = 0;
+    c->specs_ready = 0;
     return pqmq__ready(c);
 }
 

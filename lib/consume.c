@@ -68,7 +68,7 @@ int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channe
 }
 
 /* Reads row i of the poll result into job j. */
-static int read_job(PGresult *r, int i, pqmq_job *j)
+static int read_job(const pqmq_client *c, PGresult *r, int i, pqmq_job *j)
 {
     PGuuid id = NULL;
     PGbool committed = 0;
@@ -79,11 +79,10 @@ static int read_job(PGresult *r, int i, pqmq_job *j)
     PGtext last_error = NULL;
     PGbool blocking = 0;
     memset(&lease, 0, sizeof lease);
-    if (!PQgetf(r, i, "%uuid %bool %text %text %bytea %interval %interval %text %text "
-                      "%int4 %int4 %text %bool",
-                0, &id, 1, &committed, 2, &name, 3, &json, 4, &bytes, 5, &lease, 6,
-                &wait, 7, &chan, 8, &args, 9, &attempt, 10, &left, 11, &last_error,
-                12, &blocking))
+    if (!PQgetf(r, i, pqmq__spec(c, PQMQ__SPEC_JOB1), 0, &id, 1, &committed, 2, &name, 3,
+                &json, 4, &bytes, 5, &lease, 6, &wait) ||
+        !PQgetf(r, i, pqmq__spec(c, PQMQ__SPEC_JOB2), 7, &chan, 8, &args, 9, &attempt, 10,
+                &left, 11, &last_error, 12, &blocking))
         return -1;
     j->last_error = PQgetisnull(r, i, 11) ? NULL : last_error;
     j->blocking = blocking;
@@ -120,7 +119,7 @@ static int fill_batch(pqmq_client *c, pqmq_batch *b)
     if (!b->jobs)
         return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: out of memory");
     for (int i = 0; i < rows; i++)
-        if (read_job(b->res, i, &b->jobs[i]))
+        if (read_job(c, b->res, i, &b->jobs[i]))
             return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_poll: bad row %d: %s", i,
                                 PQgeterror());
     b->n = (size_t)rows;
@@ -292,7 +291,7 @@ static int ids_attempts_call(pqmq_client *c, const char *what, const char *sql,
     if (!rc && !(arr.param = pqmq__param(c)))
         rc = PQMQ_ENOMEM;
     for (size_t i = 0; !rc && i < n; i++)
-        if (!PQputf(arr.param, "%int4", attempts[i]))
+        if (!PQputf(arr.param, pqmq__spec(c, PQMQ__SPEC_INT4), attempts[i]))
             rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     if (!rc && !PQputf(param, "%int4[]", &arr))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());

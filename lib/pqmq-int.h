@@ -17,6 +17,7 @@ struct pqmq_client {
     int owns_conn;       /* pqmq_connect opened conn: free closes it */
     PGconn *typed_conn;  /* the conn libpqtypes was set up on */
     int composite_ready; /* mq_new_t registered on typed_conn */
+    unsigned specs_ready; /* bit per pqmq__spec prepared on typed_conn */
     char *errmsg;        /* "" or malloc'd; reset by each API call */
     char sqlstate[6];
 };
@@ -97,6 +98,7 @@ struct pqmq_runner {
 
     atomic_int stop;
     int wake_pipe[2];        /* workers and pqmq_runner_stop write one byte */
+    atomic_int wake_pending; /* a byte is in the pipe: writers need not add one */
     pthread_mutex_t lock;
     pthread_cond_t work;     /* a job was queued, or shutdown */
     int shutdown;            /* under lock: workers exit */
@@ -133,6 +135,26 @@ int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
 /* Checks that the connection is usable and libpqtypes is set up on it;
  * returns 0 or PQMQ_ECONN/PQMQ_ENOMEM with the error set. */
 int pqmq__ready(pqmq_client *c);
+/* Formats used once per array element or result row. libpqtypes parses a
+ * format and looks each type up by name on every call; prepared once per
+ * connection (PQspecPrepare), they cost nothing to parse. Only built-in
+ * types: a prepared spec outlives PQreset, mq_new_t's registration does not.
+ * libpqtypes 1.5.1 overruns its buffers preparing a spec of more than 8
+ * types, and misbehaves removing one, so long formats come in parts and
+ * specs are never removed. */
+enum pqmq__spec {
+    PQMQ__SPEC_UUID, /* "%uuid" */
+    PQMQ__SPEC_INT4, /* "%int4" */
+    PQMQ__SPEC_MSG1, /* a message's mq_new_t fields 0-5 (produce.c) */
+    PQMQ__SPEC_MSG2, /* and 6-10 */
+    PQMQ__SPEC_JOB1, /* columns 0-6 of an mq_poll_jobs row (consume.c) */
+    PQMQ__SPEC_JOB2, /* and 7-12 */
+    PQMQ__NSPECS
+};
+/* "@name" when the spec is prepared on the connection, else its format:
+ * for PGparams and PGresults made after pqmq__ready. */
+const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
+
 /* Registers mq_new_t with libpqtypes (once per connection). */
 int pqmq__need_composite(pqmq_client *c);
 /*

@@ -100,20 +100,18 @@ static int check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 }
 
 /* Puts one message as the fields of an mq_new_t, in the type's order. */
-static int put_msg(PGparam *el, const pqmq_msg *m)
+static int put_msg(const pqmq_client *c, PGparam *el, const pqmq_msg *m)
 {
     PGinterval delay, backoff, commit;
     pqmq__ms_to_interval(m->delay_ms, &delay);
     pqmq__ms_to_interval(m->backoff_ms, &backoff);
     pqmq__ms_to_interval(m->commit_interval_ms, &commit);
     PGbytea bytes = {(int)m->bytes_len, (char *)m->bytes};
-    return PQputf(el,
-                  "%uuid %interval %int4 %interval %text* %text* %interval %bool "
-                  "%text* %text* %bytea*",
-                  (PGuuid)m->id, &delay, m->retries, &backoff, m->channel,
-                  m->args ? m->args : "", m->commit_interval_ms >= 0 ? &commit : NULL,
-                  (PGbool)m->ordered, m->name ? m->name : "", m->json,
-                  m->bytes ? &bytes : NULL);
+    return PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG1), (PGuuid)m->id, &delay, m->retries,
+                  &backoff, m->channel, m->args ? m->args : "") &&
+           PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG2),
+                  m->commit_interval_ms >= 0 ? &commit : NULL, (PGbool)m->ordered,
+                  m->name ? m->name : "", m->json, m->bytes ? &bytes : NULL);
 }
 
 static int put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n)
@@ -125,7 +123,7 @@ static int put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size
     int ok = arr.param && el;
     for (size_t i = 0; ok && i < n; i++) {
         PQparamReset(el);
-        ok = put_msg(el, msgs[i]) && PQputf(arr.param, "%mq_new_t", el);
+        ok = put_msg(c, el, msgs[i]) && PQputf(arr.param, "%mq_new_t", el);
     }
     ok = ok && PQputf(param, "%mq_new_t[]", &arr);
     PQparamClear(el);

@@ -169,6 +169,9 @@ PQMQ_EXPORT void pqmq_runner_stop(pqmq_runner *r)
 
 void pqmq__runner_wake(pqmq_runner *r)
 {
+    /* One byte per loop turn is enough; saves a system call per job. */
+    if (atomic_exchange(&r->wake_pending, 1))
+        return;
     int saved = errno; /* we may be in a signal handler */
     ssize_t ignored = write(r->wake_pipe[1], "x", 1);
     (void)ignored; /* a full pipe already guarantees a wake-up */
@@ -530,6 +533,9 @@ static void wait_events(struct loop *L, int64_t deadline)
         char buf[64];
         while (read(L->r->wake_pipe[0], buf, sizeof buf) > 0)
             ;
+        /* Before the loop looks at the state: a change after this writes a
+         * byte again, and one before it is seen by this turn. */
+        atomic_store(&L->r->wake_pending, 0);
     }
     if (fds[0].revents)
         take_notifications(L);
