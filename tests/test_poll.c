@@ -177,24 +177,25 @@ static long long tuples_read_by_poll(void)
     return tuples_read_by_poll_of(10);
 }
 
-static void test_poll_cost_does_not_grow_with_backlog(void)
+/* Replaces the queue with per_chain messages on each of nchains chains:
+ * channels "<prefix>N", or with args, args "<prefix>N" of channel "big". */
+static void backlog(const char *prefix, int nchains, int per_chain, int as_args)
 {
     t_exec(pg, "SET stats_fetch_consistency = none");
     t_truncate();
-    for (int c = 0; c < 10; c++) {
-        char ch[16];
-        snprintf(ch, sizeof ch, "s%d", c);
-        insert_n(ch, NULL, 10, 1, 60000);
+    for (int c = 0; c < nchains; c++) {
+        char key[16];
+        snprintf(key, sizeof key, "%s%d", prefix, c);
+        insert_n(as_args ? "big" : key, as_args ? key : NULL, per_chain, 1, 60000);
     }
     t_exec(pg, "ANALYZE mq_msgs");
+}
+
+static void test_poll_cost_does_not_grow_with_backlog(void)
+{
+    backlog("s", 10, 10, 0);
     long long small = tuples_read_by_poll();
-    t_truncate();
-    for (int c = 0; c < 2000; c++) {
-        char args[16];
-        snprintf(args, sizeof args, "a%d", c);
-        insert_n("big", args, 10, 1, 60000);
-    }
-    t_exec(pg, "ANALYZE mq_msgs");
+    backlog("a", 2000, 10, 1);
     long long big = tuples_read_by_poll();
     printf("    tuples read per poll: %lld with 100 messages, %lld with 20,000\n", small, big);
     CHECK(small > 0);
@@ -208,14 +209,7 @@ static void test_poll_cost_does_not_grow_with_backlog(void)
  * rows, whatever plan the statistics suggest (migration 0002). */
 static void test_poll_reads_channels_in_index_order(void)
 {
-    t_exec(pg, "SET stats_fetch_consistency = none");
-    t_truncate();
-    for (int c = 0; c < 100; c++) {
-        char ch[16];
-        snprintf(ch, sizeof ch, "d%d", c);
-        insert_n(ch, NULL, 200, 1, 60000);
-    }
-    t_exec(pg, "ANALYZE mq_msgs");
+    backlog("d", 100, 200, 0);
     long long read = tuples_read_by_poll_of(100);
     printf("    tuples read by a poll of 100 from 100 channels of 200: %lld\n", read);
     /* 4 channels of 25 each, plus the probes; a whole-channel read is 800. */
