@@ -21,7 +21,7 @@
  *      DELETE ... WHERE id IN (...), and by ctid (see floor.c); the ratios
  *      are against the first, the second is printed beside them;
  *   4. enqueue again, then processing with the polling API: --consumers
- *      threads, each pqmq_poll(--batch) + pqmq_complete_batch in a loop;
+ *      threads, each pqmq_complete_and_poll(last batch, --batch) in a loop;
  *   5. the same (enqueue, runner, poll API) with every message on one of
  *      --chains ordered chains;
  *   6. latency: single messages every --latency-gap-ms ms into an idle
@@ -73,7 +73,10 @@ static void usage(FILE *f, const char *argv0)
             "  --backlog             poll cost over a 5,000 vs a 300,000 backlog\n"
             "  --profile             per phase, print SQL function times (server) and\n"
             "                        this process's CPU time (client) to stderr;\n"
-            "                        needs a superuser (track_functions)\n",
+            "                        needs a superuser (track_functions)\n"
+            "  --split-complete      poll API consumers complete with their own\n"
+            "                        statement (pqmq_poll + pqmq_complete_batch)\n"
+            "                        instead of pqmq_complete_and_poll\n",
             argv0);
 }
 
@@ -271,7 +274,7 @@ int main(int argc, char **argv)
     enum {
         O_DSN = 256, O_MESSAGES, O_PRODUCERS, O_CONSUMERS, O_BATCH, O_CHANNELS, O_CHAINS,
         O_ORDERED, O_PAYLOAD, O_THREADS, O_SAMPLES, O_GAP, O_FLOOR, O_JSON, O_SWEEP,
-        O_SWEEP_OUT, O_BACKLOG, O_PROFILE, O_HELP
+        O_SWEEP_OUT, O_BACKLOG, O_PROFILE, O_SPLIT, O_HELP
     };
     static const struct option longs[] = {
         {"dsn", required_argument, 0, O_DSN},
@@ -292,6 +295,7 @@ int main(int argc, char **argv)
         {"sweep-out", required_argument, 0, O_SWEEP_OUT},
         {"backlog", no_argument, 0, O_BACKLOG},
         {"profile", no_argument, 0, O_PROFILE},
+        {"split-complete", no_argument, 0, O_SPLIT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0}};
     int ch;
@@ -322,6 +326,7 @@ int main(int argc, char **argv)
         case O_SWEEP_OUT: o.sweep_out = optarg; break;
         case O_BACKLOG: o.backlog = 1; break;
         case O_PROFILE: o.profile = 1; break;
+        case O_SPLIT: o.split_complete = 1; break;
         case O_HELP: usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }

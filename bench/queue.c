@@ -1,7 +1,7 @@
 /*
  * queue.c: the pqmq side of the benchmark. Producers insert batches with
  * pqmq_insert; consumers drain them either with pqmq_runner (a trivial
- * handler) or with the polling API (pqmq_poll + pqmq_complete_batch); an
+ * handler) or with the polling API (pqmq_complete_and_poll: each call completes the last batch and polls the next); an
  * idle runner receives single messages for the latency figures.
  *
  * Every phase connects first and starts its clock only when all its
@@ -254,15 +254,24 @@ static void *poller_main(void *arg)
     pqmq_client *c = bench_client(o);
     pthread_barrier_wait(p->start);
     double last = now_s();
+    pqmq_batch *prev = NULL; /* handled, to be completed with the next poll */
     while (atomic_load(p->done) < o->messages) {
         pqmq_batch *b = NULL;
-        if (pqmq_poll(c, NULL, 0, o->batch, &b))
-            die("pqmq_poll: %s", pqmq_errmsg(c));
-        size_t n = pqmq_batch_count(b);
-        if (n) {
-            if (pqmq_complete_batch(c, b))
-                die("pqmq_complete_batch: %s", pqmq_errmsg(c));
-            atomic_fetch_add(p->done, (long)n);
+        int rc;
+        if (o->split_complete) {
+            rc = pqmq_batch_count(prev) ? pqmq_complete_batch(c, prev) : 0;
+            if (rc == 0 || rc == PQMQ_ESTALE)
+                rc = pqmq_poll(c, NULL, 0, o->batch, &b);
+        } else {
+            rc = pqmq_complete_and_poll(c, prev, NULL, 0, o->batch, &b);
+        }
+        if (rc && rc != PQMQ_ESTALE)
+            die("poll API: %s", pqmq_errmsg(c));
+        if (pqmq_batch_count(prev))
+            atomic_fetch_add(p->done, (long)pqmq_batch_count(prev));
+        pqmq_batch_free(prev);
+        prev = b;
+        if (pqmq_batch_count(b)) {
             last = now_s();
         } else if (now_s() - last > STALL_S) {
             die("poll API drain stalled at %ld of %d messages", atomic_load(p->done),
@@ -270,8 +279,10 @@ static void *poller_main(void *arg)
         } else {
             sleep_s(0.0005); /* the rest is in flight on other consumers */
         }
-        pqmq_batch_free(b);
     }
+    if (pqmq_batch_count(prev) && pqmq_complete_batch(c, prev))
+        die("pqmq_complete_batch: %s", pqmq_errmsg(c));
+    pqmq_batch_free(prev);
     pqmq_client_free(c);
     return NULL;
 }

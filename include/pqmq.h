@@ -234,6 +234,20 @@ PQMQ_EXPORT int pqmq_complete(pqmq_client *client, const uuid_t *ids, size_t n);
 PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *client, const pqmq_batch *batch);
 
 /*
+ * A consumer's loop in one statement: completes the jobs of done (as
+ * pqmq_complete_batch, fenced by attempt), then polls as pqmq_poll, in one
+ * round trip and one transaction, so one commit per batch instead of two.
+ * done may be NULL or empty (a plain poll); it stays the caller's to free.
+ * *out (caller frees with pqmq_batch_free) is set when the poll ran: on 0,
+ * and on PQMQ_ESTALE (some of done's jobs were delivered again since and
+ * were left to their new owner). On any other error neither took effect:
+ * complete done again.
+ */
+PQMQ_EXPORT int pqmq_complete_and_poll(pqmq_client *client, const pqmq_batch *done,
+                                       const char *const *channels, size_t nchannels,
+                                       int batch_size, pqmq_batch **out);
+
+/*
  * Records why this attempt failed (error may be NULL) and schedules the
  * retry one backoff from now; with no retries left the message is dead
  * (kept, never delivered again). Returns 0, PQMQ_ENOTHELD (the lease ran

@@ -127,6 +127,18 @@ static int fill_batch(pqmq_client *c, pqmq_batch *b)
     return 0;
 }
 
+int pqmq__put_poll_args(pqmq_client *c, PGparam *param, const char *const *channels,
+                        size_t nchannels, int batch_size, const char *what)
+{
+    if (batch_size < 1 || batch_size > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: batch_size %d is outside 1..%d", what,
+                            batch_size, PQMQ_MAX_BATCH);
+    int rc = pqmq__put_channels(c, param, channels, nchannels);
+    if (!rc && !PQputf(param, pqmq__spec(c, PQMQ__SPEC_INT4), batch_size))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    return rc;
+}
+
 PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nchannels,
                           int batch_size, pqmq_batch **out)
 {
@@ -140,21 +152,13 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nc
     int rc = pqmq__ready(c);
     if (rc)
         return rc;
-    if (batch_size < 1 || batch_size > PQMQ_MAX_BATCH)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_poll: batch_size %d is outside 1..%d",
-                            batch_size, PQMQ_MAX_BATCH);
     PGparam *param = pqmq__param(c);
     if (!param)
         return PQMQ_ENOMEM;
-    rc = pqmq__put_channels(c, param, channels, nchannels);
-    if (!rc && !PQputf(param, "%int4", batch_size))
-        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+    rc = pqmq__put_poll_args(c, param, channels, nchannels, batch_size, "pqmq_poll");
     PGresult *res = NULL;
     if (!rc)
-        res = pqmq__exec(c, param,
-                         "SELECT id, is_committed, name, payload_json, payload_bytes, "
-                         "retry_backoff, wait_time, channel_name, channel_args, attempt, "
-                         "attempts_left, NULL::text, false FROM mq_poll_jobs($1, $2)",
+        res = pqmq__exec(c, param, "SELECT " PQMQ__POLL_COLUMNS " FROM mq_poll_jobs($1, $2)",
                          "pqmq_poll", &rc);
     PQparamClear(param);
     return rc ? rc : pqmq__batch_from(c, res, out);
@@ -263,18 +267,45 @@ PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *c, const pqmq_batch *b)
         return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_complete_batch: batch is NULL");
     if (b->n == 0)
         return 0;
-    uuid_t *ids = malloc(b->n * sizeof *ids);
-    int *attempts = malloc(b->n * sizeof *attempts);
-    int rc = ids && attempts ? 0 : pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_complete_batch: out of memory");
-    for (size_t i = 0; !rc && i < b->n; i++) {
-        memcpy(ids[i], b->jobs[i].id, sizeof(uuid_t));
-        attempts[i] = b->jobs[i].attempt;
-    }
+    uuid_t *ids;
+    int *attempts;
+    int rc = pqmq__batch_deliveries(c, b, &ids, &attempts, "pqmq_complete_batch");
     size_t done = 0;
     if (!rc)
         rc = pqmq__complete_fenced(c, (const uuid_t *)ids, attempts, b->n, &done);
     free(ids);
     free(attempts);
+    return rc;
+}
+
+int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, uuid_t **ids,
+                           int **attempts, const char *what)
+{
+    *ids = b->n ? malloc(b->n * sizeof **ids) : NULL;
+    *attempts = b->n ? malloc(b->n * sizeof **attempts) : NULL;
+    if (b->n && (!*ids || !*attempts))
+        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: out of memory", what);
+    for (size_t i = 0; i < b->n; i++) {
+        memcpy((*ids)[i], b->jobs[i].id, sizeof(uuid_t));
+        (*attempts)[i] = b->jobs[i].attempt;
+    }
+    return 0;
+}
+
+int pqmq__put_attempts(pqmq_client *c, PGparam *param, const int *attempts, size_t n,
+                       const char *what)
+{
+    PGarray arr;
+    memset(&arr, 0, sizeof arr);
+    if (!(arr.param = pqmq__param(c)))
+        return PQMQ_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!PQputf(arr.param, pqmq__spec(c, PQMQ__SPEC_INT4), attempts[i]))
+            rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    if (!rc && !PQputf(param, "%int4[]", &arr))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    PQparamClear(arr.param);
     return rc;
 }
 
@@ -286,16 +317,8 @@ static int ids_attempts_call(pqmq_client *c, const char *what, const char *sql,
     *count = 0;
     PGparam *param;
     int rc = pqmq__begin_ids(c, ids, n, what, &param);
-    PGarray arr;
-    memset(&arr, 0, sizeof arr);
-    if (!rc && !(arr.param = pqmq__param(c)))
-        rc = PQMQ_ENOMEM;
-    for (size_t i = 0; !rc && i < n; i++)
-        if (!PQputf(arr.param, pqmq__spec(c, PQMQ__SPEC_INT4), attempts[i]))
-            rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
-    if (!rc && !PQputf(param, "%int4[]", &arr))
-        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
-    PQparamClear(arr.param);
+    if (!rc)
+        rc = pqmq__put_attempts(c, param, attempts, n, what);
     if (!rc)
         rc = pqmq__exec_scalar(c, param, sql, what, "%int4", count);
     PQparamClear(param);
@@ -310,12 +333,17 @@ int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts
     int rc = ids_attempts_call(c, what, "SELECT mq_complete($1, $2)", ids, attempts, n,
                                &count);
     *done = rc ? 0 : (size_t)count;
-    if (!rc && (size_t)count < n)
-        rc = pqmq__seterr(c, PQMQ_ESTALE,
-                          "%s: %zu of %zu jobs were delivered again (or completed) since "
-                          "this delivery; they were left to their new owner",
-                          what, n - (size_t)count, n);
-    return rc;
+    return rc ? rc : pqmq__stale_check(c, what, (size_t)count, n);
+}
+
+int pqmq__stale_check(pqmq_client *c, const char *what, size_t done, size_t n)
+{
+    if (done >= n)
+        return 0;
+    return pqmq__seterr(c, PQMQ_ESTALE,
+                        "%s: %zu of %zu jobs were delivered again (or completed) since "
+                        "this delivery; they were left to their new owner",
+                        what, n - done, n);
 }
 
 int pqmq__release(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n)

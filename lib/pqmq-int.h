@@ -182,6 +182,29 @@ int pqmq__utf8_ok(const char *s);
 /* consume.c: puts channels (NULL: all) as one text[] parameter. */
 int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
                        size_t n);
+/* consume.c: checks batch_size and puts channels and batch_size as the
+ * next two parameters of a poll. */
+int pqmq__put_poll_args(pqmq_client *c, PGparam *param, const char *const *channels,
+                        size_t nchannels, int batch_size, const char *what);
+/* The columns of a poll result, as batches read them (mq_poll_jobs rows). */
+#define PQMQ__POLL_COLUMNS                                                         \
+    "id, is_committed, name, payload_json, payload_bytes, retry_backoff, "          \
+    "wait_time, channel_name, channel_args, attempt, attempts_left, NULL::text, false"
+/* consume.c: puts attempts as one int[] parameter. */
+int pqmq__put_attempts(pqmq_client *c, PGparam *param, const int *attempts, size_t n,
+                       const char *what);
+/* consume.c: the ids and attempt numbers of a batch's jobs, malloc'd (the
+ * caller frees both, also on error). */
+int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, uuid_t **ids,
+                           int **attempts, const char *what);
+/* consume.c: PQMQ_ESTALE with its message when done < n, else 0. */
+int pqmq__stale_check(pqmq_client *c, const char *what, size_t done, size_t n);
+/* complete_poll.c: mq_complete_poll: completes ids on their attempts (n may
+ * be 0), then polls; *done = how many were completed. *out is set when the
+ * poll ran (0 or PQMQ_ESTALE). */
+int pqmq__complete_poll(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
+                        const char *const *channels, size_t nchannels, int batch_size,
+                        const char *what, pqmq_batch **out, size_t *done);
 /* consume.c: wraps a result shaped like pqmq_poll's in a batch (takes res). */
 int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out);
 /* consume.c: completes ids still on the given attempts; *done = how many.

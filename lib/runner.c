@@ -331,39 +331,6 @@ static int claim_room(pqmq_runner *r)
     return free_n;
 }
 
-static void poll_once(struct loop *L)
-{
-    pqmq_runner *r = L->r;
-    int free_n = claim_room(r);
-    if (!free_n)
-        return; /* a finishing worker wakes us; poll_due stays set */
-    int want = free_n < r->batch ? free_n : r->batch;
-    pqmq_batch *b = NULL;
-    atomic_fetch_add(&r->polls, 1);
-    int rc = pqmq_poll(L->ctl, (const char *const *)r->channels, r->nchannels, want, &b);
-    if (rc == PQMQ_ECONN) {
-        reconnect(L);
-        return;
-    }
-    if (rc) {
-        /* A server-side error (e.g. statement_timeout): try again soon. */
-        L->poll_due = 0;
-        L->poll_at = pqmq__now_ms() + 100;
-        return;
-    }
-    size_t got = pqmq_batch_count(b);
-    /* A full batch means more may be ready; otherwise wait for a wake-up
-     * or for the earliest message to become ready. */
-    L->poll_due = got == (size_t)want;
-    if (got == 0) {
-        int64_t wait = pqmq_batch_wait_ms(b);
-        L->poll_at = wait < 0 ? FOREVER : pqmq__now_ms() + (wait > 0 ? wait : 1);
-        pqmq_batch_free(b);
-        return;
-    }
-    dispatch(r, b);
-}
-
 /* Stopping: hands queued (unstarted) jobs back to the queue at once, so
  * other consumers need not wait for their leases to run out. */
 static void release_queued(struct loop *L)
@@ -391,37 +358,103 @@ static void release_queued(struct loop *L)
 /* Completes, in one statement, every job whose handler succeeded; fenced
  * by attempt, so a job whose lease ran out and went to another consumer is
  * left to it. */
-static void flush_done(struct loop *L)
+/* Copies the ids and attempts the workers finished (under the lock); NULLs
+ * and n 0 when there are none or memory ran out (then they wait). */
+static size_t take_done(pqmq_runner *r, uuid_t **ids, int **attempts)
+{
+    pthread_mutex_lock(&r->lock);
+    size_t n = r->ndone;
+    *ids = n ? malloc(n * sizeof **ids) : NULL;
+    *attempts = n ? malloc(n * sizeof **attempts) : NULL;
+    if (*ids && *attempts) {
+        memcpy(*ids, r->done, n * sizeof **ids);
+        memcpy(*attempts, r->done_attempts, n * sizeof **attempts);
+    } else {
+        n = 0;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+/* The first n of the done list were sent and settled, done of them
+ * completed: drops them (workers may have appended meanwhile). */
+static void drop_done(struct loop *L, size_t n, size_t done)
 {
     pqmq_runner *r = L->r;
     pthread_mutex_lock(&r->lock);
-    size_t n = r->ndone;
-    uuid_t *ids = n ? malloc(n * sizeof *ids) : NULL;
-    int *attempts = n ? malloc(n * sizeof *attempts) : NULL;
-    if (ids && attempts) {
-        memcpy(ids, r->done, n * sizeof *ids);
-        memcpy(attempts, r->done_attempts, n * sizeof *attempts);
-    }
+    memmove(r->done, r->done + n, (r->ndone - n) * sizeof *r->done);
+    memmove(r->done_attempts, r->done_attempts + n, (r->ndone - n) * sizeof *r->done_attempts);
+    r->ndone -= n;
     pthread_mutex_unlock(&r->lock);
-    size_t done = 0;
-    int rc = ids && attempts
-                 ? pqmq__complete_fenced(L->ctl, (const uuid_t *)ids, attempts, n, &done)
-                 : PQMQ_ENOMEM;
-    if (rc == 0 || rc == PQMQ_ESTALE) {
-        pthread_mutex_lock(&r->lock);
-        /* Workers may have appended meanwhile: drop only what we sent. */
-        memmove(r->done, r->done + n, (r->ndone - n) * sizeof *r->done);
-        memmove(r->done_attempts, r->done_attempts + n,
-                (r->ndone - n) * sizeof *r->done_attempts);
-        r->ndone -= n;
-        pthread_mutex_unlock(&r->lock);
-        atomic_fetch_add(&r->processed, done);
+    atomic_fetch_add(&r->processed, done);
+    L->settled += done; /* our own completions: no reason to poll again */
+}
+
+/* Completes what the workers finished, without polling. */
+static void flush_done(struct loop *L)
+{
+    uuid_t *ids;
+    int *attempts;
+    size_t n = take_done(L->r, &ids, &attempts), done = 0;
+    int rc = n ? pqmq__complete_fenced(L->ctl, (const uuid_t *)ids, attempts, n, &done) : 0;
+    if (n && (rc == 0 || rc == PQMQ_ESTALE)) {
+        drop_done(L, n, done);
         L->poll_due = 1; /* completing chain heads may have readied more */
     } else if (rc == PQMQ_ECONN) {
         reconnect(L); /* keep the ids; completing twice is harmless */
     }
     free(ids);
     free(attempts);
+}
+
+static void poll_once(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    int free_n = claim_room(r);
+    if (!free_n) {
+        flush_done(L);
+        return; /* a finishing worker wakes us; poll_due stays set */
+    }
+    int want = free_n < r->batch ? free_n : r->batch;
+    /* What the workers finished is completed in the poll's statement: one
+     * round trip and one commit for both. */
+    uuid_t *ids;
+    int *attempts;
+    size_t n = take_done(r, &ids, &attempts), done = 0;
+    pqmq_batch *b = NULL;
+    atomic_fetch_add(&r->polls, 1);
+    int rc = pqmq__complete_poll(L->ctl, (const uuid_t *)ids, attempts, n,
+                                 (const char *const *)r->channels, r->nchannels, want,
+                                 "pqmq_runner", &b, &done);
+    free(ids);
+    free(attempts);
+    if (rc == PQMQ_ESTALE)
+        rc = 0; /* the stale ones belong to their new owner */
+    if (!rc && n)
+        drop_done(L, n, done);
+    if (rc == PQMQ_ECONN) {
+        reconnect(L); /* the completions are kept and sent again */
+        return;
+    }
+    if (rc) {
+        /* A server-side error (e.g. statement_timeout): complete on their
+         * own, and poll again soon. */
+        flush_done(L);
+        L->poll_due = 0;
+        L->poll_at = pqmq__now_ms() + 100;
+        return;
+    }
+    size_t got = pqmq_batch_count(b);
+    /* A full batch means more may be ready; otherwise wait for a wake-up
+     * or for the earliest message to become ready. */
+    L->poll_due = got == (size_t)want;
+    if (got == 0) {
+        int64_t wait = pqmq_batch_wait_ms(b);
+        L->poll_at = wait < 0 ? FOREVER : pqmq__now_ms() + (wait > 0 ? wait : 1);
+        pqmq_batch_free(b);
+        return;
+    }
+    dispatch(r, b);
 }
 
 /* The keep-alive period of a job: the configured one, or a third of its
@@ -557,7 +590,6 @@ static void loop_run(struct loop *L)
     pqmq_runner *r = L->r;
     for (;;) {
         take_notifications(L); /* also those read during earlier queries */
-        flush_done(L);
         /* A job that failed (its retry is due after the backoff) or that
          * completed in its handler's transaction freed a slot without a
          * notification, and poll_at may predate it: poll to learn what is
@@ -568,15 +600,19 @@ static void loop_run(struct loop *L)
             L->poll_due = 1;
         }
         int stopping = atomic_load(&r->stop);
-        if (stopping)
+        if (stopping) {
+            flush_done(L);
             release_queued(L);
-        if (stopping && !busy(r))
-            break;
-        int64_t now = pqmq__now_ms();
-        if (!L->poll_due && now >= L->poll_at)
-            L->poll_due = 1;
-        if (!stopping && L->poll_due)
-            poll_once(L);
+            if (!busy(r))
+                break;
+        } else {
+            if (!L->poll_due && pqmq__now_ms() >= L->poll_at)
+                L->poll_due = 1;
+            if (L->poll_due)
+                poll_once(L); /* also completes what is done */
+            else
+                flush_done(L);
+        }
         int64_t deadline = keep_alive_at(r);
         if (deadline <= pqmq__now_ms()) {
             keep_alive(L);
