@@ -407,6 +407,28 @@ static void flush_done(struct loop *L)
     free(attempts);
 }
 
+/* Claims up to want jobs into *b, completing what the workers finished in
+ * the same statement: one round trip and one commit for both. Returns 0
+ * (stale completions belong to their new owner) or the error. */
+static int complete_and_claim(struct loop *L, int want, pqmq_batch **b)
+{
+    pqmq_runner *r = L->r;
+    uuid_t *ids;
+    int *attempts;
+    size_t n = take_done(r, &ids, &attempts), done = 0;
+    atomic_fetch_add(&r->polls, 1);
+    int rc = pqmq__complete_poll(L->ctl, (const uuid_t *)ids, attempts, n,
+                                 (const char *const *)r->channels, r->nchannels, want,
+                                 "pqmq_runner", b, &done);
+    free(ids);
+    free(attempts);
+    if (rc == PQMQ_ESTALE)
+        rc = 0;
+    if (!rc && n)
+        drop_done(L, n, done);
+    return rc; /* on error the completions stay, to be sent again */
+}
+
 static void poll_once(struct loop *L)
 {
     pqmq_runner *r = L->r;
@@ -416,24 +438,10 @@ static void poll_once(struct loop *L)
         return; /* a finishing worker wakes us; poll_due stays set */
     }
     int want = free_n < r->batch ? free_n : r->batch;
-    /* What the workers finished is completed in the poll's statement: one
-     * round trip and one commit for both. */
-    uuid_t *ids;
-    int *attempts;
-    size_t n = take_done(r, &ids, &attempts), done = 0;
     pqmq_batch *b = NULL;
-    atomic_fetch_add(&r->polls, 1);
-    int rc = pqmq__complete_poll(L->ctl, (const uuid_t *)ids, attempts, n,
-                                 (const char *const *)r->channels, r->nchannels, want,
-                                 "pqmq_runner", &b, &done);
-    free(ids);
-    free(attempts);
-    if (rc == PQMQ_ESTALE)
-        rc = 0; /* the stale ones belong to their new owner */
-    if (!rc && n)
-        drop_done(L, n, done);
+    int rc = complete_and_claim(L, want, &b);
     if (rc == PQMQ_ECONN) {
-        reconnect(L); /* the completions are kept and sent again */
+        reconnect(L);
         return;
     }
     if (rc) {
