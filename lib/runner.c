@@ -318,6 +318,24 @@ void pqmq__entry_release(pqmq_runner *r, pqmq__entry *e)
     atomic_fetch_sub(&r->in_flight, 1);
 }
 
+/* Whether any worker can reach the server (under the lock): one that
+ * cannot takes no job until it reconnects (worker.c). */
+static int workers_up(const pqmq_runner *r)
+{
+    for (int i = 0; i < r->threads; i++)
+        if (!r->slots[i].down)
+            return 1;
+    return 0;
+}
+
+static int no_worker_up(pqmq_runner *r)
+{
+    pthread_mutex_lock(&r->lock);
+    int up = workers_up(r);
+    pthread_mutex_unlock(&r->lock);
+    return !up;
+}
+
 /* How many jobs to claim now: 0 while the queue is still well filled
  * (claims go in batches: when the queue ran dry or half of it is free). */
 static int claim_room(pqmq_runner *r)
@@ -325,8 +343,9 @@ static int claim_room(pqmq_runner *r)
     int queued;
     pthread_mutex_lock(&r->lock);
     int free_n = count_free(r, &queued);
+    int up = workers_up(r);
     pthread_mutex_unlock(&r->lock);
-    if (free_n == 0 || (queued > 0 && free_n < r->capacity / 2))
+    if (!up || free_n == 0 || (queued > 0 && free_n < r->capacity / 2))
         return 0;
     return free_n;
 }
@@ -614,6 +633,9 @@ static void loop_run(struct loop *L)
             if (!busy(r))
                 break;
         } else {
+            /* No worker can run them: other consumers may. */
+            if (no_worker_up(r))
+                release_queued(L);
             if (!L->poll_due && pqmq__now_ms() >= L->poll_at)
                 L->poll_due = 1;
             if (L->poll_due)

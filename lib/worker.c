@@ -273,6 +273,8 @@ static void wait_reconnect(pqmq__slot *s)
     int ok = try_reconnect(s) == 0;
     pthread_mutex_lock(&r->lock);
     s->down = !ok;
+    if (ok)
+        pqmq__runner_wake(r); /* it may claim again */
 }
 
 /* The oldest queued entry, or NULL (under the lock). */
@@ -308,11 +310,13 @@ static void *worker_main(void *arg)
         int up = connected(s);
         pthread_mutex_lock(&r->lock);
         if (!up) {
-            /* Hand the job back to the queue, untouched. */
+            /* Hand the job back to the queue, untouched; the main loop
+             * hands queued jobs back to the server if no worker is up. */
             e->running = 0;
             s->entry = NULL;
             s->down = 1;
             pthread_cond_broadcast(&r->work);
+            pqmq__runner_wake(r);
             continue;
         }
         pthread_mutex_unlock(&r->lock);

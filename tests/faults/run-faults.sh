@@ -710,7 +710,8 @@ scenario_timeouts() {
 # limit is taken), while the runner's control connection keeps working. The
 # worker must retry with a backoff (not flood the server with connection
 # attempts) and take no job meanwhile; the other workers run them, and once
-# it can connect again it works as before.
+# it can connect again it works as before. Then every worker is cut off: the
+# runner hands back what it claimed, and a second runner runs it.
 scenario_refused() {
     local role=fault_limited i attempts before after
     new_schema f_refused || return
@@ -759,7 +760,37 @@ scenario_refused() {
     (( stuck == 0 )) || note "$stuck messages were held while a worker could not connect"
     reap "$holder"
     drain
-    stop_runners || note "the runner did not stop cleanly"
+
+    # Phase 2: every worker cut off, the control connection still up. The
+    # runner must hand back what it claimed (its workers cannot run it), so
+    # that another consumer runs it while the slots are taken.
+    sql "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE application_name = 'fault_worker'" >/dev/null
+    wait_for "SELECT count(*) = 1 FROM pg_stat_activity WHERE usename = '$role'" 10 \
+        || { note "the terminated backends did not go away"; return; }
+    local holders=()
+    for i in 1 2 3 4; do
+        start_bg "$logdir/$scenario.holder.log" psql -X -q -d "$base_dsn user=$role" \
+            -c "SELECT pg_sleep(10)"
+        holders+=("$last_pid")
+    done
+    wait_for "SELECT count(*) = 5 FROM pg_stat_activity WHERE usename = '$role'" 10 \
+        || { note "the holders did not connect"; return; }
+    start_producer 2 application_name=fault_producer --max 60 --unordered 100
+    reap "${producer_pids[0]}"
+    producer_pids=()
+    sleep 1 # the cut-off runner claims, finds no worker up, hands back
+    start_runner plain "application_name=fault_runner_healthy"
+    runner_pids+=("$last_pid")
+    local t0=$SECONDS
+    if wait_for "SELECT NOT EXISTS (SELECT 1 FROM mq_msgs)" 6; then
+        say "  with every worker of the first runner cut off, a second runner ran everything in $((SECONDS - t0))s"
+    else
+        note "the runner whose workers were all cut off held $(sql "SELECT count(*) FROM mq_msgs WHERE deliveries > 0") claimed messages"
+    fi
+    for i in "${holders[@]}"; do reap "$i"; done
+    drain
+    stop_runners || note "the runners did not stop cleanly"
     psql -X -q -d "$base_dsn" -c "DROP OWNED BY $role" -c "DROP ROLE $role" \
         >/dev/null 2>>"$logdir/psql.err"
     faults_text="refused reconnects $attempts"
