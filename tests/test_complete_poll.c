@@ -119,6 +119,10 @@ static void test_stale_completion_is_fenced_and_poll_still_runs(void)
     t_sleep_ms(300); /* the lease runs out */
     CHECK_OK(other, pqmq_poll(other, NULL, 0, 1, &again));
     CHECK_INT(pqmq_job_attempt(pqmq_batch_job(again, 0)), 2);
+    uuid_t held;
+    pqmq_job_id(pqmq_batch_job(again, 0), held);
+    /* The new owner's lease must outlast a slow machine's pauses. */
+    CHECK_OK(other, pqmq_keep_alive(other, (const uuid_t *)&held, 1, 60000, NULL));
     insert("s", 1, 0, 60000);
     CHECK_ERR(late, pqmq_complete_and_poll(late, first, NULL, 0, 5, &next), PQMQ_ESTALE,
               "delivered again");
