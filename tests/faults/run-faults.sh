@@ -760,14 +760,29 @@ scenario_refused() {
     (( stuck == 0 )) || note "$stuck messages were held while a worker could not connect"
     reap "$holder"
     drain
+    # Every worker connected and named again (a worker names its session on
+    # its first job after connecting): feed jobs until all four have had one.
+    wait_for "SELECT count(*) = 5 FROM pg_stat_activity WHERE usename = '$role'" 10 \
+        || { note "the cut-off worker did not reconnect"; return; }
+    for i in 3 4 5 6 7 8; do
+        start_producer "$i" application_name=fault_producer --max 40 --unordered 100
+        reap "${producer_pids[0]}"
+        producer_pids=()
+        wait_for "SELECT NOT EXISTS (SELECT 1 FROM mq_msgs)
+                  AND (SELECT count(*) FROM pg_stat_activity
+                       WHERE application_name = 'fault_worker') = 4" 5 && break
+    done
+    [[ $(sql "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fault_worker'") == 4 ]] \
+        || { note "the reconnected worker ran no job"; return; }
 
     # Phase 2: every worker cut off, the control connection still up. The
     # runner must hand back what it claimed (its workers cannot run it), so
     # that another consumer runs it while the slots are taken.
+    before=$(grep -c "too many connections for role" "$PGTMP_LOG")
     sql "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
          WHERE application_name = 'fault_worker'" >/dev/null
     wait_for "SELECT count(*) = 1 FROM pg_stat_activity WHERE usename = '$role'" 10 \
-        || { note "the terminated backends did not go away"; return; }
+        || { note "the terminated backends did not go away: $(sql "SELECT string_agg(application_name || ':' || state, ' ') FROM pg_stat_activity WHERE usename = '$role'")"; return; }
     local holders=()
     for i in 1 2 3 4; do
         start_bg "$logdir/$scenario.holder.log" psql -X -q -d "$base_dsn user=$role" \
@@ -776,10 +791,16 @@ scenario_refused() {
     done
     wait_for "SELECT count(*) = 5 FROM pg_stat_activity WHERE usename = '$role'" 10 \
         || { note "the holders did not connect"; return; }
-    start_producer 2 application_name=fault_producer --max 60 --unordered 100
+    start_producer 9 application_name=fault_producer --max 60 --unordered 100
     reap "${producer_pids[0]}"
     producer_pids=()
     sleep 1 # the cut-off runner claims, finds no worker up, hands back
+    local tried held
+    tried=$(( $(grep -c "too many connections for role" "$PGTMP_LOG") - before ))
+    held=$(sql "SELECT count(*) FROM mq_msgs WHERE deliveries > 0")
+    say "  every worker cut off: $tried refused connection attempts, $held of $(sql "SELECT count(*) FROM mq_msgs") messages held"
+    (( tried > 0 )) || note "the cut-off runner's workers never tried to run a job"
+    (( held == 0 )) || note "the runner whose workers were all cut off held $held messages"
     start_runner plain "application_name=fault_runner_healthy"
     runner_pids+=("$last_pid")
     local t0=$SECONDS
