@@ -1154,6 +1154,39 @@ static void test_completions_are_batched(void)
     pqmq_runner_free(r);
 }
 
+/* ---- 15. a notification that arrives with a query's result ------------- */
+
+/* A notification sent while the runner's statement runs reaches libpq with
+ * that statement's result, not on its own: poll(2) on the socket would not
+ * see it (the runner would sleep up to a minute). Its first poll is held on
+ * a lock while the stop notification is sent; it must stop at once. */
+static void test_notification_behind_a_result_is_not_slept_on(void)
+{
+    t_truncate();
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "n"), 0);
+    const char *stop = own_channel("stop_behind");
+    CHECK_INT(pqmq_runner_set_stop_channel(r, stop), 0);
+    PGconn *locker = t_pg();
+    t_exec(locker, "BEGIN");
+    t_exec(locker, "LOCK TABLE mq_msgs IN ACCESS EXCLUSIVE MODE");
+    bg_t b;
+    bg_start(&b, r);
+    const char *waiting = "SELECT count(*) FROM pg_locks "
+                          "WHERE NOT granted AND relation = 'mq_msgs'::regclass";
+    WAIT_UNTIL(t_sql_int(pg, "%s", waiting) > 0, 10000);
+    CHECK(t_sql_int(pg, "%s", waiting) > 0); /* its poll waits for the lock */
+    t_exec(pg, "SELECT pg_notify('%s', '')", stop);
+    int64_t t0 = t_now_ms();
+    t_exec(locker, "COMMIT"); /* the poll ends; the notification rides with it */
+    if (bg_join(&b, 10000) == 0) {
+        printf("    stopped %lld ms after its poll returned\n", (long long)(t_now_ms() - t0));
+        CHECK_INT(b.rc, 0);
+    }
+    PQfinish(locker);
+    pqmq_runner_free(r);
+}
+
 int main(void)
 {
     t_init("runner");
@@ -1174,6 +1207,7 @@ int main(void)
     T_RUN(test_batch_size_bounds_claims);
     T_RUN(test_stop_releases_queued_jobs);
     T_RUN(test_completions_are_batched);
+    T_RUN(test_notification_behind_a_result_is_not_slept_on);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
