@@ -13,6 +13,7 @@
 #ifndef PQMQ_BENCH_H
 #define PQMQ_BENCH_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -73,6 +74,14 @@ _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 char *bench_conninfo(const char *dsn, int profile);
 PGconn *bench_connect(const struct opts *o);
 pqmq_client *bench_client(const struct opts *o);
+/* Runs fn on each of the n argument structs at args (arg_size bytes apart)
+ * in a thread of its own. Each thread connects, then waits on start, a
+ * barrier for n + 1; the clock starts when all have arrived and stops when
+ * all have returned. Shows progress of *done out of total under label.
+ * Returns the seconds. */
+double bench_timed_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
+                           pthread_barrier_t *start, const char *label, long total,
+                           const atomic_long *done);
 void bench_sql(PGconn *conn, const char *sql);
 long bench_scalar(PGconn *conn, const char *sql);
 /* Is message seq on an ordered chain? Spreads the fraction evenly. */

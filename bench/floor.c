@@ -57,7 +57,6 @@ struct floor_worker {
     pthread_barrier_t *start;
     atomic_long *next_batch, *done;
     long nbatches;
-    pthread_t thread;
 };
 
 static void *inserter_main(void *arg)
@@ -154,19 +153,10 @@ static double run_workers(const struct opts *o, int n, void *(*fn)(void *), cons
     if (!ws)
         die("out of memory");
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
-    for (int i = 0; i < n; i++) {
-        ws[i] = (struct floor_worker){o, &start, &next_batch, &done,
-                                      (o->messages + o->batch - 1) / o->batch, 0};
-        if (pthread_create(&ws[i].thread, NULL, fn, &ws[i]))
-            die("cannot start a thread");
-    }
-    pthread_barrier_wait(&start);
-    double t0 = now_s();
-    progress_begin(label, o->messages, &done);
     for (int i = 0; i < n; i++)
-        pthread_join(ws[i].thread, NULL);
-    double t = now_s() - t0;
-    progress_end();
+        ws[i] = (struct floor_worker){o, &start, &next_batch, &done,
+                                      (o->messages + o->batch - 1) / o->batch};
+    double t = bench_timed_threads(n, fn, ws, sizeof *ws, &start, label, o->messages, &done);
     pthread_barrier_destroy(&start);
     free(ws);
     return t;

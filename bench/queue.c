@@ -40,7 +40,6 @@ struct producer {
     pthread_barrier_t *start;
     atomic_long *next_batch, *done;
     long nbatches;
-    pthread_t thread;
 };
 
 static void *producer_main(void *arg)
@@ -93,19 +92,11 @@ double queue_enqueue(const struct opts *o, const struct shape *s, const char *la
     if (!ps)
         die("out of memory");
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
-    for (int i = 0; i < n; i++) {
-        ps[i] = (struct producer){o, s, &start, &next_batch, &done,
-                                  (o->messages + o->batch - 1) / o->batch, 0};
-        if (pthread_create(&ps[i].thread, NULL, producer_main, &ps[i]))
-            die("cannot start a thread");
-    }
-    pthread_barrier_wait(&start);
-    double t0 = now_s();
-    progress_begin(label, o->messages, &done);
     for (int i = 0; i < n; i++)
-        pthread_join(ps[i].thread, NULL);
-    double t = now_s() - t0;
-    progress_end();
+        ps[i] = (struct producer){o, s, &start, &next_batch, &done,
+                                  (o->messages + o->batch - 1) / o->batch};
+    double t = bench_timed_threads(n, producer_main, ps, sizeof *ps, &start, label,
+                                   o->messages, &done);
     pthread_barrier_destroy(&start);
     free(ps);
     return t;
@@ -244,7 +235,6 @@ struct poller {
     const struct opts *o;
     pthread_barrier_t *start;
     atomic_long *done;
-    pthread_t thread;
 };
 
 static void *poller_main(void *arg)
@@ -296,18 +286,10 @@ double queue_drain_poll(const struct opts *o, const char *label)
     if (!ps)
         die("out of memory");
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
-    for (int i = 0; i < n; i++) {
-        ps[i] = (struct poller){o, &start, &done, 0};
-        if (pthread_create(&ps[i].thread, NULL, poller_main, &ps[i]))
-            die("cannot start a thread");
-    }
-    pthread_barrier_wait(&start);
-    double t0 = now_s();
-    progress_begin(label, o->messages, &done);
     for (int i = 0; i < n; i++)
-        pthread_join(ps[i].thread, NULL);
-    double t = now_s() - t0;
-    progress_end();
+        ps[i] = (struct poller){o, &start, &done};
+    double t = bench_timed_threads(n, poller_main, ps, sizeof *ps, &start, label,
+                                   o->messages, &done);
     pthread_barrier_destroy(&start);
     free(ps);
     return t;

@@ -138,18 +138,24 @@ static void jparams(const struct opts *o, int runner_threads)
            o->latency_gap_ms, o->floor ? "true" : "false");
 }
 
+/* A scenario's rates, the floor's and the ratios, as JSON members. */
+static void jrates(const struct rates *x, double floor_insert, double floor_drain)
+{
+    jnum("enqueue_per_s", x->enqueue, "%.0f", 0);
+    jnum("process_runner_per_s", x->runner, "%.0f", 0);
+    jnum("process_poll_per_s", x->poll, "%.0f", 0);
+    jnum("floor_insert_per_s", floor_insert, "%.0f", 0);
+    jnum("floor_drain_per_s", floor_drain, "%.0f", 0);
+    jnum("ratio_enqueue", ratio(x->enqueue, floor_insert), "%.3f", 0);
+    jnum("ratio_process_runner", ratio(x->runner, floor_drain), "%.3f", 0);
+    jnum("ratio_process_poll", ratio(x->poll, floor_drain), "%.3f", 0);
+}
+
 void report_json(const struct opts *o, const struct results *r)
 {
     printf("{");
     jparams(o, r->runner_threads);
-    jnum("enqueue_per_s", r->main.enqueue, "%.0f", 0);
-    jnum("process_runner_per_s", r->main.runner, "%.0f", 0);
-    jnum("process_poll_per_s", r->main.poll, "%.0f", 0);
-    jnum("floor_insert_per_s", r->floor_insert, "%.0f", 0);
-    jnum("floor_drain_per_s", r->floor_drain, "%.0f", 0);
-    jnum("ratio_enqueue", ratio(r->main.enqueue, r->floor_insert), "%.3f", 0);
-    jnum("ratio_process_runner", ratio(r->main.runner, r->floor_drain), "%.3f", 0);
-    jnum("ratio_process_poll", ratio(r->main.poll, r->floor_drain), "%.3f", 0);
+    jrates(&r->main, r->floor_insert, r->floor_drain);
     jnum("floor_drain_ctid_per_s", r->floor_drain_ctid, "%.0f", 0);
     jnum("ratio_process_runner_ctid", ratio(r->main.runner, r->floor_drain_ctid), "%.3f", 0);
     jnum("ratio_process_poll_ctid", ratio(r->main.poll, r->floor_drain_ctid), "%.3f", 0);
@@ -260,14 +266,7 @@ void report_sweep(const struct opts *o, const char *param, const struct sweep_ro
             const struct sweep_row *w = &rows[i];
             printf("%s{\"%s\": %d, \"runner_threads\": %d, ", i ? ", " : "", param, w->value,
                    w->runner_threads);
-            jnum("enqueue_per_s", w->rates.enqueue, "%.0f", 0);
-            jnum("process_runner_per_s", w->rates.runner, "%.0f", 0);
-            jnum("process_poll_per_s", w->rates.poll, "%.0f", 0);
-            jnum("floor_insert_per_s", w->floor_insert, "%.0f", 0);
-            jnum("floor_drain_per_s", w->floor_drain, "%.0f", 0);
-            jnum("ratio_enqueue", ratio(w->rates.enqueue, w->floor_insert), "%.3f", 0);
-            jnum("ratio_process_runner", ratio(w->rates.runner, w->floor_drain), "%.3f", 0);
-            jnum("ratio_process_poll", ratio(w->rates.poll, w->floor_drain), "%.3f", 0);
+            jrates(&w->rates, w->floor_insert, w->floor_drain);
             jnum("floor_drain_ctid_per_s", w->floor_drain_ctid, "%.0f", 1);
             printf("}");
         }

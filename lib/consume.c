@@ -41,14 +41,14 @@ PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *b)
 }
 
 int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
-                       size_t n)
+                       size_t n, const char *what)
 {
     if (!channels)
         return PQputf(param, "%text[]", NULL) ? 0
-               : pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+               : pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     if (n == 0)
         return pqmq__seterr(c, PQMQ_EINVAL,
-                            "pqmq_poll: nchannels is 0 (pass channels NULL for all)");
+                            "%s: nchannels is 0 (pass channels NULL for all)", what);
     PGarray arr;
     memset(&arr, 0, sizeof arr);
     arr.param = pqmq__param(c);
@@ -57,12 +57,12 @@ int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channe
     int rc = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         if (!channels[i] || !*channels[i])
-            rc = pqmq__seterr(c, PQMQ_EINVAL, "pqmq_poll: channels[%zu] is NULL or empty", i);
+            rc = pqmq__seterr(c, PQMQ_EINVAL, "%s: channels[%zu] is NULL or empty", what, i);
         else if (!PQputf(arr.param, "%text*", channels[i]))
-            rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+            rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     }
     if (!rc && !PQputf(param, "%text[]", &arr))
-        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_poll: %s", PQgeterror());
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     PQparamClear(arr.param);
     return rc;
 }
@@ -127,20 +127,29 @@ static int fill_batch(pqmq_client *c, pqmq_batch *b)
     return 0;
 }
 
-int pqmq__put_poll_args(pqmq_client *c, PGparam *param, const char *const *channels,
-                        size_t nchannels, int batch_size, const char *what)
+/* Puts channels and a count limited to 1..PQMQ_MAX_BATCH (named arg in the
+ * error) as the next two parameters. */
+static int put_channels_limit(pqmq_client *c, PGparam *param, const char *const *channels,
+                              size_t nchannels, const char *arg, int value, const char *what)
 {
-    if (batch_size < 1 || batch_size > PQMQ_MAX_BATCH)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s: batch_size %d is outside 1..%d", what,
-                            batch_size, PQMQ_MAX_BATCH);
-    int rc = pqmq__put_channels(c, param, channels, nchannels);
-    if (!rc && !PQputf(param, pqmq__spec(c, PQMQ__SPEC_INT4), batch_size))
+    if (value < 1 || value > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: %s %d is outside 1..%d", what, arg, value,
+                            PQMQ_MAX_BATCH);
+    int rc = pqmq__put_channels(c, param, channels, nchannels, what);
+    if (!rc && !PQputf(param, pqmq__spec(c, PQMQ__SPEC_INT4), value))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     return rc;
 }
 
-PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nchannels,
-                          int batch_size, pqmq_batch **out)
+int pqmq__put_poll_args(pqmq_client *c, PGparam *param, const char *const *channels,
+                        size_t nchannels, int batch_size, const char *what)
+{
+    return put_channels_limit(c, param, channels, nchannels, "batch_size", batch_size, what);
+}
+
+int pqmq__channels_query(pqmq_client *c, const char *what, const char *sql,
+                         const char *const *channels, size_t nchannels, const char *arg,
+                         int value, pqmq_batch **out)
 {
     if (out)
         *out = NULL;
@@ -148,20 +157,27 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nc
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
     if (!out)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_poll: out is NULL");
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: out is NULL", what);
     int rc = pqmq__ready(c);
     if (rc)
         return rc;
     PGparam *param = pqmq__param(c);
     if (!param)
         return PQMQ_ENOMEM;
-    rc = pqmq__put_poll_args(c, param, channels, nchannels, batch_size, "pqmq_poll");
+    rc = put_channels_limit(c, param, channels, nchannels, arg, value, what);
     PGresult *res = NULL;
     if (!rc)
-        res = pqmq__exec(c, param, "SELECT " PQMQ__POLL_COLUMNS " FROM mq_poll_jobs($1, $2)",
-                         "pqmq_poll", &rc);
+        res = pqmq__exec(c, param, sql, what, &rc);
     PQparamClear(param);
     return rc ? rc : pqmq__batch_from(c, res, out);
+}
+
+PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nchannels,
+                          int batch_size, pqmq_batch **out)
+{
+    return pqmq__channels_query(c, "pqmq_poll",
+                                "SELECT " PQMQ__POLL_COLUMNS " FROM mq_poll_jobs($1, $2)",
+                                channels, nchannels, "batch_size", batch_size, out);
 }
 
 int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out)
@@ -378,6 +394,17 @@ PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *c, const uuid_t *ids, size_t n,
     return rc;
 }
 
+/* Starts a call about one message: clears the error, checks the
+ * connection and the id. */
+static int begin_id_call(pqmq_client *c, const uuid_t id, const char *what)
+{
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc && !id)
+        rc = pqmq__seterr(c, PQMQ_EINVAL, "%s: id is NULL", what);
+    return rc;
+}
+
 PQMQ_EXPORT int pqmq_fail(pqmq_client *c, const uuid_t id, const char *error)
 {
     return pqmq__fail(c, id, 0, error);
@@ -387,12 +414,9 @@ int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error)
 {
     if (!c)
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    int rc = pqmq__ready(c);
+    int rc = begin_id_call(c, id, "pqmq_fail");
     if (rc)
         return rc;
-    if (!id)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_fail: id is NULL");
     PGparam *param = pqmq__param(c);
     if (!param)
         return PQMQ_ENOMEM;
@@ -416,12 +440,9 @@ PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *c, const uuid_t id, int64_t duratio
 {
     if (!c)
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    int rc = pqmq__ready(c);
+    int rc = begin_id_call(c, id, "pqmq_checkpoint");
     if (rc)
         return rc;
-    if (!id)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_checkpoint: id is NULL");
     if ((rc = pqmq__check_ms(c, duration_ms, "pqmq_checkpoint: duration")))
         return rc;
     if (extra_retries < 0)

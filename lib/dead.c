@@ -10,35 +10,13 @@
 PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels,
                                   size_t nchannels, int max, pqmq_batch **out)
 {
-    if (out)
-        *out = NULL;
-    if (!c)
-        return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    if (!out)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_dead_letters: out is NULL");
-    if (max < 1 || max > PQMQ_MAX_BATCH)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_dead_letters: max %d is outside 1..%d",
-                            max, PQMQ_MAX_BATCH);
-    int rc = pqmq__ready(c);
-    if (rc)
-        return rc;
-    PGparam *param = pqmq__param(c);
-    if (!param)
-        return PQMQ_ENOMEM;
-    rc = pqmq__put_channels(c, param, channels, nchannels);
-    if (!rc && !PQputf(param, "%int4", max))
-        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_dead_letters: %s", PQgeterror());
-    PGresult *res = NULL;
     /* The columns of a poll, so that the job accessors work unchanged. */
-    if (!rc)
-        res = pqmq__exec(c, param,
-                         "SELECT id, true, name, payload_json, payload_bytes, NULL::interval, "
-                         "NULL::interval, channel_name, channel_args, attempts, 0, "
-                         "last_error, blocking FROM mq_dead_letters($1, $2)",
-                         "pqmq_dead_letters", &rc);
-    PQparamClear(param);
-    return rc ? rc : pqmq__batch_from(c, res, out);
+    return pqmq__channels_query(c, "pqmq_dead_letters",
+                                "SELECT id, true, name, payload_json, payload_bytes, "
+                                "NULL::interval, NULL::interval, channel_name, channel_args, "
+                                "attempts, 0, last_error, blocking "
+                                "FROM mq_dead_letters($1, $2)",
+                                channels, nchannels, "max", max, out);
 }
 
 /* Runs `SELECT fn($1[, $2])` on ids (and an int), returning its count. */

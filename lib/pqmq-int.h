@@ -181,7 +181,13 @@ int pqmq__utf8_ok(const char *s);
 
 /* consume.c: puts channels (NULL: all) as one text[] parameter. */
 int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
-                       size_t n);
+                       size_t n, const char *what);
+/* consume.c: runs sql, taking channels (NULL: all) as $1 and a count in
+ * 1..PQMQ_MAX_BATCH (named arg in errors) as $2, whose rows are shaped like
+ * a poll's, into a new *out. The frame of pqmq_poll and pqmq_dead_letters. */
+int pqmq__channels_query(pqmq_client *c, const char *what, const char *sql,
+                         const char *const *channels, size_t nchannels, const char *arg,
+                         int value, pqmq_batch **out);
 /* consume.c: checks batch_size and puts channels and batch_size as the
  * next two parameters of a poll. */
 int pqmq__put_poll_args(pqmq_client *c, PGparam *param, const char *const *channels,

@@ -196,6 +196,14 @@ EOF
     return 1
 }
 
+# pgtmp_finish LOGDIR: if this shell started a server, keeps its log as
+# LOGDIR/postgres.log (beside the tests' logs) and stops it.
+pgtmp_finish() {
+    [[ -n ${PGTMP_DIR:-} ]] || return 0
+    [[ -f ${PGTMP_LOG:-} ]] && cp -f "$PGTMP_LOG" "$1/postgres.log" 2>/dev/null
+    pgtmp_stop
+}
+
 pgtmp_stop() {
     local data pid
     [[ -n ${PGTMP_DIR:-} ]] || return 0

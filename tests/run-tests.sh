@@ -55,11 +55,7 @@ on_exit() {
         kill -TERM "$test_pid" 2>/dev/null && wait "$test_pid" 2>/dev/null
         echo "interrupted"
     fi
-    if [[ -n ${PGTMP_DIR:-} ]]; then
-        # Keep the server's log next to the tests' logs.
-        [[ -f ${PGTMP_LOG:-} ]] && cp -f "$PGTMP_LOG" "$logdir/postgres.log" 2>/dev/null
-        pgtmp_stop
-    fi
+    pgtmp_finish "$logdir"
     exit "$rc"
 }
 trap on_exit EXIT

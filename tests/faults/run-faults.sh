@@ -160,10 +160,7 @@ on_exit() {
     local rc=$?
     trap - EXIT INT TERM HUP
     kill_all
-    if [[ -n ${PGTMP_DIR:-} ]]; then
-        [[ -f ${PGTMP_LOG:-} ]] && cp -f "$PGTMP_LOG" "$logdir/postgres.log" 2>/dev/null
-        pgtmp_stop
-    fi
+    pgtmp_finish "$logdir"
     exit "$rc"
 }
 trap on_exit EXIT
