@@ -359,7 +359,7 @@ PQMQ_EXPORT const char *pqmq_runner_errmsg(const pqmq_runner *runner);
 typedef struct {
     uint64_t processed;  /* jobs completed */
     uint64_t failed;     /* jobs failed (handler error, no handler, rollback) */
-    uint64_t in_flight;  /* jobs being handled now */
+    uint64_t in_flight;  /* jobs claimed and not yet settled: running or queued */
     uint64_t polls;      /* poll statements run */
     uint64_t wakeups;    /* notifications received */
     uint64_t reconnects; /* connections re-established */

@@ -1154,6 +1154,43 @@ static void test_completions_are_batched(void)
     pqmq_runner_free(r);
 }
 
+/* ---- 16. queued jobs are kept alive too ---------------------------------- */
+
+/* One thread, two 3-second jobs on 1-second leases: the second waits 3 s in
+ * the runner's queue, and its lease must not run out meanwhile. */
+static void test_keep_alive_covers_queued_jobs(void)
+{
+    t_truncate();
+    atomic_store(&ka_calls, 0);
+    atomic_store(&ka_attempt, 0);
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_long, NULL), 0);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
+    put("kq", "long", NULL, 1000, NULL);
+    put("kq", "long", NULL, 1000, NULL);
+    bg_t b;
+    bg_start(&b, r);
+    WAIT_UNTIL(atomic_load(&ka_calls) >= 1, 10000);
+    CHECK_INT(stats(r).in_flight, 2); /* one running, one queued */
+    pqmq_client *other = t_client();
+    int stolen = 0;
+    for (int64_t end = t_now_ms() + 2500; t_now_ms() < end; t_sleep_ms(100)) {
+        pqmq_batch *batch = NULL;
+        CHECK_OK(other, pqmq_poll(other, NULL, 0, 10, &batch));
+        stolen += (int)pqmq_batch_count(batch);
+        pqmq_batch_free(batch);
+    }
+    pqmq_client_free(other);
+    WAIT_UNTIL(stats(r).processed >= 2, 10000);
+    bg_stop(&b);
+    CHECK_INT(stolen, 0);
+    CHECK_INT(atomic_load(&ka_calls), 2);
+    CHECK_INT(atomic_load(&ka_attempt), 1); /* the queued one: first delivery */
+    CHECK_INT(stats(r).processed, 2);
+    CHECK_INT(msgs_left(), 0);
+    pqmq_runner_free(r);
+}
+
 /* ---- 15. a notification that arrives with a query's result ------------- */
 
 /* A notification sent while the runner's statement runs reaches libpq with
@@ -1208,6 +1245,7 @@ int main(void)
     T_RUN(test_stop_releases_queued_jobs);
     T_RUN(test_completions_are_batched);
     T_RUN(test_notification_behind_a_result_is_not_slept_on);
+    T_RUN(test_keep_alive_covers_queued_jobs);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
