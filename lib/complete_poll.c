@@ -35,8 +35,8 @@ int pqmq__complete_poll(pqmq_client *c, const uuid_t *ids, const int *attempts, 
     PGresult *res = NULL;
     if (!rc)
         res = pqmq__exec(c, param,
-                         "SELECT " PQMQ__POLL_COLUMNS ", completed "
-                         "FROM mq_complete_poll($1, $2, $3, $4)",
+                         "SELECT (c.job).*, c.completed "
+                         "FROM mq_complete_claim($1, $2, $3, $4) c",
                          what, &rc);
     PQparamClear(param);
     if (!rc)

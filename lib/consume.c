@@ -176,7 +176,7 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nc
                           int batch_size, pqmq_batch **out)
 {
     return pqmq__channels_query(c, "pqmq_poll",
-                                "SELECT " PQMQ__POLL_COLUMNS " FROM mq_poll_jobs($1, $2)",
+                                "SELECT * FROM mq_claim($1, $2)",
                                 channels, nchannels, "batch_size", batch_size, out);
 }
 

@@ -10,12 +10,7 @@
 PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels,
                                   size_t nchannels, int max, pqmq_batch **out)
 {
-    /* The columns of a poll, so that the job accessors work unchanged. */
-    return pqmq__channels_query(c, "pqmq_dead_letters",
-                                "SELECT id, true, name, payload_json, payload_bytes, "
-                                "NULL::interval, NULL::interval, channel_name, channel_args, "
-                                "attempts, 0, last_error, blocking "
-                                "FROM mq_dead_letters($1, $2)",
+    return pqmq__channels_query(c, "pqmq_dead_letters", "SELECT * FROM mq_dead_jobs($1, $2)",
                                 channels, nchannels, "max", max, out);
 }
 

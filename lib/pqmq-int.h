@@ -192,10 +192,6 @@ int pqmq__channels_query(pqmq_client *c, const char *what, const char *sql,
  * next two parameters of a poll. */
 int pqmq__put_poll_args(pqmq_client *c, PGparam *param, const char *const *channels,
                         size_t nchannels, int batch_size, const char *what);
-/* The columns of a poll result, as batches read them (mq_poll_jobs rows). */
-#define PQMQ__POLL_COLUMNS                                                         \
-    "id, is_committed, name, payload_json, payload_bytes, retry_backoff, "          \
-    "wait_time, channel_name, channel_args, attempt, attempts_left, NULL::text, false"
 /* consume.c: puts attempts as one int[] parameter. */
 int pqmq__put_attempts(pqmq_client *c, PGparam *param, const int *attempts, size_t n,
                        const char *what);
