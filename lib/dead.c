@@ -3,15 +3,13 @@
  * calls list them, give them new attempts, or move them out of their
  * ordered chains so that the chain moves on.
  */
-#include <string.h>
-
 #include "pqmq-int.h"
 
 PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels,
                                   size_t nchannels, int max, pqmq_batch **out)
 {
-    return pqmq__channels_query(c, "pqmq_dead_letters", "SELECT * FROM mq_dead_jobs($1, $2)",
-                                channels, nchannels, "max", max, out);
+    return pqmq__query_jobs(c, "pqmq_dead_letters", "SELECT * FROM mq_dead_jobs($1, $2)",
+                            channels, nchannels, "max", max, out);
 }
 
 /* Runs `SELECT fn($1[, $2])` on ids (and an int), returning its count. */
