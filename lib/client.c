@@ -189,7 +189,7 @@ int pqmq__need_composite(pqmq_client *c)
     return 0;
 }
 
-int pqmq__reconnect(pqmq_client *c)
+int pqmq__reset_conn(pqmq_client *c)
 {
     if (!c->owns_conn)
         return pqmq__seterr(c, PQMQ_EINVAL, "cannot reconnect a borrowed connection");
@@ -206,5 +206,5 @@ PQMQ_EXPORT int pqmq_reconnect(pqmq_client *c)
     if (!c)
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
-    return pqmq__reconnect(c);
+    return pqmq__reset_conn(c);
 }

@@ -46,7 +46,7 @@ int pqmq__ready(pqmq_client *c);
 /* Registers mq_new_t with libpqtypes (once per connection). */
 int pqmq__need_composite(pqmq_client *c);
 /* Re-establishes an owned connection (PQreset); 0 or PQMQ_ECONN. */
-int pqmq__reconnect(pqmq_client *c);
+int pqmq__reset_conn(pqmq_client *c);
 
 /* Formats used once per array element or result row. libpqtypes parses a
  * format and looks each type up by name on every call; prepared once per

@@ -255,7 +255,7 @@ static int listen_all(struct loop *L)
 static void reconnect(struct loop *L)
 {
     for (int64_t delay = 50; !atomic_load(&L->r->stop); delay = delay < 2000 ? delay * 2 : delay) {
-        if (pqmq__reconnect(L->ctl) == 0 && listen_all(L) == 0) {
+        if (pqmq__reset_conn(L->ctl) == 0 && listen_all(L) == 0) {
             atomic_fetch_add(&L->r->counters.reconnects, 1);
             L->poll_due = 1;
             return;

@@ -71,7 +71,7 @@ static int try_reconnect(slot *s)
     int64_t now = pqmq__now_ms();
     if (now < s->retry_at_ms)
         return -1;
-    if (pqmq__reconnect(s->client) == 0) {
+    if (pqmq__reset_conn(s->client) == 0) {
         atomic_fetch_add(&s->env->counters->reconnects, 1);
         s->retry_delay_ms = 0;
         s->retry_at_ms = 0;
