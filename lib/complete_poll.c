@@ -54,16 +54,12 @@ PQMQ_EXPORT int pqmq_complete_and_poll(pqmq_client *c, const pqmq_batch *done_ba
                                        int batch_size, pqmq_batch **out)
 {
     const char *what = "pqmq_complete_and_poll";
-    if (out)
-        *out = NULL;
-    if (!c)
-        return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    if (!out)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s: out is NULL", what);
+    int rc = pqmq__begin_batch(c, out, what);
+    if (rc)
+        return rc;
     pqmq__delivery *d = NULL;
     size_t done = 0;
-    int rc = pqmq__batch_deliveries(c, done_batch, &d, what);
+    rc = pqmq__batch_deliveries(c, done_batch, &d, what);
     if (!rc)
         rc = pqmq__complete_poll(c, d, pqmq_batch_count(done_batch), channels, nchannels,
                                  batch_size, what, out, &done);

@@ -63,15 +63,7 @@ int pqmq__release(pqmq_client *c, const pqmq__delivery *d, size_t n)
 
 PQMQ_EXPORT int pqmq_complete(pqmq_client *c, const uuid_t *ids, size_t n)
 {
-    if (!c)
-        return PQMQ_EINVAL;
-    PGparam *param;
-    int rc = pqmq__begin_ids(c, ids, n, "pqmq_complete", &param);
-    if (!rc)
-        rc = pqmq__exec_scalar(c, param, "SELECT mq_complete($1)", "pqmq_complete", NULL,
-                               &(int){0});
-    PQparamClear(param);
-    return rc;
+    return pqmq__ids_call(c, "pqmq_complete", "SELECT mq_complete($1)", ids, n, NULL, NULL);
 }
 
 PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *c, const pqmq_batch *b)

@@ -131,19 +131,25 @@ int pqmq__batch_from(pqmq_client *c, PGresult *res, const char *what, pqmq_batch
     return 0;
 }
 
-int pqmq__query_jobs(pqmq_client *c, const char *what, const char *sql,
-                     const char *const *channels, size_t nchannels, const char *arg, int value,
-                     pqmq_batch **out)
+int pqmq__begin_batch(pqmq_client *c, pqmq_batch **out, const char *what)
 {
     if (out)
         *out = NULL;
     if (!c)
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
-    if (!out)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s: out is NULL", what);
+    return out ? 0 : pqmq__seterr(c, PQMQ_EINVAL, "%s: out is NULL", what);
+}
+
+int pqmq__query_jobs(pqmq_client *c, const char *what, const char *sql,
+                     const char *const *channels, size_t nchannels, const char *arg, int value,
+                     pqmq_batch **out)
+{
+    int rc = pqmq__begin_batch(c, out, what);
+    if (rc)
+        return rc;
     PGparam *param;
-    int rc = pqmq__begin(c, &param);
+    rc = pqmq__begin(c, &param);
     if (!rc)
         rc = pqmq__put_channels(c, param, channels, nchannels, what);
     if (!rc)

@@ -112,6 +112,11 @@ int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *wha
 int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n,
                            const char *what, PGparam **param);
 int pqmq__begin_id(pqmq_client *c, const uuid_t id, const char *what, PGparam **param);
+/* Runs `sql` taking ids as $1 (and *extra, when not NULL, as $2); its int
+ * result goes to *count when count is not NULL. pqmq_complete, pqmq_commit,
+ * pqmq_retry, pqmq_skip. */
+int pqmq__ids_call(pqmq_client *c, const char *what, const char *sql, const uuid_t *ids,
+                   size_t n, const int *extra, size_t *count);
 /* Checks an id array argument: non-NULL, 1 <= n <= PQMQ_MAX_BATCH. */
 int pqmq__check_ids(pqmq_client *c, const void *ids, size_t n, const char *what);
 
@@ -124,7 +129,9 @@ int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what);
 /* ---- job.c: batches of mq_job_t rows ---------------------------------- */
 
 extern const char pqmq__job_format1[], pqmq__job_format2[];
-/* Runs sql taking channels (NULL: all) as $1 and a count (named arg) as $2,
+/* The prologue of calls that make a batch: *out = NULL, the error cleared,
+ * PQMQ_EINVAL when c or out is NULL. */
+int pqmq__begin_batch(pqmq_client *c, pqmq_batch **out, const char *what);/* Runs sql taking channels (NULL: all) as $1 and a count (named arg) as $2,
  * whose rows are mq_job_t, into a new *out: pqmq_poll, pqmq_dead_letters. */
 int pqmq__query_jobs(pqmq_client *c, const char *what, const char *sql,
                      const char *const *channels, size_t nchannels, const char *arg, int value,

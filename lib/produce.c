@@ -159,12 +159,5 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 
 PQMQ_EXPORT int pqmq_commit(pqmq_client *c, const uuid_t *ids, size_t n)
 {
-    if (!c)
-        return PQMQ_EINVAL;
-    PGparam *param;
-    int rc = pqmq__begin_ids(c, ids, n, "pqmq_commit", &param);
-    if (!rc)
-        PQclear(pqmq__exec(c, param, "SELECT mq_commit($1)", "pqmq_commit", &rc));
-    PQparamClear(param);
-    return rc;
+    return pqmq__ids_call(c, "pqmq_commit", "SELECT mq_commit($1)", ids, n, NULL, NULL);
 }

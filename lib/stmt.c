@@ -261,6 +261,26 @@ int pqmq__begin_id(pqmq_client *c, const uuid_t id, const char *what, PGparam **
     return rc;
 }
 
+int pqmq__ids_call(pqmq_client *c, const char *what, const char *sql, const uuid_t *ids,
+                   size_t n, const int *extra, size_t *count)
+{
+    if (count)
+        *count = 0;
+    if (!c)
+        return PQMQ_EINVAL;
+    PGparam *param;
+    int rc = pqmq__begin_ids(c, ids, n, what, &param);
+    if (!rc && extra && !PQputf(param, pqmq__spec(c, PQMQ__SPEC_INT4), *extra))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    int got = 0;
+    if (!rc)
+        rc = pqmq__exec_scalar(c, param, sql, what, count ? "%int4" : NULL, &got);
+    PQparamClear(param);
+    if (!rc && count)
+        *count = (size_t)got;
+    return rc;
+}
+
 /* ---- durations --------------------------------------------------------- */
 
 void pqmq__ms_to_interval(int64_t ms, PGinterval *iv)

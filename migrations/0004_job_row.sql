@@ -74,26 +74,20 @@ BEGIN
         picked := mq_pick(NULL, -9223372036854775808, 9223372036854775807,
                           per_key, batch_size, budget, picked, ts);
     ELSE
-        FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-                                  WHERE n IS NOT NULL) d
-                  ORDER BY random() LOOP
-            EXIT WHEN cardinality(picked) >= batch_size;
-            lo := hashtext(nm)::bigint << 32;
-            hi := lo | 4294967295;
-            picked := mq_pick(nm, lo, hi, per_key, batch_size, budget, picked, ts);
-        END LOOP;
-        -- A second round takes more from channels that had more to give.
-        IF cardinality(picked) < batch_size THEN
+        -- Round 1 takes up to per_key from each named channel; round 2 takes
+        -- more from channels that had more to give.
+        FOR round IN 1..2 LOOP
             FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
                                       WHERE n IS NOT NULL) d
                       ORDER BY random() LOOP
                 EXIT WHEN cardinality(picked) >= batch_size;
                 lo := hashtext(nm)::bigint << 32;
                 hi := lo | 4294967295;
-                picked := mq_pick(nm, lo, hi, batch_size, batch_size, budget,
-                                  picked, ts);
+                picked := mq_pick(nm, lo, hi,
+                                  CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                  batch_size, budget, picked, ts);
             END LOOP;
-        END IF;
+        END LOOP;
     END IF;
 
     -- Unfiltered polls top up from the time index: exact and O(batch log n).
