@@ -113,12 +113,12 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
     snprintf(label, sizeof label, "%s: enqueue", tag);
     profile_begin(o, admin);
     double t_in = queue_enqueue(o, s, label);
-    profile_end(o, admin, label);
+    profile_end(o, admin, label, o->messages);
     analyze_queue(admin);
     snprintf(label, sizeof label, "%s: runner", tag);
     profile_begin(o, admin);
     out->runner = o->messages / queue_drain_runner(o, threads, label);
-    profile_end(o, admin, label);
+    profile_end(o, admin, label, o->messages);
     expect_empty(admin, label);
 
     if (floor_out) {
@@ -128,11 +128,12 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
         for (int by_ctid = 0; by_ctid < 2; by_ctid++) {
             profile_begin(o, admin);
             t_fl += floor_insert(o, admin);
-            profile_end(o, admin, "floor: insert");
+            profile_end(o, admin, "floor: insert", o->messages);
             bench_sql(admin, "ANALYZE floor_msgs");
             profile_begin(o, admin);
             floor_out[1 + by_ctid] = o->messages / floor_drain(o, admin, by_ctid);
-            profile_end(o, admin, by_ctid ? "floor: drain (ctid)" : "floor: drain");
+            profile_end(o, admin, by_ctid ? "floor: drain (ctid)" : "floor: drain",
+                        o->messages);
         }
         floor_out[0] = 2.0 * o->messages / t_fl;
     }
@@ -141,12 +142,12 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
     snprintf(label, sizeof label, "%s: enqueue", tag);
     profile_begin(o, admin);
     t_in += queue_enqueue(o, s, label);
-    profile_end(o, admin, label);
+    profile_end(o, admin, label, o->messages);
     analyze_queue(admin);
     snprintf(label, sizeof label, "%s: poll API", tag);
     profile_begin(o, admin);
     out->poll = o->messages / queue_drain_poll(o, label);
-    profile_end(o, admin, label);
+    profile_end(o, admin, label, o->messages);
     expect_empty(admin, label);
     out->enqueue = 2.0 * o->messages / t_in;
 }
@@ -177,11 +178,11 @@ static void run_default(const struct opts *o, PGconn *admin)
     queue_reset(admin);
     profile_begin(o, admin);
     queue_latency(o, 0, &r.idle);
-    profile_end(o, admin, "latency, idle runner");
+    profile_end(o, admin, "latency, idle runner", o->latency_samples);
     queue_reset(admin);
     profile_begin(o, admin);
     queue_latency(o, 1, &r.idle_ordered);
-    profile_end(o, admin, "latency, one ordered chain");
+    profile_end(o, admin, "latency, one ordered chain", o->latency_samples);
     queue_reset(admin);
 
     r.maxrss_kb = maxrss_kb();

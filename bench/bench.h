@@ -124,7 +124,8 @@ double floor_drain(const struct opts *o, PGconn *admin, int by_ctid);
 /* With --profile: per-phase SQL function times and the bench's CPU time,
  * printed to stderr by profile_end. No-ops otherwise. */
 void profile_begin(const struct opts *o, PGconn *admin);
-void profile_end(const struct opts *o, PGconn *admin, const char *label);
+/* messages: how many the phase moved (0: no per-message cost). */
+void profile_end(const struct opts *o, PGconn *admin, const char *label, long messages);
 
 /* ---- backlog.c ---- */
 void run_backlog(const struct opts *o, PGconn *admin);

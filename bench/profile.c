@@ -9,6 +9,11 @@
  * exited during the phase (the postmaster's cutime + cstime from /proc: the
  * phase's own connections, but also any other session's that ended
  * meanwhile) is printed too.
+ * With the number of messages the phase moved, it also prints the physical
+ * cost per message from the server's statistics, which noise does not
+ * move: WAL records, bytes and full-page images (pg_stat_wal, the whole
+ * cluster), heap tuples inserted, updated and deleted in the bench schema,
+ * and the fraction of updates that were HOT (they wrote no index entry).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +31,17 @@ struct fstat {
     double total_ms, self_ms;
 };
 
+/* Physical work done so far, from the server's statistics. */
+struct phys {
+    double wal_bytes;
+    long wal_records, wal_fpi;
+    long ins, upd, hot, del;
+};
+
 static struct {
     int nf;
     struct fstat f[MAX_FUNCS];
+    struct phys phys;
     double wall, user, sys;
     long postmaster;   /* 0: not looked up yet; -1: not on this machine */
     double server_cpu; /* postmaster's reaped children's CPU at begin */
@@ -117,12 +130,49 @@ static void snapshot(PGconn *admin, struct fstat *f, int *nf)
     PQclear(r);
 }
 
+static void phys_snapshot(PGconn *admin, struct phys *p)
+{
+    PGresult *r = PQexec(admin,
+                         "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, t.ins, t.upd, t.hot, t.del"
+                         " FROM pg_stat_wal w, (SELECT COALESCE(sum(n_tup_ins), 0) AS ins,"
+                         " COALESCE(sum(n_tup_upd), 0) AS upd, COALESCE(sum(n_tup_hot_upd), 0)"
+                         " AS hot, COALESCE(sum(n_tup_del), 0) AS del FROM pg_stat_user_tables"
+                         " WHERE schemaname = '" BENCH_SCHEMA "') t");
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        die("profile: %s", PQerrorMessage(admin));
+    p->wal_records = strtol(PQgetvalue(r, 0, 0), NULL, 10);
+    p->wal_fpi = strtol(PQgetvalue(r, 0, 1), NULL, 10);
+    p->wal_bytes = strtod(PQgetvalue(r, 0, 2), NULL);
+    p->ins = strtol(PQgetvalue(r, 0, 3), NULL, 10);
+    p->upd = strtol(PQgetvalue(r, 0, 4), NULL, 10);
+    p->hot = strtol(PQgetvalue(r, 0, 5), NULL, 10);
+    p->del = strtol(PQgetvalue(r, 0, 6), NULL, 10);
+    PQclear(r);
+}
+
+/* The physical cost per message of the phase that just ended. */
+static void phys_report(const struct phys *a, const struct phys *b, long messages)
+{
+    if (messages <= 0)
+        return;
+    double m = (double)messages;
+    long upd = b->upd - a->upd;
+    fprintf(stderr,
+            "  per message: WAL %.0f bytes in %.1f records (%.2f full-page images); heap "
+            "tuples inserted %.2f, updated %.2f (HOT %.0f%%), deleted %.2f\n",
+            (b->wal_bytes - a->wal_bytes) / m, (double)(b->wal_records - a->wal_records) / m,
+            (double)(b->wal_fpi - a->wal_fpi) / m, (double)(b->ins - a->ins) / m, (double)upd / m,
+            upd > 0 ? 100.0 * (double)(b->hot - a->hot) / (double)upd : 0.0,
+            (double)(b->del - a->del) / m);
+}
+
 void profile_begin(const struct opts *o, PGconn *admin)
 {
     if (!o->profile)
         return;
     sleep_s(0.3); /* backends of the previous phase flush their counters on exit */
     snapshot(admin, S.f, &S.nf);
+    phys_snapshot(admin, &S.phys);
     if (!S.postmaster)
         S.postmaster = find_postmaster(admin);
     S.server_cpu = reaped_cpu();
@@ -133,7 +183,7 @@ void profile_begin(const struct opts *o, PGconn *admin)
     S.wall = now_s();
 }
 
-void profile_end(const struct opts *o, PGconn *admin, const char *label)
+void profile_end(const struct opts *o, PGconn *admin, const char *label, long messages)
 {
     if (!o->profile)
         return;
@@ -145,12 +195,15 @@ void profile_end(const struct opts *o, PGconn *admin, const char *label)
     struct fstat now[MAX_FUNCS];
     int n;
     snapshot(admin, now, &n);
+    struct phys phys;
+    phys_snapshot(admin, &phys);
     double server = reaped_cpu();
     fprintf(stderr, "profile: %s: wall %.3f s (with connecting), bench process CPU %.3f s "
                     "(user %.3f, sys %.3f)", label, wall, user + sys, user, sys);
     if (server >= 0 && S.server_cpu >= 0)
         fprintf(stderr, ", exited backends CPU %.3f s", server - S.server_cpu);
     fputc('\n', stderr);
+    phys_report(&S.phys, &phys, messages);
     int header = 0;
     for (int i = 0; i < n; i++) {
         struct fstat d = now[i];
