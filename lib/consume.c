@@ -56,8 +56,8 @@ int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channe
         return PQMQ_ENOMEM;
     int rc = 0;
     for (size_t i = 0; !rc && i < n; i++) {
-        if (!channels[i] || !*channels[i])
-            rc = pqmq__seterr(c, PQMQ_EINVAL, "%s: channels[%zu] is NULL or empty", what, i);
+        if (!channels[i]) /* "" is a channel like any other */
+            rc = pqmq__seterr(c, PQMQ_EINVAL, "%s: channels[%zu] is NULL", what, i);
         else if (!PQputf(arr.param, "%text*", channels[i]))
             rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     }

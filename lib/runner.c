@@ -102,11 +102,11 @@ PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *r, const char *const *chan
     if (n && !copy)
         return PQMQ_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        if (!channels[i] || !*channels[i] || !(copy[i] = strdup(channels[i]))) {
+        if (!channels[i] || !(copy[i] = strdup(channels[i]))) {
             for (size_t k = 0; k < i; k++)
                 free(copy[k]);
             free(copy);
-            return channels[i] && *channels[i] ? PQMQ_ENOMEM : PQMQ_EINVAL;
+            return channels[i] ? PQMQ_ENOMEM : PQMQ_EINVAL;
         }
     }
     for (size_t i = 0; i < r->nchannels; i++)
@@ -527,6 +527,9 @@ static void keep_alive(struct loop *L)
             duration = e->lease_ms;
     }
     pthread_mutex_unlock(&r->lock);
+    /* Other clients may lease for longer than the C API accepts. */
+    if (duration > PQMQ_MAX_DURATION_MS)
+        duration = PQMQ_MAX_DURATION_MS;
     int64_t sent_at = pqmq__now_ms();
     int rc = n ? pqmq_keep_alive(L->ctl, (const uuid_t *)ids, n, duration, NULL) : 0;
     if (rc == PQMQ_ECONN)
