@@ -56,8 +56,8 @@ SET search_path FROM CURRENT
 AS $$
     SELECT x OPERATOR(pg_catalog.-) pg_catalog.make_interval(0, f.m, 0, f.d)
              OPERATOR(pg_catalog.+) pg_catalog.make_interval(hours => f.h)
-    FROM (SELECT g.m, g.d, g.m OPERATOR(pg_catalog.*) 720
-                           OPERATOR(pg_catalog.+) g.d OPERATOR(pg_catalog.*) 24 AS h
+    FROM (SELECT g.m, g.d, (g.m OPERATOR(pg_catalog.*) 720)
+                           OPERATOR(pg_catalog.+) (g.d OPERATOR(pg_catalog.*) 24) AS h
           FROM (SELECT (pg_catalog.date_part('year', x) OPERATOR(pg_catalog.*) 12
                         OPERATOR(pg_catalog.+) pg_catalog.date_part('month', x))::int AS m,
                        pg_catalog.date_part('day', x)::int AS d) g) f
