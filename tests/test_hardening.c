@@ -9,6 +9,7 @@
 #define _GNU_SOURCE /* asprintf */
 #endif
 #include <glob.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -155,6 +156,49 @@ static void test_bad_shapes_refused(void)
     CHECK_STR(state_of(pg, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 1, NULL, "
                            "repeat('x', 1024), '', NULL, false, 'n', NULL, NULL)::mq_new_t])"),
               "");
+}
+
+/* ---- a handler's long error text ------------------------------------------ */
+
+static int fail_long(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)job;
+    char text[700] = "";
+    for (int i = 0; i < 300; i++) /* 600 bytes of two-byte characters */
+        strcat(text, "\xc3\xa9");
+    pqmq_ctx_error(ctx, "%s", text);
+    pqmq_runner_stop(arg);
+    return 1;
+}
+
+static void *run_runner(void *r)
+{
+    pqmq_runner_run(r);
+    return NULL;
+}
+
+/* Cut to the buffer mid-character, the text used to be refused by the
+ * server and the failure went unrecorded. */
+static void test_long_error_text_recorded(void)
+{
+    t_truncate();
+    pqmq_msg *m = t_msg("long", NULL, "fails", NULL, 0);
+    pqmq_msg_set_backoff(m, 60000);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    char *conninfo = NULL;
+    if (asprintf(&conninfo, "%s options='-c search_path=%s'", t_dsn(), t_schema()) < 0)
+        abort();
+    pqmq_runner *r = pqmq_runner_new(conninfo);
+    free(conninfo);
+    CHECK_INT(pqmq_runner_handle(r, "fails", fail_long, r), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, run_runner, r);
+    pthread_join(th, NULL);
+    pqmq_runner_free(r);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads WHERE last_error IS NOT NULL "
+                            "AND octet_length(last_error) BETWEEN 500 AND 511 "
+                            "AND last_error ~ '^(\xc3\xa9)+$'"), 1);
 }
 
 /* ---- a hostile role -------------------------------------------------------- */
@@ -427,6 +471,7 @@ int main(void)
     T_RUN(test_schema_others_can_create_in_is_refused);
     T_RUN(test_helpers_not_for_public);
     T_RUN(test_bad_shapes_refused);
+    T_RUN(test_long_error_text_recorded);
     T_RUN(test_hostile_role_gains_nothing);
     PQfinish(pg);
     pqmq_client_free(q);
