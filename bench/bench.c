@@ -17,8 +17,8 @@
  *      --runner-threads workers (default: 8, fewer if the server lacks free
  *      connections) and a handler that does nothing;
  *   3. with --floor: the floor's insert and drain of the same messages with
- *      the same clients and batch size, twice: drained with the issue's
- *      DELETE ... WHERE id IN (...), and by ctid (see floor.c); the ratios
+ *      the same clients and batch size, twice: drained with
+ *      DELETE ... WHERE id IN (SELECT ... SKIP LOCKED), and by ctid (see floor.c); the ratios
  *      are against the first, the second is printed beside them;
  *   4. enqueue again, then processing with the polling API: --consumers
  *      threads, each pqmq_complete_and_poll(last batch, --batch) in a loop;
@@ -122,7 +122,7 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
     expect_empty(admin, label);
 
     if (floor_out) {
-        /* Twice, like the enqueue: drained by id (the issue's SQL), then by
+        /* Twice, like the enqueue: drained by id (the floor), then by
          * ctid. */
         double t_fl = 0;
         for (int by_ctid = 0; by_ctid < 2; by_ctid++) {

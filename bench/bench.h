@@ -69,19 +69,14 @@ double now_s(void);                       /* monotonic seconds */
 int64_t realtime_us(void);                /* CLOCK_REALTIME microseconds */
 void sleep_s(double s);
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* fn runs first when die is called (the progress bar clears its line). */
+void die_first(void (*fn)(void));
 /* dsn as key=value with our search_path (and, for --profile,
  * track_functions) added to its options. Caller frees. */
 char *bench_conninfo(const char *dsn, int profile);
 PGconn *bench_connect(const struct opts *o);
 pqmq_client *bench_client(const struct opts *o);
-/* Runs fn on each of the n argument structs at args (arg_size bytes apart)
- * in a thread of its own. Each thread connects, then waits on start, a
- * barrier for n + 1; the clock starts when all have arrived and stops when
- * all have returned. Shows progress of *done out of total under label.
- * Returns the seconds. */
-double bench_timed_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
-                           pthread_barrier_t *start, const char *label, long total,
-                           const atomic_long *done);
+
 void bench_sql(PGconn *conn, const char *sql);
 long bench_scalar(PGconn *conn, const char *sql);
 /* Is message seq on an ordered chain? Spreads the fraction evenly. */
@@ -102,6 +97,14 @@ int derive_runner_threads(PGconn *admin, int consumers, int batch);
  * is a terminal). done is read, never written. */
 void progress_begin(const char *label, long total, const atomic_long *done);
 void progress_end(void);
+/* Runs fn on each of the n argument structs at args (arg_size bytes apart)
+ * in a thread of its own. Each thread connects, then waits on start, a
+ * barrier for n + 1; the clock starts when all have arrived and stops when
+ * all have returned. Shows progress of *done out of total under label.
+ * Returns the seconds. */
+double bench_timed_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
+                           pthread_barrier_t *start, const char *label, long total,
+                           const atomic_long *done);
 
 /* ---- queue.c ---- */
 void queue_setup(PGconn *admin, const struct opts *o);

@@ -7,7 +7,7 @@
  * per batch. No ordering, retries, leases, fairness or wake-ups: whatever
  * pqmq costs beyond this is the price of those.
  *
- * That DELETE is the issue's floor, but its plan depends on the table's
+ * That DELETE is the floor, but its plan depends on the table's
  * size: up to a few ten thousand rows PostgreSQL hash-joins the batch
  * against a sequential scan of the whole table (O(n) per batch). The
  * ctid form, WHERE ctid = ANY (ARRAY(SELECT ctid ... FOR UPDATE SKIP

@@ -1,9 +1,11 @@
 /*
  * progress.c: a one-line progress bar on stderr, redrawn ten times a second
- * by its own thread, shown only when stderr is a terminal.
+ * by its own thread, shown only when stderr is a terminal; and the timed
+ * phases that show it (bench_timed_threads).
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,6 +62,7 @@ void progress_begin(const char *label, long total, const atomic_long *done)
     progress_end();
     if (!isatty(STDERR_FILENO))
         return;
+    die_first(progress_end); /* an error message starts on a clean line */
     P.label = label;
     P.total = total;
     P.done = done;
@@ -81,4 +84,25 @@ void progress_end(void)
     P.running = 0;
     fputs("\r\033[K", stderr);
     fflush(stderr);
+}
+
+double bench_timed_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
+                           pthread_barrier_t *start, const char *label, long total,
+                           const atomic_long *done)
+{
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    if (!th)
+        die("out of memory");
+    for (int i = 0; i < n; i++)
+        if (pthread_create(&th[i], NULL, fn, (char *)args + (size_t)i * arg_size))
+            die("cannot start a thread");
+    pthread_barrier_wait(start);
+    double t0 = now_s();
+    progress_begin(label, total, done);
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    double t = now_s() - t0;
+    progress_end();
+    free(th);
+    return t;
 }

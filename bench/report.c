@@ -9,7 +9,8 @@
 
 #include "bench.h"
 
-/* The targets (2-core machine, server on the same box). */
+/* The project's targets (2-core machine, server on the same box); the
+ * README says which are reached, over several runs. */
 #define TARGET_ENQUEUE 0.8     /* enqueue / floor insert */
 #define TARGET_PROCESS 0.6     /* runner processing / floor drain */
 #define TARGET_ORDERED 0.5     /* ordered runner processing / unordered */
@@ -95,8 +96,12 @@ void report_text(const struct opts *o, const struct results *r)
     latency_rows("one ordered chain", &r->idle_ordered);
     printf("%-42s %12ld\n", "peak memory, maxrss (kB)", r->maxrss_kb);
     if (r->floor_drain_ctid > 0)
-        printf("\nfloor: the issue's SQL (DELETE ... WHERE id IN (SELECT ... SKIP LOCKED)); "
-               "ctid floor:\nthe same DELETE by ctid, a TID scan at any table size.\n");
+        printf("\nfloor: the cheapest SQL that moves the same messages with the same clients:"
+               "\n  a plain INSERT of each batch into one table indexed by id, and\n"
+               "  DELETE ... WHERE id IN (SELECT id ... LIMIT batch FOR UPDATE SKIP LOCKED)"
+               "\n  in batches (no lease, no retry, no order, no fairness).\n"
+               "ctid floor: the same DELETE matched by ctid (a TID scan at any table size):"
+               "\n  faster still, the limit of a delete-based queue.\n");
     if (r->ordered.runner > 0)
         printf("%s* ordered rows: every message on an ordered chain; the floor column "
                "holds the\n  main scenario's rate and the ratio is against it.\n",

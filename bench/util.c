@@ -37,6 +37,14 @@ void sleep_s(double s)
         ;
 }
 
+/* Called by die before it prints: clears a progress line off the terminal. */
+static void (*before_death)(void);
+
+void die_first(void (*fn)(void))
+{
+    before_death = fn;
+}
+
 void die(const char *fmt, ...)
 {
     static atomic_flag dying = ATOMIC_FLAG_INIT;
@@ -44,7 +52,8 @@ void die(const char *fmt, ...)
         for (;;)
             pause(); /* another thread is already reporting and exiting */
     va_list ap;
-    progress_end();
+    if (before_death)
+        before_death();
     fputs("pqmq-bench: ", stderr);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
@@ -232,25 +241,4 @@ int derive_runner_threads(PGconn *admin, int consumers, int batch)
         die("the server has too few free connections (%ld) for %d runners; "
             "raise max_connections or lower --consumers", free_slots, consumers);
     return (int)per;
-}
-
-double bench_timed_threads(int n, void *(*fn)(void *), void *args, size_t arg_size,
-                           pthread_barrier_t *start, const char *label, long total,
-                           const atomic_long *done)
-{
-    pthread_t *th = calloc((size_t)n, sizeof *th);
-    if (!th)
-        die("out of memory");
-    for (int i = 0; i < n; i++)
-        if (pthread_create(&th[i], NULL, fn, (char *)args + (size_t)i * arg_size))
-            die("cannot start a thread");
-    pthread_barrier_wait(start);
-    double t0 = now_s();
-    progress_begin(label, total, done);
-    for (int i = 0; i < n; i++)
-        pthread_join(th[i], NULL);
-    double t = now_s() - t0;
-    progress_end();
-    free(th);
-    return t;
 }

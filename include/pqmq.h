@@ -171,7 +171,7 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *client, pqmq_msg *const *msgs, size_t n
  * committed ids are ignored. Returns 0 or a negative code. */
 PQMQ_EXPORT int pqmq_commit(pqmq_client *client, const uuid_t *ids, size_t n);
 
-/* ---- consuming (consume.c) --------------------------------------------- */
+/* ---- consuming: polling (consume.c) ----------------------------------- */
 
 typedef struct pqmq_batch pqmq_batch;
 typedef struct pqmq_job pqmq_job;
@@ -186,6 +186,8 @@ typedef struct pqmq_job pqmq_job;
  */
 PQMQ_EXPORT int pqmq_poll(pqmq_client *client, const char *const *channels,
                           size_t nchannels, int batch_size, pqmq_batch **out);
+
+/* ---- batches and jobs (job.c) ------------------------------------------ */
 
 PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *batch);
 PQMQ_EXPORT size_t pqmq_batch_count(const pqmq_batch *batch);
@@ -219,6 +221,8 @@ PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *job);
 PQMQ_EXPORT const char *pqmq_job_last_error(const pqmq_job *job);
 PQMQ_EXPORT int pqmq_job_blocking(const pqmq_job *job);
 
+/* ---- consuming: settling jobs (consume.c) ------------------------------ */
+
 /*
  * Completes (deletes) n messages in one round trip. Inside the caller's
  * transaction (see pqmq_wrap) the completion commits with the caller's own
@@ -233,20 +237,6 @@ PQMQ_EXPORT int pqmq_complete(pqmq_client *client, const uuid_t *ids, size_t n);
  * to its new owner. Returns 0, PQMQ_ESTALE (the others were completed; the
  * message says how many were stale) or a negative code. */
 PQMQ_EXPORT int pqmq_complete_batch(pqmq_client *client, const pqmq_batch *batch);
-
-/*
- * A consumer's loop in one statement: completes the jobs of done (as
- * pqmq_complete_batch, fenced by attempt), then polls as pqmq_poll, in one
- * round trip and one transaction, so one commit per batch instead of two.
- * done may be NULL or empty (a plain poll); it stays the caller's to free.
- * *out (caller frees with pqmq_batch_free) is set when the poll ran: on 0,
- * and on PQMQ_ESTALE (some of done's jobs were delivered again since and
- * were left to their new owner). On any other error neither took effect:
- * complete done again.
- */
-PQMQ_EXPORT int pqmq_complete_and_poll(pqmq_client *client, const pqmq_batch *done,
-                                       const char *const *channels, size_t nchannels,
-                                       int batch_size, pqmq_batch **out);
 
 /*
  * Records why this attempt failed (error may be NULL) and schedules the
@@ -276,6 +266,22 @@ PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *client, const uuid_t id,
                                 int64_t duration_ms, const char *json,
                                 const void *bytes, size_t len, int extra_retries);
 
+/* ---- completing and polling at once (complete_poll.c) ------------------ */
+
+/*
+ * A consumer's loop in one statement: completes the jobs of done (as
+ * pqmq_complete_batch, fenced by attempt), then polls as pqmq_poll, in one
+ * round trip and one transaction, so one commit per batch instead of two.
+ * done may be NULL or empty (a plain poll); it stays the caller's to free.
+ * *out (caller frees with pqmq_batch_free) is set when the poll ran: on 0,
+ * and on PQMQ_ESTALE (some of done's jobs were delivered again since and
+ * were left to their new owner). On any other error neither took effect:
+ * complete done again.
+ */
+PQMQ_EXPORT int pqmq_complete_and_poll(pqmq_client *client, const pqmq_batch *done,
+                                       const char *const *channels, size_t nchannels,
+                                       int batch_size, pqmq_batch **out);
+
 /* ---- dead letters (dead.c) -------------------------------------------- */
 
 /*
@@ -298,7 +304,7 @@ PQMQ_EXPORT int pqmq_retry(pqmq_client *client, const uuid_t *ids, size_t n, int
  * how many were moved. */
 PQMQ_EXPORT int pqmq_skip(pqmq_client *client, const uuid_t *ids, size_t n, size_t *count);
 
-/* ---- the runner (runner.c, worker.c) ----------------------------------- */
+/* ---- the runner (runner.c; worker.c, claims.c) ------------------------- */
 
 typedef struct pqmq_runner pqmq_runner;
 typedef struct pqmq_ctx pqmq_ctx;
@@ -406,7 +412,7 @@ PQMQ_EXPORT int pqmq_ctx_stopping(const pqmq_ctx *ctx);
  */
 PQMQ_EXPORT int pqmq_unpack(const void *data, size_t len, msgpack_unpacked *out);
 
-/* pqmq_unpack of a job's binary payload. */
+/* pqmq_unpack of a job's binary payload (payload_job.c). */
 PQMQ_EXPORT int pqmq_job_unpack(const pqmq_job *job, msgpack_unpacked *out);
 
 /* Looks up key (a msgpack str) in a map object. Borrowed from obj; NULL when

@@ -1,6 +1,7 @@
 /*
- * client.c: pqmq_client owns or borrows a PGconn, sets up libpqtypes on it,
- * runs statements, and turns failures into codes plus messages.
+ * client.c: pqmq_client owns or borrows a PGconn, sets up libpqtypes on it
+ * (types and prepared formats), reconnects, and holds the error of the last
+ * call. Statements are run by stmt.c.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -119,15 +120,20 @@ int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
     return code;
 }
 
+void pqmq__set_sqlstate(pqmq_client *c, const char *state)
+{
+    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
+}
+
 static const struct {
     const char *name, *format;
 } spec_defs[PQMQ__NSPECS] = {
     [PQMQ__SPEC_UUID] = {"@pqmq_uuid", "%uuid"},
     [PQMQ__SPEC_INT4] = {"@pqmq_int4", "%int4"},
-    [PQMQ__SPEC_MSG1] = {"@pqmq_msg1", "%uuid %interval %int4 %interval %text* %text*"},
-    [PQMQ__SPEC_MSG2] = {"@pqmq_msg2", "%interval %bool %text* %text* %bytea*"},
-    [PQMQ__SPEC_JOB1] = {"@pqmq_job1", "%uuid %bool %text %text %bytea %interval %interval"},
-    [PQMQ__SPEC_JOB2] = {"@pqmq_job2", "%text %text %int4 %int4 %text %bool"},
+    [PQMQ__SPEC_MSG1] = {"@pqmq_msg1", pqmq__msg_format1},
+    [PQMQ__SPEC_MSG2] = {"@pqmq_msg2", pqmq__msg_format2},
+    [PQMQ__SPEC_JOB1] = {"@pqmq_job1", pqmq__job_format1},
+    [PQMQ__SPEC_JOB2] = {"@pqmq_job2", pqmq__job_format2},
 };
 
 const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s)
@@ -183,164 +189,7 @@ int pqmq__need_composite(pqmq_client *c)
     return 0;
 }
 
-/* Maps a failed statement to a code and message. */
-static int fail_from(pqmq_client *c, const char *what, const char *msg,
-                     const char *state)
-{
-    /* An error libpq made itself (no SQLSTATE) is often a dead connection
-     * that libpq still calls CONNECTION_OK until it reads the hang-up: read
-     * it. A lost connection leaves the statement's outcome unknown, which
-     * PQMQ_ECONN says and PQMQ_ESERVER ("refused") would not. Server-side
-     * shutdowns (57P0x) and connection exceptions (08xxx) count too. */
-    if (!state)
-        (void)PQconsumeInput(c->conn);
-    snprintf(c->sqlstate, sizeof c->sqlstate, "%s", state ? state : "");
-    if (PQstatus(c->conn) != CONNECTION_OK || (!state && PQsocket(c->conn) < 0) ||
-        (state && (!strncmp(state, "57P0", 4) || !strncmp(state, "08", 2))))
-        return pqmq__seterr(c, PQMQ_ECONN, "%s: connection lost: %s", what,
-                            msg && *msg ? msg : PQerrorMessage(c->conn));
-    int code = PQMQ_ESERVER;
-    if (state && (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
-                  !strcmp(state, "42704")))
-        code = PQMQ_ESCHEMA; /* undefined function, table or type */
-    else if (state && !strcmp(state, "22023"))
-        code = PQMQ_EINVAL; /* invalid_parameter_value from our checks */
-    else if (state && !strcmp(state, "54000"))
-        code = PQMQ_ETOOBIG; /* program_limit_exceeded */
-    char keep[sizeof c->sqlstate];
-    memcpy(keep, c->sqlstate, sizeof keep);
-    int rc = pqmq__seterr(c, code, "%s: %s%s%s%s%s", what, msg && *msg ? msg : "error",
-                          state ? " (SQLSTATE " : "", state ? state : "",
-                          state ? ")" : "",
-                          code == PQMQ_ESCHEMA ? "; run pqmq_migrate to create the queue" : "");
-    memcpy(c->sqlstate, keep, sizeof keep);
-    return rc;
-}
-
-/* The server's one-line message, or libpq's own text for local errors. */
-static const char *result_message(const PGresult *r)
-{
-    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
-    return primary && *primary ? primary : PQresultErrorMessage(r);
-}
-
-PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
-                     const char *what, int *rc)
-{
-    /* Send with libpqtypes, but read the outcome from the PGresult: the
-     * error text libpqtypes keeps (PQgeterror) is one per process, which
-     * threads with their own connections would overwrite. */
-    if (!PQparamSendQuery(c->conn, param, sql, 1)) {
-        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
-        return NULL;
-    }
-    PGresult *r = NULL, *next;
-    while ((next = PQgetResult(c->conn)) != NULL) {
-        PQclear(r); /* only the last result of the statement matters */
-        r = next;
-    }
-    ExecStatusType st = PQresultStatus(r);
-    if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
-        *rc = 0;
-        return r;
-    }
-    if (!r)
-        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
-    else
-        *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_SQLSTATE));
-    PQclear(r);
-    return NULL;
-}
-
-PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what,
-                          int *rc)
-{
-    PGresult *r = PQexec(c->conn, sql);
-    ExecStatusType st = PQresultStatus(r);
-    if (r && (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)) {
-        *rc = 0;
-        return r;
-    }
-    if (!r) {
-        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
-        return NULL;
-    }
-    *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_SQLSTATE));
-    PQclear(r);
-    return NULL;
-}
-
-void pqmq__ms_to_interval(int64_t ms, PGinterval *iv)
-{
-    memset(iv, 0, sizeof *iv);
-    iv->hours = (int)(ms / 3600000);
-    ms %= 3600000;
-    iv->mins = (int)(ms / 60000);
-    ms %= 60000;
-    iv->secs = (int)(ms / 1000);
-    iv->usecs = (int)(ms % 1000) * 1000;
-}
-
-int64_t pqmq__interval_to_ms(const PGinterval *iv)
-{
-    int64_t days = ((int64_t)iv->years * 12 + iv->mons) * 30 + iv->days;
-    int64_t ms = days * 86400000 + (int64_t)iv->hours * 3600000 +
-                 (int64_t)iv->mins * 60000 + (int64_t)iv->secs * 1000;
-    /* Round up so that "wait 0.2 ms" never becomes a busy "wait 0 ms". */
-    return ms + (iv->usecs + 999) / 1000;
-}
-
-int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what)
-{
-    if (ms < 0)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s is negative (%lld ms)", what,
-                            (long long)ms);
-    if (ms > PQMQ_MAX_DURATION_MS)
-        return pqmq__seterr(c, PQMQ_EINVAL,
-                            "%s of %lld ms is over the limit of 3650 days", what,
-                            (long long)ms);
-    return 0;
-}
-
-PGparam *pqmq__param(pqmq_client *c)
-{
-    PGparam *p = PQparamCreate(c->conn);
-    if (!p)
-        pqmq__seterr(c, PQMQ_ENOMEM, "out of memory creating parameters");
-    return p;
-}
-
-int pqmq__check_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what)
-{
-    if (!ids || n == 0)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s: no ids given (ids %s, n %zu)", what,
-                            ids ? "set" : "NULL", n);
-    if (n > PQMQ_MAX_BATCH)
-        return pqmq__seterr(c, PQMQ_ETOOBIG, "%s: %zu ids is over the limit of %d",
-                            what, n, PQMQ_MAX_BATCH);
-    return 0;
-}
-
-int pqmq__put_uuids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
-                    const char *what)
-{
-    PGarray arr;
-    memset(&arr, 0, sizeof arr);
-    arr.param = pqmq__param(c);
-    if (!arr.param)
-        return PQMQ_ENOMEM;
-    int ok = 1;
-    for (size_t i = 0; ok && i < n; i++)
-        ok = PQputf(arr.param, pqmq__spec(c, PQMQ__SPEC_UUID), (PGuuid)ids[i]);
-    ok = ok && PQputf(param, "%uuid[]", &arr);
-    PQparamClear(arr.param);
-    if (!ok)
-        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: cannot build the id array: %s", what,
-                            PQgeterror());
-    return 0;
-}
-
-int pqmq__reconnect(pqmq_client *c)
+int pqmq__reset_conn(pqmq_client *c)
 {
     if (!c->owns_conn)
         return pqmq__seterr(c, PQMQ_EINVAL, "cannot reconnect a borrowed connection");
@@ -357,5 +206,5 @@ PQMQ_EXPORT int pqmq_reconnect(pqmq_client *c)
     if (!c)
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
-    return pqmq__reconnect(c);
+    return pqmq__reset_conn(c);
 }

@@ -3,41 +3,13 @@
  * calls list them, give them new attempts, or move them out of their
  * ordered chains so that the chain moves on.
  */
-#include <string.h>
-
 #include "pqmq-int.h"
 
 PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels,
                                   size_t nchannels, int max, pqmq_batch **out)
 {
-    /* The columns of a poll, so that the job accessors work unchanged. */
-    return pqmq__channels_query(c, "pqmq_dead_letters",
-                                "SELECT id, true, name, payload_json, payload_bytes, "
-                                "NULL::interval, NULL::interval, channel_name, channel_args, "
-                                "attempts, 0, last_error, blocking "
-                                "FROM mq_dead_letters($1, $2)",
-                                channels, nchannels, "max", max, out);
-}
-
-/* Runs `SELECT fn($1[, $2])` on ids (and an int), returning its count. */
-static int ids_call(pqmq_client *c, const char *what, const char *sql, const uuid_t *ids,
-                    size_t n, const int *extra, size_t *count)
-{
-    if (count)
-        *count = 0;
-    if (!c)
-        return PQMQ_EINVAL;
-    PGparam *param;
-    int rc = pqmq__begin_ids(c, ids, n, what, &param);
-    if (!rc && extra && !PQputf(param, "%int4", *extra))
-        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
-    int got = 0;
-    if (!rc)
-        rc = pqmq__exec_scalar(c, param, sql, what, "%int4", &got);
-    PQparamClear(param);
-    if (!rc && count)
-        *count = (size_t)got;
-    return rc;
+    return pqmq__query_jobs(c, "pqmq_dead_letters", "SELECT * FROM mq_dead_jobs($1, $2)",
+                            channels, nchannels, "max", max, out);
 }
 
 PQMQ_EXPORT int pqmq_retry(pqmq_client *c, const uuid_t *ids, size_t n, int retries,
@@ -47,10 +19,10 @@ PQMQ_EXPORT int pqmq_retry(pqmq_client *c, const uuid_t *ids, size_t n, int retr
         pqmq__clearerr(c);
         return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_retry: retries is negative (%d)", retries);
     }
-    return ids_call(c, "pqmq_retry", "SELECT mq_retry($1, $2)", ids, n, &retries, count);
+    return pqmq__ids_call(c, "pqmq_retry", "SELECT mq_retry($1, $2)", ids, n, &retries, count);
 }
 
 PQMQ_EXPORT int pqmq_skip(pqmq_client *c, const uuid_t *ids, size_t n, size_t *count)
 {
-    return ids_call(c, "pqmq_skip", "SELECT mq_skip($1)", ids, n, NULL, count);
+    return pqmq__ids_call(c, "pqmq_skip", "SELECT mq_skip($1)", ids, n, NULL, count);
 }

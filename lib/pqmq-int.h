@@ -1,34 +1,186 @@
 /*
- * pqmq-int.h: declarations shared by the files of lib/ and nothing else.
- * Internal functions carry the pqmq__ prefix and hidden visibility.
+ * pqmq-int.h: declarations shared by the files of lib/ and nothing else,
+ * grouped by the file that defines them. Internal functions carry the
+ * pqmq__ prefix and hidden visibility. The runner's own files have narrower
+ * headers: claims.h (the claim queue) and workers.h (the worker threads).
  */
 #ifndef PQMQ_INT_H
 #define PQMQ_INT_H
 
 #include <pthread.h>
-#include <stdatomic.h>
 
 #include <libpqtypes.h>
 
 #include "pqmq.h"
 
+/* One delivery of a message: its id and the attempt number it was claimed
+ * on. Completions, failures and releases are fenced by it, so a consumer
+ * whose lease ran out cannot settle the message for its next owner. */
+typedef struct {
+    uuid_t id;
+    int attempt;
+} pqmq__delivery;
+
+/* ---- client.c: the connection, libpqtypes set-up, the call's error ---- */
+
 struct pqmq_client {
     PGconn *conn;
-    int owns_conn;       /* pqmq_connect opened conn: free closes it */
-    PGconn *typed_conn;  /* the conn libpqtypes was set up on */
-    int composite_ready; /* mq_new_t registered on typed_conn */
+    int owns_conn;        /* pqmq_connect opened conn: free closes it */
+    PGconn *typed_conn;   /* the conn libpqtypes was set up on */
+    int composite_ready;  /* mq_new_t registered on typed_conn */
     unsigned specs_ready; /* bit per pqmq__spec prepared on typed_conn */
-    char *errmsg;        /* "" or malloc'd; reset by each API call */
+    char *errmsg;         /* "" or malloc'd; reset by each API call */
     char sqlstate[6];
 };
+
+/* Starts an API call: clears the client's error. */
+void pqmq__clearerr(pqmq_client *c);
+/* Sets the client's error to code and a formatted message; returns code. */
+int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Records the server's SQLSTATE of the error (NULL: none). */
+void pqmq__set_sqlstate(pqmq_client *c, const char *state);
+/* Checks that the connection is usable and libpqtypes is set up on it;
+ * returns 0 or PQMQ_ECONN/PQMQ_ENOMEM with the error set. */
+int pqmq__ready(pqmq_client *c);
+/* Registers mq_new_t with libpqtypes (once per connection). */
+int pqmq__need_composite(pqmq_client *c);
+/* Re-establishes an owned connection (PQreset); 0 or PQMQ_ECONN. */
+int pqmq__reset_conn(pqmq_client *c);
+
+/* Formats used once per array element or result row. libpqtypes parses a
+ * format and looks each type up by name on every call; prepared once per
+ * connection (PQspecPrepare), they cost nothing to parse. Only built-in
+ * types: a prepared spec outlives PQreset, mq_new_t's registration does not.
+ * libpqtypes 1.5.1 overruns its buffers preparing a spec of more than 8
+ * types, and misbehaves removing one, so long formats come in parts and
+ * specs are never removed. The formats live beside their readers. */
+enum pqmq__spec {
+    PQMQ__SPEC_UUID, /* "%uuid" */
+    PQMQ__SPEC_INT4, /* "%int4" */
+    PQMQ__SPEC_MSG1, /* an mq_new_t's fields 0-5 (produce.c) */
+    PQMQ__SPEC_MSG2, /* and 6-10 */
+    PQMQ__SPEC_JOB1, /* an mq_job_t's columns 0-6 (job.c) */
+    PQMQ__SPEC_JOB2, /* and 7-12 */
+    PQMQ__NSPECS
+};
+/* "@name" when the spec is prepared on the connection, else its format:
+ * for PGparams and PGresults made after pqmq__ready. */
+const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
+
+/* ---- stmt.c: parameters, prologues, running statements ---------------- */
+
+/* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
+PGparam *pqmq__param(pqmq_client *c);
+/* Runs a parameterised statement with binary results. On failure sets the
+ * client's error (prefixed with what) from the server or the connection
+ * and returns NULL; *rc receives the error code. */
+PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char *what,
+                     int *rc);
+/* Like pqmq__exec for plain SQL text without parameters (text results). */
+PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what, int *rc);
+/* Runs sql and returns the single value of its single row as an int
+ * (booleans as 0/1) in *value; spec NULL ignores the result. */
+int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,
+                      const char *spec, int *value);
+
+/* Puts element i of items into an array's param; 0 on failure. */
+typedef int (*pqmq__put_element)(pqmq_client *c, PGparam *array, const void *items, size_t i);
+/* Puts n elements of items as one array parameter (array_format: "%uuid[]"). */
+int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format,
+                    const void *items, size_t n, pqmq__put_element put, const char *what);
+/* Puts ids as one uuid[] parameter. */
+int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
+                  const char *what);
+/* Puts deliveries as two parameters: their ids (uuid[]), their attempts (int[]). */
+int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n,
+                         const char *what);
+/* Puts channels (NULL: all) as one text[] parameter. */
+int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels, size_t n,
+                       const char *what);
+/* Puts a count in 1..PQMQ_MAX_BATCH (named arg in errors) as an int. */
+int pqmq__put_count(pqmq_client *c, PGparam *param, const char *arg, int value,
+                    const char *what);
+/* Puts ms (checked: 0..PQMQ_MAX_DURATION_MS, named what) as an interval. */
+int pqmq__put_duration(pqmq_client *c, PGparam *param, int64_t ms, const char *what);
+
+/* The prologues of calls: clear the error, check the connection, and make
+ * *param (the caller clears it, also on error), with $1 (and $2) put. */
+int pqmq__begin(pqmq_client *c, PGparam **param);
+int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
+                    PGparam **param);
+int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n,
+                           const char *what, PGparam **param);
+int pqmq__begin_id(pqmq_client *c, const uuid_t id, const char *what, PGparam **param);
+/* Runs `sql` taking ids as $1 (and *extra, when not NULL, as $2); its int
+ * result goes to *count when count is not NULL. pqmq_complete, pqmq_commit,
+ * pqmq_retry, pqmq_skip. */
+int pqmq__ids_call(pqmq_client *c, const char *what, const char *sql, const uuid_t *ids,
+                   size_t n, const int *extra, size_t *count);
+/* Checks an id array argument: non-NULL, 1 <= n <= PQMQ_MAX_BATCH. */
+int pqmq__check_ids(pqmq_client *c, const void *ids, size_t n, const char *what);
+
+/* Milliseconds <-> libpqtypes intervals (30-day months, as PostgreSQL). */
+void pqmq__ms_to_interval(int64_t ms, PGinterval *iv);
+int64_t pqmq__interval_to_ms(const PGinterval *iv);
+/* Checks 0 <= ms <= PQMQ_MAX_DURATION_MS; sets the error naming what. */
+int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what);
+
+/* ---- job.c: batches of mq_job_t rows ---------------------------------- */
+
+extern const char pqmq__job_format1[], pqmq__job_format2[];
+/* The prologue of calls that make a batch: *out = NULL, the error cleared,
+ * PQMQ_EINVAL when c or out is NULL. */
+int pqmq__begin_batch(pqmq_client *c, pqmq_batch **out, const char *what);/* Runs sql taking channels (NULL: all) as $1 and a count (named arg) as $2,
+ * whose rows are mq_job_t, into a new *out: pqmq_poll, pqmq_dead_letters. */
+int pqmq__query_jobs(pqmq_client *c, const char *what, const char *sql,
+                     const char *const *channels, size_t nchannels, const char *arg, int value,
+                     pqmq_batch **out);
+/* Wraps a result of mq_job_t rows in a new batch (takes res). */
+int pqmq__batch_from(pqmq_client *c, PGresult *res, const char *what, pqmq_batch **out);
+/* The deliveries of a batch's jobs, malloc'd into *out (NULL when none). */
+int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, pqmq__delivery **out,
+                           const char *what);
+/* The delivery a job came with; borrowed from the job. */
+const pqmq__delivery *pqmq__job_delivery(const pqmq_job *j);
+
+/* ---- consume.c: the consumer's statements ----------------------------- */
+
+/* pqmq_poll with its errors named what. */
+int pqmq__poll(pqmq_client *c, const char *const *channels, size_t nchannels, int batch_size,
+               const char *what, pqmq_batch **out);
+/* Completes deliveries still on their attempts; *done = how many. Returns
+ * PQMQ_ESTALE when fewer than n were. The one way jobs are completed. */
+int pqmq__complete(pqmq_client *c, const pqmq__delivery *d, size_t n, const char *what,
+                   size_t *done);
+/* PQMQ_ESTALE with its message when done < n, else 0. */
+int pqmq__stale_check(pqmq_client *c, const char *what, size_t done, size_t n);
+/* Hands claimed jobs back unstarted (mq_release). */
+int pqmq__release(pqmq_client *c, const pqmq__delivery *d, size_t n);
+/* pqmq_fail fenced by attempt (0: unfenced). */
+int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error);
+
+/* ---- complete_poll.c -------------------------------------------------- */
+
+/* mq_complete_claim: completes deliveries (n may be 0), then polls; *done =
+ * how many were completed. *out is set when the poll ran (0 or ESTALE). */
+int pqmq__complete_poll(pqmq_client *c, const pqmq__delivery *d, size_t n,
+                        const char *const *channels, size_t nchannels, int batch_size,
+                        const char *what, pqmq_batch **out, size_t *done);
+
+/* ---- produce.c -------------------------------------------------------- */
+
+extern const char pqmq__msg_format1[], pqmq__msg_format2[];
+
+/* ---- msg.c: the message a producer builds (produce.c reads it) -------- */
 
 struct pqmq_msg {
     uuid_t id;
     char *channel;
-    char *args;   /* NULL means "" */
-    char *name;   /* NULL means "" */
-    char *json;   /* NULL: no JSON payload */
-    void *bytes;  /* NULL: no binary payload */
+    char *args; /* NULL means "" */
+    char *name; /* NULL means "" */
+    char *json; /* NULL: no JSON payload */
+    void *bytes; /* NULL: no binary payload */
     size_t bytes_len;
     int64_t delay_ms;
     int64_t backoff_ms;
@@ -36,6 +188,14 @@ struct pqmq_msg {
     int retries;
     int ordered;
 };
+
+/* ---- json.c ----------------------------------------------------------- */
+
+/* Is the NUL-terminated s valid UTF-8 (no overlongs, surrogates or code
+ * points above U+10FFFF)? */
+int pqmq__utf8_ok(const char *s);
+
+/* ---- migrations.c (generated from migrations/ by gen-migrations.sh) ---- */
 
 typedef struct {
     int version;
@@ -45,194 +205,5 @@ typedef struct {
 
 extern const pqmq_migration pqmq_migrations[];
 extern const size_t pqmq_migration_count;
-
-/* ---- runner internals (runner.c, worker.c) ---- */
-
-typedef struct {
-    char *name; /* NULL: the fallback */
-    pqmq_handler fn;
-    void *arg;
-} pqmq__route;
-
-/* A poll result shared by the workers handling its jobs. */
-typedef struct {
-    pqmq_batch *batch;
-    int refs; /* under the runner's lock */
-} pqmq__held;
-
-/* A claimed job: queued for a worker, or running. */
-typedef struct {
-    const pqmq_job *job;     /* NULL: the entry is free */
-    pqmq__held *held;
-    uuid_t id;
-    int attempt;
-    int running;             /* 0: queued */
-    uint64_t seq;            /* claim order: workers take the oldest */
-    int64_t lease_ms;
-    int64_t extended_at_ms;  /* when its lease was last set (claim or keep-alive) */
-} pqmq__entry;
-
-/* One worker thread. */
-typedef struct {
-    pqmq_runner *runner;
-    pthread_t thread;
-    pqmq_client *client;     /* the worker's own connection */
-    pqmq__entry *entry;      /* the job it runs (set under the lock) */
-    /* Reconnect backoff, kept across jobs so that a server refusing us sees
-     * a few attempts a second at most, not one burst per job. */
-    int down;                /* under the lock: takes no job until reconnected */
-    int64_t retry_at_ms;     /* monotonic: no attempt before this */
-    int64_t retry_delay_ms;  /* 0 after a success; doubles up to a cap */
-} pqmq__slot;
-
-struct pqmq_runner {
-    char *conninfo;
-    pqmq__route *routes;
-    size_t nroutes;
-    char **channels; /* NULL: all */
-    size_t nchannels;
-    int threads, batch;
-    int64_t keep_alive_ms;
-    char *stop_channel;
-    char errmsg[512];
-
-    atomic_int stop;
-    int wake_pipe[2];        /* workers and pqmq_runner_stop write one byte */
-    atomic_int wake_pending; /* a byte is in the pipe: writers need not add one */
-    pthread_mutex_t lock;
-    pthread_cond_t work;     /* a job was queued, or shutdown */
-    int shutdown;            /* under lock: workers exit */
-    pqmq__slot *slots;       /* threads of them */
-    pqmq__entry *entries;    /* capacity of them: batch, at least threads */
-    int capacity;
-    uint64_t next_seq;
-    uuid_t *done;            /* under lock: ids whose handler succeeded */
-    int *done_attempts;      /* and the attempt each was on */
-    size_t ndone, done_cap;
-
-    atomic_uint_fast64_t processed, failed, in_flight, polls, wakeups, reconnects;
-};
-
-/* worker.c: starts/stops the worker threads; the runner's lock is free. */
-int pqmq__workers_start(pqmq_runner *r);
-void pqmq__workers_join(pqmq_runner *r);
-/* runner.c: frees an entry whose job is settled (under the lock). */
-void pqmq__entry_release(pqmq_runner *r, pqmq__entry *e);
-/* consume.c: hands claimed jobs back unstarted (mq_release). */
-int pqmq__release(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n);
-/* runner.c: wakes the main loop (async-signal-safe). */
-void pqmq__runner_wake(pqmq_runner *r);
-/* runner.c: CLOCK_MONOTONIC in milliseconds. */
-int64_t pqmq__now_ms(void);
-/* client.c: re-establishes an owned connection; 0 or PQMQ_ECONN. */
-int pqmq__reconnect(pqmq_client *c);
-
-/* Starts an API call: clears the client's error. */
-void pqmq__clearerr(pqmq_client *c);
-/* Sets the client's error to code and a formatted message; returns code. */
-int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Checks that the connection is usable and libpqtypes is set up on it;
- * returns 0 or PQMQ_ECONN/PQMQ_ENOMEM with the error set. */
-int pqmq__ready(pqmq_client *c);
-/* Formats used once per array element or result row. libpqtypes parses a
- * format and looks each type up by name on every call; prepared once per
- * connection (PQspecPrepare), they cost nothing to parse. Only built-in
- * types: a prepared spec outlives PQreset, mq_new_t's registration does not.
- * libpqtypes 1.5.1 overruns its buffers preparing a spec of more than 8
- * types, and misbehaves removing one, so long formats come in parts and
- * specs are never removed. */
-enum pqmq__spec {
-    PQMQ__SPEC_UUID, /* "%uuid" */
-    PQMQ__SPEC_INT4, /* "%int4" */
-    PQMQ__SPEC_MSG1, /* a message's mq_new_t fields 0-5 (produce.c) */
-    PQMQ__SPEC_MSG2, /* and 6-10 */
-    PQMQ__SPEC_JOB1, /* columns 0-6 of an mq_poll_jobs row (consume.c) */
-    PQMQ__SPEC_JOB2, /* and 7-12 */
-    PQMQ__NSPECS
-};
-/* "@name" when the spec is prepared on the connection, else its format:
- * for PGparams and PGresults made after pqmq__ready. */
-const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
-
-/* Registers mq_new_t with libpqtypes (once per connection). */
-int pqmq__need_composite(pqmq_client *c);
-/*
- * Runs a parameterised statement through libpqtypes with binary results.
- * On failure sets the client's error (prefixed with what) from the server
- * or the connection and returns NULL; *rc receives the error code.
- */
-PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql,
-                     const char *what, int *rc);
-/* Like pqmq__exec for plain SQL text without parameters (text results). */
-PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what,
-                          int *rc);
-
-/* Puts ids as one uuid[] parameter. Returns 0 or sets the error. */
-int pqmq__put_uuids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
-                    const char *what);
-/* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
-PGparam *pqmq__param(pqmq_client *c);
-/* Checks an id array argument: ids non-NULL, 1 <= n <= PQMQ_MAX_BATCH. */
-int pqmq__check_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what);
-/* json.c: is the NUL-terminated s valid UTF-8 (no overlongs, surrogates or
- * code points above U+10FFFF)? */
-int pqmq__utf8_ok(const char *s);
-
-/* consume.c: puts channels (NULL: all) as one text[] parameter. */
-int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels,
-                       size_t n, const char *what);
-/* consume.c: runs sql, taking channels (NULL: all) as $1 and a count in
- * 1..PQMQ_MAX_BATCH (named arg in errors) as $2, whose rows are shaped like
- * a poll's, into a new *out. The frame of pqmq_poll and pqmq_dead_letters. */
-int pqmq__channels_query(pqmq_client *c, const char *what, const char *sql,
-                         const char *const *channels, size_t nchannels, const char *arg,
-                         int value, pqmq_batch **out);
-/* consume.c: checks batch_size and puts channels and batch_size as the
- * next two parameters of a poll. */
-int pqmq__put_poll_args(pqmq_client *c, PGparam *param, const char *const *channels,
-                        size_t nchannels, int batch_size, const char *what);
-/* The columns of a poll result, as batches read them (mq_poll_jobs rows). */
-#define PQMQ__POLL_COLUMNS                                                         \
-    "id, is_committed, name, payload_json, payload_bytes, retry_backoff, "          \
-    "wait_time, channel_name, channel_args, attempt, attempts_left, NULL::text, false"
-/* consume.c: puts attempts as one int[] parameter. */
-int pqmq__put_attempts(pqmq_client *c, PGparam *param, const int *attempts, size_t n,
-                       const char *what);
-/* consume.c: the ids and attempt numbers of a batch's jobs, malloc'd (the
- * caller frees both, also on error). */
-int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, uuid_t **ids,
-                           int **attempts, const char *what);
-/* consume.c: PQMQ_ESTALE with its message when done < n, else 0. */
-int pqmq__stale_check(pqmq_client *c, const char *what, size_t done, size_t n);
-/* complete_poll.c: mq_complete_poll: completes ids on their attempts (n may
- * be 0), then polls; *done = how many were completed. *out is set when the
- * poll ran (0 or PQMQ_ESTALE). */
-int pqmq__complete_poll(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
-                        const char *const *channels, size_t nchannels, int batch_size,
-                        const char *what, pqmq_batch **out, size_t *done);
-/* consume.c: wraps a result shaped like pqmq_poll's in a batch (takes res). */
-int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out);
-/* consume.c: completes ids still on the given attempts; *done = how many.
- * Returns PQMQ_ESTALE when fewer than n were. */
-int pqmq__complete_fenced(pqmq_client *c, const uuid_t *ids, const int *attempts, size_t n,
-                          size_t *done);
-
-/* consume.c: starts a call that takes ids: clears the error, checks the
- * arguments, and puts the ids as $1 of a new *param (caller clears it). */
-int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
-                    PGparam **param);
-/* consume.c: runs sql and returns the single value of its single row as an
- * int (booleans as 0/1) in *value; spec NULL ignores the result. */
-int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,
-                      const char *spec, int *value);
-/* consume.c: pqmq_fail fenced by attempt (0: unfenced). */
-int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error);
-
-/* Milliseconds <-> libpqtypes intervals (30-day months, as PostgreSQL). */
-void pqmq__ms_to_interval(int64_t ms, PGinterval *iv);
-int64_t pqmq__interval_to_ms(const PGinterval *iv);
-/* Checks 0 <= ms <= PQMQ_MAX_DURATION_MS; sets the error naming what. */
-int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what);
 
 #endif

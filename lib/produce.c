@@ -95,39 +95,36 @@ static int check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     return 0;
 }
 
-/* Puts one message as the fields of an mq_new_t, in the type's order. */
-static int put_msg(const pqmq_client *c, PGparam *el, const pqmq_msg *m)
+/* mq_new_t's field types in the type's order, as two libpqtypes formats of
+ * at most 8 (client.c prepares them once per connection). */
+const char pqmq__msg_format1[] = "%uuid %interval %int4 %interval %text* %text*";
+const char pqmq__msg_format2[] = "%interval %bool %text* %text* %bytea*";
+
+/* The batch being put, and one element's fields, reused for each message. */
+struct batch {
+    pqmq_msg *const *msgs;
+    PGparam *el;
+};
+
+/* Puts message i as one mq_new_t element of the batch's array. */
+static int put_msg(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
+    const struct batch *b = items;
+    const pqmq_msg *m = b->msgs[i];
+    PGparam *el = b->el;
+    PQparamReset(el);
     PGinterval delay, backoff, commit;
     pqmq__ms_to_interval(m->delay_ms, &delay);
     pqmq__ms_to_interval(m->backoff_ms, &backoff);
     pqmq__ms_to_interval(m->commit_interval_ms, &commit);
     PGbytea bytes = {(int)m->bytes_len, (char *)m->bytes};
-    return PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG1), (PGuuid)m->id, &delay, m->retries,
-                  &backoff, m->channel, m->args ? m->args : "") &&
-           PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG2),
-                  m->commit_interval_ms >= 0 ? &commit : NULL, (PGbool)m->ordered,
-                  m->name ? m->name : "", m->json, m->bytes ? &bytes : NULL);
-}
-
-static int put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n)
-{
-    PGarray arr;
-    memset(&arr, 0, sizeof arr);
-    arr.param = pqmq__param(c);
-    PGparam *el = pqmq__param(c);
-    int ok = arr.param && el;
-    for (size_t i = 0; ok && i < n; i++) {
-        PQparamReset(el);
-        ok = put_msg(c, el, msgs[i]) && PQputf(arr.param, "%mq_new_t", el);
-    }
-    ok = ok && PQputf(param, "%mq_new_t[]", &arr);
-    PQparamClear(el);
-    PQparamClear(arr.param);
-    if (!ok)
-        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_insert: cannot build the batch: %s",
-                            PQgeterror());
-    return 0;
+    int ok = PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG1), (PGuuid)m->id, &delay, m->retries,
+                    &backoff, m->channel, m->args ? m->args : "") &&
+             PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG2),
+                    m->commit_interval_ms >= 0 ? &commit : NULL, (PGbool)m->ordered,
+                    m->name ? m->name : "", m->json, m->bytes ? &bytes : NULL) &&
+             PQputf(array, "%mq_new_t", el);
+    return ok;
 }
 
 PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
@@ -142,32 +139,21 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
         rc = pqmq__need_composite(c);
     if (rc)
         return rc;
-    PGparam *param = pqmq__param(c);
-    if (!param)
+    struct batch b = {msgs, pqmq__param(c)};
+    PGparam *param = b.el ? pqmq__param(c) : NULL;
+    if (!param) {
+        PQparamClear(b.el);
         return PQMQ_ENOMEM;
-    rc = put_batch(c, param, msgs, n);
+    }
+    rc = pqmq__put_array(c, param, "%mq_new_t[]", &b, n, put_msg, "pqmq_insert");
     if (!rc)
         PQclear(pqmq__exec(c, param, "SELECT mq_insert($1)", "pqmq_insert", &rc));
+    PQparamClear(b.el);
     PQparamClear(param);
     return rc;
 }
 
 PQMQ_EXPORT int pqmq_commit(pqmq_client *c, const uuid_t *ids, size_t n)
 {
-    if (!c)
-        return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    int rc = pqmq__ready(c);
-    if (!rc)
-        rc = pqmq__check_ids(c, ids, n, "pqmq_commit");
-    if (rc)
-        return rc;
-    PGparam *param = pqmq__param(c);
-    if (!param)
-        return PQMQ_ENOMEM;
-    rc = pqmq__put_uuids(c, param, ids, n, "pqmq_commit");
-    if (!rc)
-        PQclear(pqmq__exec(c, param, "SELECT mq_commit($1)", "pqmq_commit", &rc));
-    PQparamClear(param);
-    return rc;
+    return pqmq__ids_call(c, "pqmq_commit", "SELECT mq_commit($1)", ids, n, NULL, NULL);
 }

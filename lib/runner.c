@@ -14,16 +14,28 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "pqmq-int.h"
+#include "workers.h"
 
 #define FOREVER INT64_MAX
 
-int64_t pqmq__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+struct pqmq_runner {
+    char *conninfo;
+    pqmq__route *routes;
+    size_t nroutes;
+    char **channels; /* NULL: all */
+    size_t nchannels;
+    int threads, batch;
+    int64_t keep_alive_ms;
+    char *stop_channel;
+    char errmsg[512];
+
+    atomic_int stop;
+    int wake_pipe[2];        /* workers and pqmq_runner_stop write one byte */
+    atomic_int wake_pending; /* a byte is in the pipe: writers need not add one */
+    pqmq__counters counters;
+};
+
+static void wake(void *runner);
 
 /* ---- configuration ---------------------------------------------------- */
 
@@ -42,13 +54,6 @@ PQMQ_EXPORT pqmq_runner *pqmq_runner_new(const char *conninfo)
         fcntl(r->wake_pipe[i], F_SETFL, O_NONBLOCK);
         fcntl(r->wake_pipe[i], F_SETFD, FD_CLOEXEC);
     }
-    pthread_mutex_init(&r->lock, NULL);
-    /* Monotonic, so that a worker's reconnect backoff ignores clock jumps. */
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->work, &attr);
-    pthread_condattr_destroy(&attr);
     r->threads = 4;
     r->batch = 100;
     return r;
@@ -66,12 +71,8 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
     free(r->channels);
     free(r->stop_channel);
     free(r->conninfo);
-    free(r->done);
-    free(r->done_attempts);
     close(r->wake_pipe[0]);
     close(r->wake_pipe[1]);
-    pthread_mutex_destroy(&r->lock);
-    pthread_cond_destroy(&r->work);
     free(r);
 }
 
@@ -164,11 +165,13 @@ PQMQ_EXPORT void pqmq_runner_stop(pqmq_runner *r)
     if (!r)
         return;
     atomic_store(&r->stop, 1);
-    pqmq__runner_wake(r);
+    wake(r);
 }
 
-void pqmq__runner_wake(pqmq_runner *r)
+/* Wakes the main loop (async-signal-safe). */
+static void wake(void *runner)
 {
+    pqmq_runner *r = runner;
     /* One byte per loop turn is enough; saves a system call per job. */
     if (atomic_exchange(&r->wake_pending, 1))
         return;
@@ -185,18 +188,20 @@ PQMQ_EXPORT void pqmq_runner_stats(const pqmq_runner *r, pqmq_runner_stats_t *ou
     memset(out, 0, sizeof *out);
     if (!r)
         return;
-    out->processed = atomic_load(&r->processed);
-    out->failed = atomic_load(&r->failed);
-    out->in_flight = atomic_load(&r->in_flight);
-    out->polls = atomic_load(&r->polls);
-    out->wakeups = atomic_load(&r->wakeups);
-    out->reconnects = atomic_load(&r->reconnects);
+    const pqmq__counters *k = &r->counters;
+    out->processed = atomic_load(&k->processed);
+    out->failed = atomic_load(&k->failed);
+    out->in_flight = atomic_load(&k->in_flight);
+    out->polls = atomic_load(&k->polls);
+    out->wakeups = atomic_load(&k->wakeups);
+    out->reconnects = atomic_load(&k->reconnects);
 }
 
 /* ---- the loop --------------------------------------------------------- */
 
 struct loop {
     pqmq_runner *r;
+    pqmq__claims *q;
     pqmq_client *ctl;
     int poll_due;      /* something may be ready now */
     int64_t poll_at;   /* or: when the earliest message becomes ready */
@@ -250,8 +255,8 @@ static int listen_all(struct loop *L)
 static void reconnect(struct loop *L)
 {
     for (int64_t delay = 50; !atomic_load(&L->r->stop); delay = delay < 2000 ? delay * 2 : delay) {
-        if (pqmq__reconnect(L->ctl) == 0 && listen_all(L) == 0) {
-            atomic_fetch_add(&L->r->reconnects, 1);
+        if (pqmq__reset_conn(L->ctl) == 0 && listen_all(L) == 0) {
+            atomic_fetch_add(&L->r->counters.reconnects, 1);
             L->poll_due = 1;
             return;
         }
@@ -260,170 +265,41 @@ static void reconnect(struct loop *L)
     }
 }
 
-/* Counts free and queued entries (under the lock). */
-static int count_free(pqmq_runner *r, int *queued)
-{
-    int free_n = 0, q = 0;
-    for (int i = 0; i < r->capacity; i++) {
-        free_n += r->entries[i].job == NULL;
-        q += r->entries[i].job && !r->entries[i].running;
-    }
-    if (queued)
-        *queued = q;
-    return free_n;
-}
-
-/* Queues the jobs of b in free entries (there are enough: we polled for no
- * more than that) and wakes the workers. */
-static void dispatch(pqmq_runner *r, pqmq_batch *b)
-{
-    size_t n = pqmq_batch_count(b);
-    pqmq__held *held = malloc(sizeof *held);
-    if (!held) {
-        pqmq_batch_free(b); /* the leases run out and the jobs come back */
-        return;
-    }
-    held->batch = b;
-    held->refs = (int)n;
-    int64_t now = pqmq__now_ms();
-    pthread_mutex_lock(&r->lock);
-    size_t k = 0;
-    for (int i = 0; i < r->capacity && k < n; i++) {
-        pqmq__entry *e = &r->entries[i];
-        if (e->job)
-            continue;
-        e->job = pqmq_batch_job(b, k++);
-        e->held = held;
-        pqmq_job_id(e->job, e->id);
-        e->attempt = pqmq_job_attempt(e->job);
-        e->lease_ms = pqmq_job_lease_ms(e->job);
-        e->extended_at_ms = now;
-        e->running = 0;
-        e->seq = r->next_seq++;
-        atomic_fetch_add(&r->in_flight, 1);
-    }
-    pthread_cond_broadcast(&r->work);
-    pthread_mutex_unlock(&r->lock);
-}
-
-/* Frees an entry whose job is settled or released (under the lock). */
-void pqmq__entry_release(pqmq_runner *r, pqmq__entry *e)
-{
-    if (--e->held->refs == 0) {
-        pqmq_batch_free(e->held->batch);
-        free(e->held);
-    }
-    e->job = NULL;
-    e->held = NULL;
-    atomic_fetch_sub(&r->in_flight, 1);
-}
-
-/* Whether any worker can reach the server (under the lock): one that
- * cannot takes no job until it reconnects (worker.c). */
-static int workers_up(const pqmq_runner *r)
-{
-    for (int i = 0; i < r->threads; i++)
-        if (!r->slots[i].down)
-            return 1;
-    return 0;
-}
-
-static int no_worker_up(pqmq_runner *r)
-{
-    pthread_mutex_lock(&r->lock);
-    int up = workers_up(r);
-    pthread_mutex_unlock(&r->lock);
-    return !up;
-}
-
-/* How many jobs to claim now: 0 while the queue is still well filled
- * (claims go in batches: when the queue ran dry or half of it is free). */
-static int claim_room(pqmq_runner *r)
-{
-    int queued;
-    pthread_mutex_lock(&r->lock);
-    int free_n = count_free(r, &queued);
-    int up = workers_up(r);
-    pthread_mutex_unlock(&r->lock);
-    if (!up || free_n == 0 || (queued > 0 && free_n < r->capacity / 2))
-        return 0;
-    return free_n;
-}
-
-/* Stopping: hands queued (unstarted) jobs back to the queue at once, so
- * other consumers need not wait for their leases to run out. */
+/* Stopping, or no worker can run them: hands queued (unstarted) jobs back
+ * to the queue at once, so other consumers need not wait for their leases
+ * to run out. */
 static void release_queued(struct loop *L)
 {
-    pqmq_runner *r = L->r;
-    uuid_t *ids = malloc((size_t)r->capacity * sizeof *ids);
-    int *attempts = malloc((size_t)r->capacity * sizeof *attempts);
-    size_t n = 0;
-    pthread_mutex_lock(&r->lock);
-    for (int i = 0; ids && attempts && i < r->capacity; i++) {
-        pqmq__entry *e = &r->entries[i];
-        if (!e->job || e->running)
-            continue;
-        memcpy(ids[n], e->id, sizeof(uuid_t));
-        attempts[n++] = e->attempt;
-        pqmq__entry_release(r, e);
-    }
-    pthread_mutex_unlock(&r->lock);
+    pqmq__delivery *d;
+    size_t n = pqmq__claims_take_queued(L->q, &d);
     if (n)
-        (void)pqmq__release(L->ctl, (const uuid_t *)ids, attempts, n);
-    free(ids);
-    free(attempts);
+        (void)pqmq__release(L->ctl, d, n);
+    free(d);
 }
 
-/* Completes, in one statement, every job whose handler succeeded; fenced
- * by attempt, so a job whose lease ran out and went to another consumer is
- * left to it. */
-/* Copies the ids and attempts the workers finished (under the lock); NULLs
- * and n 0 when there are none or memory ran out (then they wait). */
-static size_t take_done(pqmq_runner *r, uuid_t **ids, int **attempts)
-{
-    pthread_mutex_lock(&r->lock);
-    size_t n = r->ndone;
-    *ids = n ? malloc(n * sizeof **ids) : NULL;
-    *attempts = n ? malloc(n * sizeof **attempts) : NULL;
-    if (*ids && *attempts) {
-        memcpy(*ids, r->done, n * sizeof **ids);
-        memcpy(*attempts, r->done_attempts, n * sizeof **attempts);
-    } else {
-        n = 0;
-    }
-    pthread_mutex_unlock(&r->lock);
-    return n;
-}
-
-/* The first n of the done list were sent and settled, done of them
- * completed: drops them (workers may have appended meanwhile). */
+/* The first n completions sent were settled, done of them completed. */
 static void drop_done(struct loop *L, size_t n, size_t done)
 {
-    pqmq_runner *r = L->r;
-    pthread_mutex_lock(&r->lock);
-    memmove(r->done, r->done + n, (r->ndone - n) * sizeof *r->done);
-    memmove(r->done_attempts, r->done_attempts + n, (r->ndone - n) * sizeof *r->done_attempts);
-    r->ndone -= n;
-    pthread_mutex_unlock(&r->lock);
-    atomic_fetch_add(&r->processed, done);
+    pqmq__claims_drop_done(L->q, n);
+    atomic_fetch_add(&L->r->counters.processed, done);
     L->settled += done; /* our own completions: no reason to poll again */
 }
 
-/* Completes what the workers finished, without polling. */
+/* Completes, in one statement fenced by attempt, every job whose handler
+ * succeeded, without polling: a job whose lease ran out and went to another
+ * consumer is left to it. */
 static void flush_done(struct loop *L)
 {
-    uuid_t *ids;
-    int *attempts;
-    size_t n = take_done(L->r, &ids, &attempts), done = 0;
-    int rc = n ? pqmq__complete_fenced(L->ctl, (const uuid_t *)ids, attempts, n, &done) : 0;
+    pqmq__delivery *d;
+    size_t n = pqmq__claims_done(L->q, &d), done = 0;
+    int rc = n ? pqmq__complete(L->ctl, d, n, "pqmq_runner: complete", &done) : 0;
     if (n && (rc == 0 || rc == PQMQ_ESTALE)) {
         drop_done(L, n, done);
         L->poll_due = 1; /* completing chain heads may have readied more */
     } else if (rc == PQMQ_ECONN) {
-        reconnect(L); /* keep the ids; completing twice is harmless */
+        reconnect(L); /* keep them; completing twice is harmless */
     }
-    free(ids);
-    free(attempts);
+    free(d);
 }
 
 /* Claims up to want jobs into *b, completing what the workers finished in
@@ -432,15 +308,12 @@ static void flush_done(struct loop *L)
 static int complete_and_claim(struct loop *L, int want, pqmq_batch **b)
 {
     pqmq_runner *r = L->r;
-    uuid_t *ids;
-    int *attempts;
-    size_t n = take_done(r, &ids, &attempts), done = 0;
-    atomic_fetch_add(&r->polls, 1);
-    int rc = pqmq__complete_poll(L->ctl, (const uuid_t *)ids, attempts, n,
-                                 (const char *const *)r->channels, r->nchannels, want,
-                                 "pqmq_runner", b, &done);
-    free(ids);
-    free(attempts);
+    pqmq__delivery *d;
+    size_t n = pqmq__claims_done(L->q, &d), done = 0;
+    atomic_fetch_add(&r->counters.polls, 1);
+    int rc = pqmq__complete_poll(L->ctl, d, n, (const char *const *)r->channels, r->nchannels,
+                                 want, "pqmq_runner: poll", b, &done);
+    free(d);
     if (rc == PQMQ_ESTALE)
         rc = 0;
     if (!rc && n)
@@ -451,7 +324,7 @@ static int complete_and_claim(struct loop *L, int want, pqmq_batch **b)
 static void poll_once(struct loop *L)
 {
     pqmq_runner *r = L->r;
-    int free_n = claim_room(r);
+    int free_n = pqmq__claims_room(L->q);
     if (!free_n) {
         flush_done(L);
         return; /* a finishing worker wakes us; poll_due stays set */
@@ -481,70 +354,22 @@ static void poll_once(struct loop *L)
         pqmq_batch_free(b);
         return;
     }
-    dispatch(r, b);
+    pqmq__claims_add(L->q, b);
 }
 
-/* The keep-alive period of a job: the configured one, or a third of its
- * lease. */
-static int64_t period_of(const pqmq_runner *r, const pqmq__entry *e)
-{
-    if (r->keep_alive_ms > 0)
-        return r->keep_alive_ms;
-    return e->lease_ms / 3 > 10 ? e->lease_ms / 3 : 10;
-}
-
-/* When the next keep-alive is due (FOREVER with nothing in flight). */
-static int64_t keep_alive_at(pqmq_runner *r)
-{
-    int64_t at = FOREVER;
-    pthread_mutex_lock(&r->lock);
-    for (int i = 0; i < r->capacity; i++) {
-        pqmq__entry *e = &r->entries[i];
-        if (e->job && e->extended_at_ms + period_of(r, e) < at)
-            at = e->extended_at_ms + period_of(r, e);
-    }
-    pthread_mutex_unlock(&r->lock);
-    return at;
-}
-
-/* Extends every in-flight lease (queued or running) in one statement, by
- * the longest lease in flight (or three configured periods). */
+/* Extends every held lease (queued or running) in one statement, by the
+ * longest lease held (or three configured periods). */
 static void keep_alive(struct loop *L)
 {
-    pqmq_runner *r = L->r;
-    uuid_t *ids = malloc((size_t)r->capacity * sizeof *ids);
-    if (!ids)
-        return;
-    size_t n = 0;
-    int64_t duration = 3 * r->keep_alive_ms;
-    pthread_mutex_lock(&r->lock);
-    for (int i = 0; i < r->capacity; i++) {
-        pqmq__entry *e = &r->entries[i];
-        if (!e->job)
-            continue;
-        memcpy(ids[n++], e->id, sizeof(uuid_t));
-        if (!r->keep_alive_ms && e->lease_ms > duration)
-            duration = e->lease_ms;
-    }
-    pthread_mutex_unlock(&r->lock);
-    /* Other clients may lease for longer than the C API accepts. */
-    if (duration > PQMQ_MAX_DURATION_MS)
-        duration = PQMQ_MAX_DURATION_MS;
+    uuid_t *ids;
+    int64_t duration;
+    size_t n = pqmq__claims_leases(L->q, L->r->keep_alive_ms, &ids, &duration);
     int64_t sent_at = pqmq__now_ms();
     int rc = n ? pqmq_keep_alive(L->ctl, (const uuid_t *)ids, n, duration, NULL) : 0;
     if (rc == PQMQ_ECONN)
         reconnect(L);
-    pthread_mutex_lock(&r->lock);
-    for (int i = 0; i < r->capacity; i++) {
-        pqmq__entry *e = &r->entries[i];
-        for (size_t k = 0; rc == 0 && e->job && k < n; k++)
-            if (!memcmp(e->id, ids[k], sizeof(uuid_t))) {
-                e->extended_at_ms = sent_at;
-                if (duration > e->lease_ms)
-                    e->lease_ms = duration;
-            }
-    }
-    pthread_mutex_unlock(&r->lock);
+    else if (rc == 0)
+        pqmq__claims_extended(L->q, (const uuid_t *)ids, n, sent_at, duration);
     free(ids);
 }
 
@@ -559,7 +384,7 @@ static int handle_notifications(struct loop *L)
             atomic_store(&L->r->stop, 1);
         else
             L->poll_due = 1;
-        atomic_fetch_add(&L->r->wakeups, 1);
+        atomic_fetch_add(&L->r->counters.wakeups, 1);
         PQfreemem(n);
         count++;
     }
@@ -606,15 +431,6 @@ static void wait_events(struct loop *L, int64_t deadline)
         reconnect(L);
 }
 
-/* Jobs claimed and not yet settled (queued or running). */
-static int busy(pqmq_runner *r)
-{
-    pthread_mutex_lock(&r->lock);
-    int n = r->capacity - count_free(r, NULL);
-    pthread_mutex_unlock(&r->lock);
-    return n;
-}
-
 static void loop_run(struct loop *L)
 {
     pqmq_runner *r = L->r;
@@ -624,7 +440,8 @@ static void loop_run(struct loop *L)
          * completed in its handler's transaction freed a slot without a
          * notification, and poll_at may predate it: poll to learn what is
          * ready and when. */
-        uint64_t settled = atomic_load(&r->processed) + atomic_load(&r->failed);
+        uint64_t settled =
+            atomic_load(&r->counters.processed) + atomic_load(&r->counters.failed);
         if (settled != L->settled) {
             L->settled = settled;
             L->poll_due = 1;
@@ -633,11 +450,11 @@ static void loop_run(struct loop *L)
         if (stopping) {
             flush_done(L);
             release_queued(L);
-            if (!busy(r))
+            if (!pqmq__claims_busy(L->q))
                 break;
         } else {
             /* No worker can run them: other consumers may. */
-            if (no_worker_up(r))
+            if (!pqmq__claims_any_up(L->q))
                 release_queued(L);
             if (!L->poll_due && pqmq__now_ms() >= L->poll_at)
                 L->poll_due = 1;
@@ -646,14 +463,14 @@ static void loop_run(struct loop *L)
             else
                 flush_done(L);
         }
-        int64_t deadline = keep_alive_at(r);
+        int64_t deadline = pqmq__claims_keep_alive_at(L->q, r->keep_alive_ms);
         if (deadline <= pqmq__now_ms()) {
             keep_alive(L);
-            deadline = keep_alive_at(r);
+            deadline = pqmq__claims_keep_alive_at(L->q, r->keep_alive_ms);
         }
         if (!stopping && !L->poll_due && L->poll_at < deadline)
             deadline = L->poll_at;
-        if (!stopping && L->poll_due && claim_room(r))
+        if (!stopping && L->poll_due && pqmq__claims_room(L->q))
             deadline = pqmq__now_ms(); /* more to claim right away */
         wait_events(L, deadline);
     }
@@ -669,7 +486,7 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: no handler registered");
         return PQMQ_EINVAL;
     }
-    struct loop L = {r, NULL, 1, 0, 0};
+    struct loop L = {r, NULL, NULL, 1, 0, 0};
     int rc = pqmq_connect(r->conninfo, &L.ctl);
     if (!rc)
         rc = listen_all(&L);
@@ -679,24 +496,22 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         pqmq_client_free(L.ctl);
         return rc;
     }
-    r->capacity = r->batch > r->threads ? r->batch : r->threads;
-    r->entries = calloc((size_t)r->capacity, sizeof *r->entries);
-    if (!r->entries) {
-        snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: out of memory");
-        pqmq_client_free(L.ctl);
-        return PQMQ_ENOMEM;
-    }
-    if ((rc = pqmq__workers_start(r))) {
-        free(r->entries);
-        r->entries = NULL;
+    int capacity = r->batch > r->threads ? r->batch : r->threads;
+    L.q = pqmq__claims_new(capacity, r->threads, wake, r, &r->counters.in_flight);
+    pqmq__worker_env env = {r->conninfo, r->routes, r->nroutes, &r->stop, &r->counters, L.q};
+    char why[256] = "out of memory";
+    pqmq__workers *workers = NULL;
+    rc = L.q ? pqmq__workers_start(&env, r->threads, &workers, why, sizeof why) : PQMQ_ENOMEM;
+    if (rc) {
+        snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: %s", why);
+        pqmq__claims_free(L.q);
         pqmq_client_free(L.ctl);
         return rc;
     }
     loop_run(&L);
-    pqmq__workers_join(r);
+    pqmq__workers_join(workers);
     flush_done(&L); /* results of the last handlers */
     pqmq_client_free(L.ctl);
-    free(r->entries);
-    r->entries = NULL;
+    pqmq__claims_free(L.q);
     return 0;
 }

@@ -11,31 +11,49 @@
 #include <string.h>
 #include <time.h>
 
-#include "pqmq-int.h"
+#include "workers.h"
+
+/* One worker thread. */
+typedef struct {
+    const pqmq__worker_env *env;
+    int index; /* its number in the claim queue */
+    pthread_t thread;
+    pqmq_client *client; /* the worker's own connection */
+    /* Reconnect backoff, kept across jobs so that a server refusing us sees
+     * a few attempts a second at most, not one burst per job. */
+    int64_t retry_at_ms;    /* monotonic: no attempt before this */
+    int64_t retry_delay_ms; /* 0 after a success; doubles up to a cap */
+} slot;
+
+struct pqmq__workers {
+    pqmq__worker_env env;
+    slot *slots;
+    int n;
+};
 
 struct pqmq_ctx {
-    pqmq__slot *slot;
-    const pqmq_job *job;
+    slot *slot;
+    const pqmq__work *work;
     int tx_open;
     int tx_broken; /* BEGIN failed: the job cannot complete transactionally */
     char error[512];
 };
 
-static const pqmq__route *route_for(const pqmq_runner *r, const char *name)
+static const pqmq__route *route_for(const pqmq__worker_env *env, const char *name)
 {
     const pqmq__route *fallback = NULL;
-    for (size_t i = 0; i < r->nroutes; i++) {
-        if (!r->routes[i].name)
-            fallback = &r->routes[i];
-        else if (!strcmp(r->routes[i].name, name))
-            return &r->routes[i];
+    for (size_t i = 0; i < env->nroutes; i++) {
+        if (!env->routes[i].name)
+            fallback = &env->routes[i];
+        else if (!strcmp(env->routes[i].name, name))
+            return &env->routes[i];
     }
     return fallback;
 }
 
 /* A pseudo-random number in [0, n), different per worker and per call:
  * spreads the workers' reconnect attempts. */
-static int64_t jitter(const pqmq__slot *s, int64_t n)
+static int64_t jitter(const slot *s, int64_t n)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -48,13 +66,13 @@ static int64_t jitter(const pqmq__slot *s, int64_t n)
  * says not yet: the first attempt is immediate (a terminated backend, a
  * server that is up), then 100 ms, doubling to 2 s, with jitter so that the
  * workers do not knock together. Returns 0 when connected. */
-static int try_reconnect(pqmq__slot *s)
+static int try_reconnect(slot *s)
 {
     int64_t now = pqmq__now_ms();
     if (now < s->retry_at_ms)
         return -1;
-    if (pqmq__reconnect(s->client) == 0) {
-        atomic_fetch_add(&s->runner->reconnects, 1);
+    if (pqmq__reset_conn(s->client) == 0) {
+        atomic_fetch_add(&s->env->counters->reconnects, 1);
         s->retry_delay_ms = 0;
         s->retry_at_ms = 0;
         return 0;
@@ -110,13 +128,13 @@ PQMQ_EXPORT int pqmq_ctx_checkpoint(pqmq_ctx *ctx, const char *json, const void 
 {
     if (!ctx)
         return PQMQ_EINVAL;
-    return pqmq_checkpoint(ctx->slot->client, ctx->slot->entry->id, pqmq_job_lease_ms(ctx->job), json,
-                           bytes, len, extra_retries);
+    return pqmq_checkpoint(ctx->slot->client, ctx->work->delivery.id,
+                           pqmq_job_lease_ms(ctx->work->job), json, bytes, len, extra_retries);
 }
 
 PQMQ_EXPORT int pqmq_ctx_stopping(const pqmq_ctx *ctx)
 {
-    return ctx ? atomic_load(&ctx->slot->runner->stop) : 0;
+    return ctx ? atomic_load(ctx->slot->env->stop) : 0;
 }
 
 /* ---- running one job --------------------------------------------------- */
@@ -135,22 +153,13 @@ static int exec_ok(PGconn *conn, const char *sql)
 static int commit_with_completion(pqmq_ctx *ctx)
 {
     pqmq_client *c = ctx->slot->client;
-    PGparam *param = pqmq__param(c);
-    int rc = param ? pqmq__put_uuids(c, param, (const uuid_t *)ctx->slot->entry->id, 1,
-                                     "complete") : PQMQ_ENOMEM;
-    if (!rc && !PQputf(param, "%int4", ctx->slot->entry->attempt))
-        rc = PQMQ_ENOMEM;
+    size_t done = 0;
     /* Fenced by attempt: a redelivered message is not ours to complete. */
-    PGresult *res = rc ? NULL : pqmq__exec(c, param, "SELECT mq_complete($1, ARRAY[$2])",
-                                           "complete", &rc);
-    PQparamClear(param);
-    int deleted = 0;
-    if (res && !PQgetf(res, 0, "%int4", 0, &deleted))
-        deleted = 0;
-    PQclear(res);
-    if (rc || deleted != 1) {
+    int rc = pqmq__complete(c, &ctx->work->delivery, 1, "pqmq_runner: complete", &done);
+    if (rc || done != 1) {
         snprintf(ctx->error, sizeof ctx->error, "%s",
-                 rc ? pqmq_errmsg(c) : "lease lost: the message was completed elsewhere");
+                 rc == PQMQ_ESTALE || !rc ? "lease lost: the message was completed elsewhere"
+                                          : pqmq_errmsg(c));
         exec_ok(pqmq_conn(c), "ROLLBACK");
         return -1;
     }
@@ -190,19 +199,19 @@ static void record_failure(pqmq_ctx *ctx)
     utf8_cut(ctx->error);
     if (PQstatus(pqmq_conn(c)) != CONNECTION_OK)
         (void)try_reconnect(ctx->slot);
-    (void)pqmq__fail(c, ctx->slot->entry->id, ctx->slot->entry->attempt,
+    (void)pqmq__fail(c, ctx->work->delivery.id, ctx->work->delivery.attempt,
                      ctx->error[0] ? ctx->error : "handler failed");
 }
 
-/* Runs the handler for the slot's job and settles the outcome. Returns 1
- * when the main loop must complete the job (plain success). */
-static int run_job(pqmq__slot *s)
+/* Runs the handler for w and settles the outcome. Returns 1 when the main
+ * loop must complete the job (plain success). */
+static int run_job(slot *s, const pqmq__work *w)
 {
-    pqmq_runner *r = s->runner;
-    const pqmq_job *job = s->entry->job;
-    pqmq_ctx ctx = {s, job, 0, 0, ""};
+    const pqmq__worker_env *env = s->env;
+    const pqmq_job *job = w->job;
+    pqmq_ctx ctx = {s, w, 0, 0, ""};
     const char *name = pqmq_job_name(job);
-    const pqmq__route *route = route_for(r, name);
+    const pqmq__route *route = route_for(env, name);
     int rc;
     if (route) {
         rc = route->fn(&ctx, job, route->arg);
@@ -217,7 +226,7 @@ static int run_job(pqmq__slot *s)
             rc = -1;
         }
         if (rc == 0 && commit_with_completion(&ctx) == 0) {
-            atomic_fetch_add(&r->processed, 1);
+            atomic_fetch_add(&env->counters->processed, 1);
             return 0;
         }
         if (PQtransactionStatus(pqmq_conn(s->client)) != PQTRANS_IDLE)
@@ -231,27 +240,8 @@ static int run_job(pqmq__slot *s)
     record_failure(&ctx);
     /* Counted once recorded: the main loop polls when this moves, and
      * whoever reads the counter then also sees last_error. */
-    atomic_fetch_add(&r->failed, 1);
+    atomic_fetch_add(&env->counters->failed, 1);
     return 0;
-}
-
-/* Appends an id to the runner's completion list (under the lock). */
-static void push_done(pqmq_runner *r, const uuid_t id, int attempt)
-{
-    if (r->ndone == r->done_cap) {
-        size_t cap = r->done_cap ? 2 * r->done_cap : 64;
-        uuid_t *ids = realloc(r->done, cap * sizeof *ids);
-        if (ids)
-            r->done = ids;
-        int *attempts = ids ? realloc(r->done_attempts, cap * sizeof *attempts) : NULL;
-        if (attempts)
-            r->done_attempts = attempts;
-        if (!ids || !attempts)
-            return; /* not completed now: the lease runs out, it comes back */
-        r->done_cap = cap;
-    }
-    memcpy(r->done[r->ndone], id, sizeof(uuid_t));
-    r->done_attempts[r->ndone++] = attempt;
 }
 
 /* A backend terminated while its worker was idle has sent its last words
@@ -271,134 +261,86 @@ static void notice_hangup(PGconn *conn)
 
 /* Whether the worker's connection works, reconnecting if the backoff
  * allows. Called with no lock held. */
-static int connected(pqmq__slot *s)
+static int connected(slot *s)
 {
     notice_hangup(pqmq_conn(s->client));
     return PQstatus(pqmq_conn(s->client)) == CONNECTION_OK || try_reconnect(s) == 0;
 }
 
-/* A worker that cannot reach the server takes no job (another worker, or
- * itself once reconnected, runs it): waits out its backoff, woken early by
- * shutdown, then tries again (under the lock). */
-static void wait_reconnect(pqmq__slot *s)
-{
-    pqmq_runner *r = s->runner;
-    int64_t at = s->retry_at_ms;
-    struct timespec ts = {(time_t)(at / 1000), (long)(at % 1000) * 1000000L};
-    while (!r->shutdown && pqmq__now_ms() < at)
-        if (pthread_cond_timedwait(&r->work, &r->lock, &ts) != 0)
-            break;
-    if (r->shutdown)
-        return;
-    pthread_mutex_unlock(&r->lock);
-    int ok = try_reconnect(s) == 0;
-    pthread_mutex_lock(&r->lock);
-    s->down = !ok;
-    if (ok)
-        pqmq__runner_wake(r); /* it may claim again */
-}
-
-/* The oldest queued entry, or NULL (under the lock). */
-static pqmq__entry *next_queued(pqmq_runner *r)
-{
-    pqmq__entry *best = NULL;
-    for (int i = 0; i < r->capacity; i++) {
-        pqmq__entry *e = &r->entries[i];
-        if (e->job && !e->running && (!best || e->seq < best->seq))
-            best = e;
-    }
-    return best;
-}
-
 static void *worker_main(void *arg)
 {
-    pqmq__slot *s = arg;
-    pqmq_runner *r = s->runner;
-    pthread_mutex_lock(&r->lock);
+    slot *s = arg;
+    pqmq__claims *q = s->env->claims;
     for (;;) {
-        if (s->down && !r->shutdown) {
-            wait_reconnect(s);
+        /* A worker that cannot reach the server takes no job (another
+         * worker, or itself once reconnected, runs it): it waits out its
+         * backoff, woken early by shutdown, then tries again. */
+        if (pqmq__claims_is_down(q, s->index)) {
+            if (pqmq__claims_sleep_until(q, s->retry_at_ms))
+                break;
+            pqmq__claims_set_up(q, s->index, try_reconnect(s) == 0);
             continue;
         }
-        pqmq__entry *e;
-        while (!(e = next_queued(r)) && !r->shutdown)
-            pthread_cond_wait(&r->work, &r->lock);
-        if (!e || (s->down && r->shutdown))
+        pqmq__work w;
+        int index = pqmq__claims_next(q, s->index, &w);
+        if (index < 0)
             break;
-        e->running = 1;
-        s->entry = e;
-        pthread_mutex_unlock(&r->lock);
-        int up = connected(s);
-        pthread_mutex_lock(&r->lock);
-        if (!up) {
-            /* Hand the job back to the queue, untouched; the main loop
-             * hands queued jobs back to the server if no worker is up. */
-            e->running = 0;
-            s->entry = NULL;
-            s->down = 1;
-            pthread_cond_broadcast(&r->work);
-            pqmq__runner_wake(r);
+        if (!connected(s)) {
+            /* Back to the queue, untouched; the main loop hands queued
+             * jobs back to the server if no worker is up. */
+            pqmq__claims_give_back(q, s->index, index);
             continue;
         }
-        pthread_mutex_unlock(&r->lock);
-        int complete = run_job(s);
-        pthread_mutex_lock(&r->lock);
-        if (complete)
-            push_done(r, e->id, e->attempt);
-        s->entry = NULL;
-        pqmq__entry_release(r, e);
-        pqmq__runner_wake(r);
+        pqmq__claims_finish(q, index, run_job(s, &w));
     }
-    pthread_mutex_unlock(&r->lock);
     return NULL;
 }
 
-int pqmq__workers_start(pqmq_runner *r)
+int pqmq__workers_start(const pqmq__worker_env *env, int n, pqmq__workers **out, char *err,
+                        size_t errlen)
 {
-    r->shutdown = 0;
-    r->slots = calloc((size_t)r->threads, sizeof *r->slots);
-    if (!r->slots)
+    *out = NULL;
+    pqmq__workers *w = calloc(1, sizeof *w);
+    if (!w || !(w->slots = calloc((size_t)n, sizeof *w->slots))) {
+        free(w);
+        snprintf(err, errlen, "out of memory");
         return PQMQ_ENOMEM;
-    int started = 0, rc = 0;
-    for (int i = 0; i < r->threads && !rc; i++) {
-        pqmq__slot *s = &r->slots[i];
-        s->runner = r;
-        rc = pqmq_connect(r->conninfo, &s->client);
+    }
+    w->env = *env;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        slot *s = &w->slots[i];
+        s->env = &w->env;
+        s->index = i;
+        rc = pqmq_connect(env->conninfo, &s->client);
         if (rc) {
-            snprintf(r->errmsg, sizeof r->errmsg, "worker connection: %s",
-                     pqmq_errmsg(s->client));
-            break;
-        }
-        if (pthread_create(&s->thread, NULL, worker_main, s) != 0) {
-            snprintf(r->errmsg, sizeof r->errmsg, "cannot start worker thread");
+            snprintf(err, errlen, "worker connection: %s", pqmq_errmsg(s->client));
+            pqmq_client_free(s->client);
+        } else if (pthread_create(&s->thread, NULL, worker_main, s) != 0) {
+            snprintf(err, errlen, "cannot start worker thread");
+            pqmq_client_free(s->client);
             rc = PQMQ_ENOMEM;
-            break;
+        } else {
+            w->n++; /* started: joined by pqmq__workers_join */
         }
-        started++;
     }
     if (rc) {
-        /* The slot that failed has no thread; the others are joined. */
-        pqmq_client_free(r->slots[started].client);
-        int configured = r->threads;
-        r->threads = started;
-        pqmq__workers_join(r);
-        r->threads = configured;
+        pqmq__workers_join(w);
+        return rc;
     }
-    return rc;
+    *out = w;
+    return 0;
 }
 
-void pqmq__workers_join(pqmq_runner *r)
+void pqmq__workers_join(pqmq__workers *w)
 {
-    if (!r->slots)
+    if (!w)
         return;
-    pthread_mutex_lock(&r->lock);
-    r->shutdown = 1;
-    pthread_cond_broadcast(&r->work);
-    pthread_mutex_unlock(&r->lock);
-    for (int i = 0; i < r->threads; i++) {
-        pthread_join(r->slots[i].thread, NULL);
-        pqmq_client_free(r->slots[i].client);
+    pqmq__claims_shutdown(w->env.claims);
+    for (int i = 0; i < w->n; i++) {
+        pthread_join(w->slots[i].thread, NULL);
+        pqmq_client_free(w->slots[i].client);
     }
-    free(r->slots);
-    r->slots = NULL;
+    free(w->slots);
+    free(w);
 }

@@ -14,8 +14,8 @@
 --   * the original's internal helpers and indexes are dropped (0001 creates
 --     pqmq's); so is lock_number, which later versions of the original add
 --     and which no pqmq insert fills;
---   * the columns pqmq adds are added; 0001 to 0004 then apply as on a new
---     database, and 0004 records the tail of every existing chain.
+--   * the columns pqmq adds are added; 0001 onwards then apply as on a new
+--     database, and 0005 records the tail of every existing chain.
 -- Queued, delayed, uncommitted (two-phase) and ordered messages keep their
 -- meaning: the original and pqmq encode them the same way.
 DO $$

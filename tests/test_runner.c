@@ -1135,7 +1135,7 @@ static void test_completions_are_batched(void)
     CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     long long before = function_calls("mq_complete"); /* earlier tests' sessions */
-    long long before_cp = function_calls("mq_complete_poll");
+    long long before_cp = function_calls("mq_complete_claim");
     bg_t b;
     bg_start(&b, r);
     WAIT_UNTIL(stats(r).processed >= JOBS, 15000);
@@ -1144,7 +1144,7 @@ static void test_completions_are_batched(void)
     long long calls = 0, with_poll = 0;
     for (int64_t end = t_now_ms() + 5000; t_now_ms() < end && calls == 0; t_sleep_ms(50)) {
         calls = function_calls("mq_complete") - before;
-        with_poll = function_calls("mq_complete_poll") - before_cp;
+        with_poll = function_calls("mq_complete_claim") - before_cp;
     }
     printf("    %d jobs completed in %lld mq_complete calls, %lld of them in a poll's "
            "statement\n", JOBS, calls, with_poll);

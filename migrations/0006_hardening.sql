@@ -1,4 +1,4 @@
--- pqmq schema, version 5: hardening against hostile and careless callers.
+-- pqmq schema, version 6: hardening against hostile and careless callers.
 --
 --   * Intervals: months count 30 days and days 24 hours, everywhere. The
 --     checks compared intervals that way (PostgreSQL's interval order) while
@@ -433,5 +433,5 @@ WHERE pg_catalog.date_part('month', retry_backoff) <> 0
    OR pg_catalog.date_part('day', retry_backoff) <> 0;
 
 INSERT INTO mq_schema_migrations (version, name)
-VALUES (5, '0005_hardening')
+VALUES (6, '0006_hardening')
 ON CONFLICT (version) DO NOTHING;

@@ -1,4 +1,4 @@
--- pqmq schema, version 4: clients of the original (sqlxmq) schema share the queue.
+-- pqmq schema, version 5: clients of the original (sqlxmq) schema share the queue.
 --
 -- Programs written against the original schema (the sqlxmq crate and others
 -- that call its functions) work unchanged on a pqmq database:
@@ -23,7 +23,6 @@ CREATE OR REPLACE FUNCTION mq_limits(
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$ SELECT 10000, 16777216::bigint, interval '36500000 days' $$;
-
 
 CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
@@ -158,11 +157,8 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION mq_poll_jobs(channel_names text[], batch_size int)
-RETURNS TABLE(id uuid, is_committed boolean, name text, payload_json text,
-              payload_bytes bytea, retry_backoff interval, wait_time interval,
-              channel_name text, channel_args text, attempt int,
-              attempts_left int)
+CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
+RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Custom plans (a new session's first five calls) pick hash joins over the
@@ -193,26 +189,20 @@ BEGIN
         picked := mq_pick(NULL, -9223372036854775808, 9223372036854775807,
                           per_key, batch_size, budget, picked, ts);
     ELSE
-        FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-                                  WHERE n IS NOT NULL) d
-                  ORDER BY random() LOOP
-            EXIT WHEN cardinality(picked) >= batch_size;
-            lo := hashtext(nm)::bigint << 32;
-            hi := lo | 4294967295;
-            picked := mq_pick(nm, lo, hi, per_key, batch_size, budget, picked, ts);
-        END LOOP;
-        -- A second round takes more from channels that had more to give.
-        IF cardinality(picked) < batch_size THEN
+        -- Round 1 takes up to per_key from each named channel; round 2 takes
+        -- more from channels that had more to give.
+        FOR round IN 1..2 LOOP
             FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
                                       WHERE n IS NOT NULL) d
                       ORDER BY random() LOOP
                 EXIT WHEN cardinality(picked) >= batch_size;
                 lo := hashtext(nm)::bigint << 32;
                 hi := lo | 4294967295;
-                picked := mq_pick(nm, lo, hi, batch_size, batch_size, budget,
-                                  picked, ts);
+                picked := mq_pick(nm, lo, hi,
+                                  CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                  batch_size, budget, picked, ts);
             END LOOP;
-        END IF;
+        END LOOP;
     END IF;
 
     -- Unfiltered polls top up from the time index: exact and O(batch log n).
@@ -261,7 +251,7 @@ BEGIN
         )
         SELECT c.id, c.committed, p.name, p.payload_json::text, p.payload_bytes,
                c.lease, interval '0', c.channel_name, c.channel_args,
-               c.deliveries, c.attempts
+               c.deliveries, c.attempts, NULL::text, false
         FROM claimed c
         LEFT JOIN LATERAL (
             SELECT p.name, p.payload_json, p.payload_bytes FROM mq_payloads p
@@ -296,7 +286,7 @@ BEGIN
         NULL::bytea, NULL::interval,
         CASE WHEN next_at IS NOT NULL
              THEN GREATEST(next_at - clock_timestamp(), interval '0') END,
-        NULL::text, NULL::text, NULL::int, NULL::int;
+        NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
 END;
 $$;
 
@@ -488,5 +478,5 @@ WHERE m.after_message_id IS NOT NULL
 ORDER BY m.channel_name, m.channel_args, m.created_at DESC, m.id DESC;
 
 INSERT INTO mq_schema_migrations (version, name)
-VALUES (4, '0004_sqlxmq_clients')
+VALUES (5, '0005_sqlxmq_clients')
 ON CONFLICT (version) DO NOTHING;

@@ -1,0 +1,380 @@
+/*
+ * claims.c: the runner's claim queue. The main loop claims jobs into it in
+ * batches and collects what finished; workers take the oldest queued job
+ * and settle it. One mutex guards all of it and is taken only here.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "claims.h"
+
+/* A poll result shared by the jobs claimed from it. */
+typedef struct {
+    pqmq_batch *batch;
+    int refs;
+} held;
+
+/* A claimed job: queued for a worker, or running. */
+typedef struct {
+    const pqmq_job *job; /* NULL: the entry is free */
+    held *from;
+    pqmq__delivery delivery;
+    int running;            /* 0: queued */
+    uint64_t seq;           /* claim order: workers take the oldest */
+    int64_t lease_ms;
+    int64_t extended_at_ms; /* when its lease was last set (claim or keep-alive) */
+} entry;
+
+struct pqmq__claims {
+    pthread_mutex_t lock;
+    pthread_cond_t work; /* a job was queued, or shutdown */
+    int shutdown;
+    entry *entries;
+    int capacity;
+    uint64_t next_seq;
+    pqmq__delivery *done; /* handlers that succeeded, to be completed */
+    size_t ndone, done_cap;
+    int *down; /* per worker: cannot reach the server, takes no job */
+    int workers;
+    void (*wake)(void *);
+    void *wake_arg;
+    atomic_uint_fast64_t *in_flight;
+};
+
+pqmq__claims *pqmq__claims_new(int capacity, int workers, void (*wake)(void *), void *arg,
+                               atomic_uint_fast64_t *in_flight)
+{
+    pqmq__claims *q = calloc(1, sizeof *q);
+    if (!q)
+        return NULL;
+    q->entries = calloc((size_t)capacity, sizeof *q->entries);
+    q->down = calloc((size_t)workers, sizeof *q->down);
+    if (!q->entries || !q->down) {
+        free(q->entries);
+        free(q->down);
+        free(q);
+        return NULL;
+    }
+    q->capacity = capacity;
+    q->workers = workers;
+    q->wake = wake;
+    q->wake_arg = arg;
+    q->in_flight = in_flight;
+    pthread_mutex_init(&q->lock, NULL);
+    /* Monotonic, so that a worker's reconnect backoff ignores clock jumps. */
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&q->work, &attr);
+    pthread_condattr_destroy(&attr);
+    return q;
+}
+
+/* Frees an entry whose job is settled or handed back (under the lock). */
+static void release(pqmq__claims *q, entry *e)
+{
+    if (--e->from->refs == 0) {
+        pqmq_batch_free(e->from->batch);
+        free(e->from);
+    }
+    e->job = NULL;
+    e->from = NULL;
+    atomic_fetch_sub(q->in_flight, 1);
+}
+
+void pqmq__claims_free(pqmq__claims *q)
+{
+    if (!q)
+        return;
+    for (int i = 0; i < q->capacity; i++)
+        if (q->entries[i].job)
+            release(q, &q->entries[i]);
+    pthread_mutex_destroy(&q->lock);
+    pthread_cond_destroy(&q->work);
+    free(q->entries);
+    free(q->down);
+    free(q->done);
+    free(q);
+}
+
+/* ---- the main loop's side ---------------------------------------------- */
+
+/* Free entries, and queued ones in *queued (under the lock). */
+static int count_free(const pqmq__claims *q, int *queued)
+{
+    int free_n = 0, n = 0;
+    for (int i = 0; i < q->capacity; i++) {
+        free_n += q->entries[i].job == NULL;
+        n += q->entries[i].job && !q->entries[i].running;
+    }
+    if (queued)
+        *queued = n;
+    return free_n;
+}
+
+static int any_up(const pqmq__claims *q)
+{
+    for (int i = 0; i < q->workers; i++)
+        if (!q->down[i])
+            return 1;
+    return 0;
+}
+
+int pqmq__claims_room(pqmq__claims *q)
+{
+    int queued;
+    pthread_mutex_lock(&q->lock);
+    int free_n = count_free(q, &queued);
+    int up = any_up(q);
+    pthread_mutex_unlock(&q->lock);
+    if (!up || free_n == 0 || (queued > 0 && free_n < q->capacity / 2))
+        return 0;
+    return free_n;
+}
+
+void pqmq__claims_add(pqmq__claims *q, pqmq_batch *b)
+{
+    size_t n = pqmq_batch_count(b);
+    held *h = malloc(sizeof *h);
+    if (!h) {
+        pqmq_batch_free(b); /* the leases run out and the jobs come back */
+        return;
+    }
+    h->batch = b;
+    h->refs = (int)n;
+    int64_t now = pqmq__now_ms();
+    pthread_mutex_lock(&q->lock);
+    size_t k = 0;
+    for (int i = 0; i < q->capacity && k < n; i++) {
+        entry *e = &q->entries[i];
+        if (e->job)
+            continue;
+        e->job = pqmq_batch_job(b, k++);
+        e->from = h;
+        e->delivery = *pqmq__job_delivery(e->job);
+        e->lease_ms = pqmq_job_lease_ms(e->job);
+        e->extended_at_ms = now;
+        e->running = 0;
+        e->seq = q->next_seq++;
+        atomic_fetch_add(q->in_flight, 1);
+    }
+    pthread_cond_broadcast(&q->work);
+    pthread_mutex_unlock(&q->lock);
+}
+
+size_t pqmq__claims_done(pqmq__claims *q, pqmq__delivery **out)
+{
+    pthread_mutex_lock(&q->lock);
+    size_t n = q->ndone;
+    *out = n ? malloc(n * sizeof **out) : NULL;
+    if (*out)
+        memcpy(*out, q->done, n * sizeof **out);
+    else
+        n = 0;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+void pqmq__claims_drop_done(pqmq__claims *q, size_t n)
+{
+    pthread_mutex_lock(&q->lock);
+    /* Workers may have appended meanwhile: keep those. */
+    memmove(q->done, q->done + n, (q->ndone - n) * sizeof *q->done);
+    q->ndone -= n;
+    pthread_mutex_unlock(&q->lock);
+}
+
+size_t pqmq__claims_take_queued(pqmq__claims *q, pqmq__delivery **out)
+{
+    size_t n = 0;
+    *out = malloc((size_t)q->capacity * sizeof **out);
+    pthread_mutex_lock(&q->lock);
+    for (int i = 0; *out && i < q->capacity; i++) {
+        entry *e = &q->entries[i];
+        if (!e->job || e->running)
+            continue;
+        (*out)[n++] = e->delivery;
+        release(q, e);
+    }
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+int pqmq__claims_busy(pqmq__claims *q)
+{
+    pthread_mutex_lock(&q->lock);
+    int n = q->capacity - count_free(q, NULL);
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+int pqmq__claims_any_up(pqmq__claims *q)
+{
+    pthread_mutex_lock(&q->lock);
+    int up = any_up(q);
+    pthread_mutex_unlock(&q->lock);
+    return up;
+}
+
+static int64_t period_of(const entry *e, int64_t period_ms)
+{
+    if (period_ms > 0)
+        return period_ms;
+    return e->lease_ms / 3 > 10 ? e->lease_ms / 3 : 10;
+}
+
+int64_t pqmq__claims_keep_alive_at(pqmq__claims *q, int64_t period_ms)
+{
+    int64_t at = INT64_MAX;
+    pthread_mutex_lock(&q->lock);
+    for (int i = 0; i < q->capacity; i++) {
+        const entry *e = &q->entries[i];
+        if (e->job && e->extended_at_ms + period_of(e, period_ms) < at)
+            at = e->extended_at_ms + period_of(e, period_ms);
+    }
+    pthread_mutex_unlock(&q->lock);
+    return at;
+}
+
+size_t pqmq__claims_leases(pqmq__claims *q, int64_t period_ms, uuid_t **ids,
+                           int64_t *duration_ms)
+{
+    size_t n = 0;
+    int64_t duration = 3 * period_ms;
+    if (!(*ids = malloc((size_t)q->capacity * sizeof **ids)))
+        return 0;
+    pthread_mutex_lock(&q->lock);
+    for (int i = 0; i < q->capacity; i++) {
+        const entry *e = &q->entries[i];
+        if (!e->job)
+            continue;
+        memcpy((*ids)[n++], e->delivery.id, sizeof(uuid_t));
+        if (!period_ms && e->lease_ms > duration)
+            duration = e->lease_ms;
+    }
+    pthread_mutex_unlock(&q->lock);
+    /* Other clients may lease for longer than the C API accepts. */
+    if (duration > PQMQ_MAX_DURATION_MS)
+        duration = PQMQ_MAX_DURATION_MS;
+    *duration_ms = duration;
+    return n;
+}
+
+void pqmq__claims_extended(pqmq__claims *q, const uuid_t *ids, size_t n, int64_t sent_at,
+                           int64_t duration_ms)
+{
+    pthread_mutex_lock(&q->lock);
+    for (int i = 0; i < q->capacity; i++) {
+        entry *e = &q->entries[i];
+        for (size_t k = 0; e->job && k < n; k++)
+            if (!memcmp(e->delivery.id, ids[k], sizeof(uuid_t))) {
+                e->extended_at_ms = sent_at;
+                if (duration_ms > e->lease_ms)
+                    e->lease_ms = duration_ms;
+            }
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+void pqmq__claims_shutdown(pqmq__claims *q)
+{
+    pthread_mutex_lock(&q->lock);
+    q->shutdown = 1;
+    pthread_cond_broadcast(&q->work);
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* ---- a worker's side --------------------------------------------------- */
+
+/* The oldest queued entry, or NULL (under the lock). */
+static entry *next_queued(pqmq__claims *q)
+{
+    entry *best = NULL;
+    for (int i = 0; i < q->capacity; i++) {
+        entry *e = &q->entries[i];
+        if (e->job && !e->running && (!best || e->seq < best->seq))
+            best = e;
+    }
+    return best;
+}
+
+int pqmq__claims_next(pqmq__claims *q, int worker, pqmq__work *w)
+{
+    (void)worker;
+    entry *e;
+    pthread_mutex_lock(&q->lock);
+    while (!(e = next_queued(q)) && !q->shutdown)
+        pthread_cond_wait(&q->work, &q->lock);
+    if (e && !q->shutdown) {
+        e->running = 1;
+        w->job = e->job;
+        w->delivery = e->delivery;
+    }
+    pthread_mutex_unlock(&q->lock);
+    /* At shutdown, queued jobs are left for the loop to hand back. */
+    return e && !q->shutdown ? (int)(e - q->entries) : -1;
+}
+
+/* Appends a delivery to the completion list (under the lock). */
+static void push_done(pqmq__claims *q, const pqmq__delivery *d)
+{
+    if (q->ndone == q->done_cap) {
+        size_t cap = q->done_cap ? 2 * q->done_cap : 64;
+        pqmq__delivery *grown = realloc(q->done, cap * sizeof *grown);
+        if (!grown)
+            return; /* not completed now: the lease runs out, it comes back */
+        q->done = grown;
+        q->done_cap = cap;
+    }
+    q->done[q->ndone++] = *d;
+}
+
+void pqmq__claims_finish(pqmq__claims *q, int index, int complete)
+{
+    pthread_mutex_lock(&q->lock);
+    entry *e = &q->entries[index];
+    if (complete)
+        push_done(q, &e->delivery);
+    release(q, e);
+    pthread_mutex_unlock(&q->lock);
+    q->wake(q->wake_arg);
+}
+
+void pqmq__claims_give_back(pqmq__claims *q, int worker, int index)
+{
+    pthread_mutex_lock(&q->lock);
+    q->entries[index].running = 0;
+    q->down[worker] = 1;
+    pthread_cond_broadcast(&q->work); /* another worker may take it */
+    pthread_mutex_unlock(&q->lock);
+    q->wake(q->wake_arg); /* if none is up, the loop hands it back */
+}
+
+int pqmq__claims_is_down(pqmq__claims *q, int worker)
+{
+    pthread_mutex_lock(&q->lock);
+    int down = q->down[worker];
+    pthread_mutex_unlock(&q->lock);
+    return down;
+}
+
+void pqmq__claims_set_up(pqmq__claims *q, int worker, int up)
+{
+    pthread_mutex_lock(&q->lock);
+    q->down[worker] = !up;
+    pthread_mutex_unlock(&q->lock);
+    if (up)
+        q->wake(q->wake_arg); /* it may claim again */
+}
+
+int pqmq__claims_sleep_until(pqmq__claims *q, int64_t at_ms)
+{
+    struct timespec ts = {(time_t)(at_ms / 1000), (long)(at_ms % 1000) * 1000000L};
+    pthread_mutex_lock(&q->lock);
+    while (!q->shutdown && pqmq__now_ms() < at_ms)
+        if (pthread_cond_timedwait(&q->work, &q->lock, &ts) != 0)
+            break;
+    int shutdown = q->shutdown;
+    pthread_mutex_unlock(&q->lock);
+    return shutdown;
+}

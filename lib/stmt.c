@@ -1,0 +1,314 @@
+/*
+ * stmt.c: the statement layer every API file uses: parameters (arrays of
+ * ids, deliveries, channels, counts, durations), the prologues of calls that
+ * take ids, running a statement, and turning its failure into a code and a
+ * message on the client.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pqmq-int.h"
+
+/* ---- running statements ------------------------------------------------ */
+
+/* Maps a failed statement to a code and message. */
+static int fail_from(pqmq_client *c, const char *what, const char *msg, const char *state)
+{
+    /* An error libpq made itself (no SQLSTATE) is often a dead connection
+     * that libpq still calls CONNECTION_OK until it reads the hang-up: read
+     * it. A lost connection leaves the statement's outcome unknown, which
+     * PQMQ_ECONN says and PQMQ_ESERVER ("refused") would not. Server-side
+     * shutdowns (57P0x) and connection exceptions (08xxx) count too. */
+    if (!state)
+        (void)PQconsumeInput(c->conn);
+    if (PQstatus(c->conn) != CONNECTION_OK || (!state && PQsocket(c->conn) < 0) ||
+        (state && (!strncmp(state, "57P0", 4) || !strncmp(state, "08", 2)))) {
+        int rc = pqmq__seterr(c, PQMQ_ECONN, "%s: connection lost: %s", what,
+                              msg && *msg ? msg : PQerrorMessage(c->conn));
+        pqmq__set_sqlstate(c, state);
+        return rc;
+    }
+    int code = PQMQ_ESERVER;
+    if (state && (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
+                  !strcmp(state, "42704")))
+        code = PQMQ_ESCHEMA; /* undefined function, table or type */
+    else if (state && !strcmp(state, "22023"))
+        code = PQMQ_EINVAL; /* invalid_parameter_value from our checks */
+    else if (state && !strcmp(state, "54000"))
+        code = PQMQ_ETOOBIG; /* program_limit_exceeded */
+    int rc = pqmq__seterr(c, code, "%s: %s%s%s%s%s", what, msg && *msg ? msg : "error",
+                          state ? " (SQLSTATE " : "", state ? state : "", state ? ")" : "",
+                          code == PQMQ_ESCHEMA ? "; run pqmq_migrate to create the queue" : "");
+    pqmq__set_sqlstate(c, state);
+    return rc;
+}
+
+/* The server's one-line message, or libpq's own text for local errors. */
+static const char *result_message(const PGresult *r)
+{
+    const char *primary = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    return primary && *primary ? primary : PQresultErrorMessage(r);
+}
+
+/* Takes a statement's last result: returns it when it succeeded, else
+ * clears it, sets the error and returns NULL. */
+static PGresult *outcome(pqmq_client *c, PGresult *r, const char *what, int *rc)
+{
+    ExecStatusType st = PQresultStatus(r);
+    if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
+        *rc = 0;
+        return r;
+    }
+    if (!r)
+        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
+    else
+        *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_SQLSTATE));
+    PQclear(r);
+    return NULL;
+}
+
+PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char *what,
+                     int *rc)
+{
+    /* Send with libpqtypes, but read the outcome from the PGresult: the
+     * error text libpqtypes keeps (PQgeterror) is one per process, which
+     * threads with their own connections would overwrite. */
+    if (!PQparamSendQuery(c->conn, param, sql, 1)) {
+        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
+        return NULL;
+    }
+    PGresult *r = NULL, *next;
+    while ((next = PQgetResult(c->conn)) != NULL) {
+        PQclear(r); /* only the last result of the statement matters */
+        r = next;
+    }
+    return outcome(c, r, what, rc);
+}
+
+PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what, int *rc)
+{
+    return outcome(c, PQexec(c->conn, sql), what, rc);
+}
+
+int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,
+                      const char *spec, int *value)
+{
+    int rc;
+    PGresult *r = pqmq__exec(c, param, sql, what, &rc);
+    if (!r)
+        return rc;
+    *value = 0;
+    if (spec && !PQgetf(r, 0, spec, 0, value))
+        rc = pqmq__seterr(c, PQMQ_ESERVER, "%s: unexpected result: %s", what, PQgeterror());
+    PQclear(r);
+    return rc;
+}
+
+/* ---- parameters -------------------------------------------------------- */
+
+PGparam *pqmq__param(pqmq_client *c)
+{
+    PGparam *p = PQparamCreate(c->conn);
+    if (!p)
+        pqmq__seterr(c, PQMQ_ENOMEM, "out of memory creating parameters");
+    return p;
+}
+
+int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format,
+                    const void *items, size_t n, pqmq__put_element put, const char *what)
+{
+    PGarray arr;
+    memset(&arr, 0, sizeof arr);
+    if (!(arr.param = pqmq__param(c)))
+        return PQMQ_ENOMEM;
+    int ok = 1;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = put(c, arr.param, items, i);
+    ok = ok && PQputf(param, array_format, &arr);
+    PQparamClear(arr.param);
+    if (!ok)
+        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: cannot build an array parameter: %s", what,
+                            PQgeterror());
+    return 0;
+}
+
+static int put_id(pqmq_client *c, PGparam *array, const void *items, size_t i)
+{
+    const uuid_t *ids = items;
+    return PQputf(array, pqmq__spec(c, PQMQ__SPEC_UUID), (PGuuid)ids[i]);
+}
+
+static int put_delivery_id(pqmq_client *c, PGparam *array, const void *items, size_t i)
+{
+    const pqmq__delivery *d = items;
+    return PQputf(array, pqmq__spec(c, PQMQ__SPEC_UUID), (PGuuid)d[i].id);
+}
+
+static int put_delivery_attempt(pqmq_client *c, PGparam *array, const void *items, size_t i)
+{
+    const pqmq__delivery *d = items;
+    return PQputf(array, pqmq__spec(c, PQMQ__SPEC_INT4), d[i].attempt);
+}
+
+static int put_text(pqmq_client *c, PGparam *array, const void *items, size_t i)
+{
+    (void)c;
+    const char *const *texts = items;
+    return PQputf(array, "%text*", texts[i]);
+}
+
+int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
+                  const char *what)
+{
+    return pqmq__put_array(c, param, "%uuid[]", ids, n, put_id, what);
+}
+
+int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n,
+                         const char *what)
+{
+    int rc = pqmq__put_array(c, param, "%uuid[]", d, n, put_delivery_id, what);
+    return rc ? rc : pqmq__put_array(c, param, "%int4[]", d, n, put_delivery_attempt, what);
+}
+
+int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels, size_t n,
+                       const char *what)
+{
+    if (!channels)
+        return PQputf(param, "%text[]", NULL)
+                   ? 0
+                   : pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    if (n == 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: nchannels is 0 (pass channels NULL for all)",
+                            what);
+    for (size_t i = 0; i < n; i++)
+        if (!channels[i]) /* "" is a channel like any other */
+            return pqmq__seterr(c, PQMQ_EINVAL, "%s: channels[%zu] is NULL", what, i);
+    return pqmq__put_array(c, param, "%text[]", channels, n, put_text, what);
+}
+
+int pqmq__put_count(pqmq_client *c, PGparam *param, const char *arg, int value,
+                    const char *what)
+{
+    if (value < 1 || value > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: %s %d is outside 1..%d", what, arg, value,
+                            PQMQ_MAX_BATCH);
+    if (!PQputf(param, pqmq__spec(c, PQMQ__SPEC_INT4), value))
+        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    return 0;
+}
+
+int pqmq__put_duration(pqmq_client *c, PGparam *param, int64_t ms, const char *what)
+{
+    int rc = pqmq__check_ms(c, ms, what);
+    if (rc)
+        return rc;
+    PGinterval iv;
+    pqmq__ms_to_interval(ms, &iv);
+    if (!PQputf(param, "%interval", &iv))
+        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    return 0;
+}
+
+/* ---- prologues --------------------------------------------------------- */
+
+int pqmq__check_ids(pqmq_client *c, const void *ids, size_t n, const char *what)
+{
+    if (!ids || n == 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: no ids given (ids %s, n %zu)", what,
+                            ids ? "set" : "NULL", n);
+    if (n > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_ETOOBIG, "%s: %zu ids is over the limit of %d", what, n,
+                            PQMQ_MAX_BATCH);
+    return 0;
+}
+
+int pqmq__begin(pqmq_client *c, PGparam **param)
+{
+    *param = NULL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc && !(*param = pqmq__param(c)))
+        rc = PQMQ_ENOMEM;
+    return rc;
+}
+
+int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
+                    PGparam **param)
+{
+    int rc = pqmq__begin(c, param);
+    if (!rc)
+        rc = pqmq__check_ids(c, ids, n, what);
+    return rc ? rc : pqmq__put_ids(c, *param, ids, n, what);
+}
+
+int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n,
+                           const char *what, PGparam **param)
+{
+    int rc = pqmq__begin(c, param);
+    if (!rc)
+        rc = pqmq__check_ids(c, d, n, what);
+    return rc ? rc : pqmq__put_deliveries(c, *param, d, n, what);
+}
+
+int pqmq__begin_id(pqmq_client *c, const uuid_t id, const char *what, PGparam **param)
+{
+    int rc = pqmq__begin(c, param);
+    if (!rc && !id)
+        rc = pqmq__seterr(c, PQMQ_EINVAL, "%s: id is NULL", what);
+    if (!rc && !PQputf(*param, pqmq__spec(c, PQMQ__SPEC_UUID), (PGuuid)id))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    return rc;
+}
+
+int pqmq__ids_call(pqmq_client *c, const char *what, const char *sql, const uuid_t *ids,
+                   size_t n, const int *extra, size_t *count)
+{
+    if (count)
+        *count = 0;
+    if (!c)
+        return PQMQ_EINVAL;
+    PGparam *param;
+    int rc = pqmq__begin_ids(c, ids, n, what, &param);
+    if (!rc && extra && !PQputf(param, pqmq__spec(c, PQMQ__SPEC_INT4), *extra))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    int got = 0;
+    if (!rc)
+        rc = pqmq__exec_scalar(c, param, sql, what, count ? "%int4" : NULL, &got);
+    PQparamClear(param);
+    if (!rc && count)
+        *count = (size_t)got;
+    return rc;
+}
+
+/* ---- durations --------------------------------------------------------- */
+
+void pqmq__ms_to_interval(int64_t ms, PGinterval *iv)
+{
+    memset(iv, 0, sizeof *iv);
+    iv->hours = (int)(ms / 3600000);
+    ms %= 3600000;
+    iv->mins = (int)(ms / 60000);
+    ms %= 60000;
+    iv->secs = (int)(ms / 1000);
+    iv->usecs = (int)(ms % 1000) * 1000;
+}
+
+int64_t pqmq__interval_to_ms(const PGinterval *iv)
+{
+    int64_t days = ((int64_t)iv->years * 12 + iv->mons) * 30 + iv->days;
+    int64_t ms = days * 86400000 + (int64_t)iv->hours * 3600000 + (int64_t)iv->mins * 60000 +
+                 (int64_t)iv->secs * 1000;
+    /* Round up so that "wait 0.2 ms" never becomes a busy "wait 0 ms". */
+    return ms + (iv->usecs + 999) / 1000;
+}
+
+int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what)
+{
+    if (ms < 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s is negative (%lld ms)", what, (long long)ms);
+    if (ms > PQMQ_MAX_DURATION_MS)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s of %lld ms is over the limit of 3650 days", what,
+                            (long long)ms);
+    return 0;
+}

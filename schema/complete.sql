@@ -1,0 +1,173 @@
+-- schema/complete.sql: completing: deleting finished messages (fenced by attempt), completing and
+-- claiming in one statement, and handing claimed messages back unstarted.
+-- Today's definitions; the migrations that created them must carry the same
+-- text (tests/test_migrate.c compares the two). See schema/tables.sql.
+
+-- mq_delete that returns how many messages it deleted. With msg_attempts
+-- (one per id: the attempt number the consumer got) a message is deleted
+-- only if it is still on that attempt: a consumer whose lease ran out and
+-- whose message was delivered again cannot complete it for the new owner.
+-- A consumer completing inside its own transaction rolls back on a short
+-- count.
+CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Custom plans (a new session's first five calls) pick hash joins over the
+-- whole table for arrays of ids; the generic plan probes the indexes.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    n       int;
+    g_id    uuid[];
+    g_after uuid[];
+    g_name  text[];
+    g_args  text[];
+BEGIN
+    IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    IF msg_attempts IS NOT NULL AND cardinality(msg_attempts) <> cardinality(msg_ids) THEN
+        RAISE EXCEPTION 'mq_complete: % ids but % attempt numbers',
+            cardinality(msg_ids), cardinality(msg_attempts)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A NULL attempt number would turn off the check for its id.
+    IF msg_attempts IS NOT NULL AND array_position(msg_attempts, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'mq_complete: attempt number % is NULL',
+            array_position(msg_attempts, NULL)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Unordered messages need no chain lock: they go first, and usually
+    -- that is all there is.
+    WITH want AS (
+        SELECT * FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
+    ),
+    gone AS (
+        DELETE FROM mq_msgs m USING want w
+        WHERE m.id = w.id
+          AND m.after_message_id IS NULL
+          AND (w.attempt IS NULL OR m.deliveries = w.attempt)
+        RETURNING m.id
+    ),
+    cold AS (
+        DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
+    )
+    SELECT count(*) INTO n FROM gone;
+    IF n = cardinality(msg_ids) THEN
+        RETURN n;
+    END IF;
+
+    PERFORM mq_lock_chains(msg_ids);
+    WITH want AS (
+        SELECT * FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
+    ),
+    gone AS (
+        DELETE FROM mq_msgs m USING want w
+        WHERE m.id = w.id
+          AND m.after_message_id IS NOT NULL
+          AND (w.attempt IS NULL OR m.deliveries = w.attempt)
+        RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
+    ),
+    cold AS (
+        DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
+    )
+    SELECT array_agg(g.id), array_agg(g.after_message_id),
+           array_agg(g.channel_name), array_agg(g.channel_args)
+    INTO g_id, g_after, g_name, g_args
+    FROM gone g;
+
+    IF g_id IS NOT NULL THEN
+        PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
+    END IF;
+    RETURN n + COALESCE(cardinality(g_id), 0);
+END;
+$$;
+
+-- Deletes messages: completion, or cancellation of pending ones. Deleting any
+-- member of a chain links its successor to its nearest surviving predecessor,
+-- so the rest of the chain keeps its order.
+CREATE OR REPLACE FUNCTION mq_delete(msg_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM mq_complete(msg_ids);
+END;
+$$;
+
+-- Completes msg_ids (as mq_complete, fenced by msg_attempts; may be empty),
+-- then claims as mq_claim: one round trip and one commit per batch. Every
+-- row carries how many of msg_ids were completed (mq_claim always returns at
+-- least one row). If the statement fails, neither took effect.
+CREATE OR REPLACE FUNCTION mq_complete_claim(msg_ids uuid[], msg_attempts int[],
+                                             channel_names text[], batch_size int)
+RETURNS TABLE(job mq_job_t, completed int)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    n int := 0;
+BEGIN
+    IF cardinality(msg_ids) > 0 THEN
+        n := mq_complete(msg_ids, msg_attempts);
+    END IF;
+    RETURN QUERY SELECT j, n FROM mq_claim(channel_names, batch_size) j;
+END;
+$$;
+
+-- Version 3's completing poll with its columns.
+CREATE OR REPLACE FUNCTION mq_complete_poll(msg_ids uuid[], msg_attempts int[],
+                                            channel_names text[], batch_size int)
+RETURNS TABLE(id uuid, is_committed boolean, name text, payload_json text,
+              payload_bytes bytea, retry_backoff interval, wait_time interval,
+              channel_name text, channel_args text, attempt int,
+              attempts_left int, completed int)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT (c.job).id, (c.job).is_committed, (c.job).name, (c.job).payload_json,
+           (c.job).payload_bytes, (c.job).retry_backoff, (c.job).wait_time,
+           (c.job).channel_name, (c.job).channel_args, (c.job).attempt,
+           (c.job).attempts_left, c.completed
+    FROM mq_complete_claim(msg_ids, msg_attempts, channel_names, batch_size) c
+$$;
+
+-- Hands claimed messages back unstarted (a runner stopping with jobs still
+-- queued): ready again at once, with the attempt refunded. Only the given
+-- delivery (attempt number) of a message still leased is released.
+CREATE OR REPLACE FUNCTION mq_release(msg_ids uuid[], msg_attempts int[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts    timestamptz := clock_timestamp();
+    n     int;
+    chans text[];
+BEGIN
+    IF cardinality(msg_ids) IS DISTINCT FROM cardinality(msg_attempts)
+       OR array_position(msg_attempts, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'mq_release: % ids but % attempt numbers (none may be NULL)',
+            cardinality(msg_ids), cardinality(msg_attempts)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    WITH r AS (
+        UPDATE mq_msgs m SET
+            attempt_at = ts,
+            attempts = m.attempts + 1,
+            deliveries = m.deliveries - 1,
+            retry_backoff = m.retry_backoff / 2,
+            dead_since = NULL
+        FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
+        WHERE m.id = u.id
+          AND m.deliveries = u.attempt
+          AND m.attempt_at > ts
+        RETURNING m.channel_name
+    )
+    SELECT count(*), array_agg(DISTINCT r.channel_name) INTO n, chans FROM r;
+    PERFORM mq_wake(chans);
+    RETURN n;
+END;
+$$;

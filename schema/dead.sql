@@ -1,0 +1,144 @@
+-- schema/dead.sql: dead letters: messages that ran out of attempts; listing, retrying, skipping.
+-- Today's definitions; the migrations that created them must carry the same
+-- text (tests/test_migrate.c compares the two). See schema/tables.sql.
+
+-- Marks the messages whose final lease ran out as dead and announces them
+-- on mq_dead. Cheap (a tiny partial index); polls call it when idle, and
+-- mq_dead_letters before listing. Returns how many it marked.
+CREATE OR REPLACE FUNCTION mq_reap_dead()
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := clock_timestamp();
+    n  int;
+BEGIN
+    UPDATE mq_msgs m SET dead_since = m.attempt_at
+    FROM (SELECT l.id FROM mq_msgs l
+          WHERE l.attempts = 0 AND l.dead_since IS NULL AND l.attempt_at <= ts
+          FOR NO KEY UPDATE SKIP LOCKED) d
+    WHERE m.id = d.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM pg_notify('mq_dead', '');
+    END IF;
+    RETURN n;
+END;
+$$;
+
+-- Lists dead messages (oldest first): those that ran out of attempts and
+-- were never completed. blocking: it still heads an ordered chain, which
+-- waits behind it until mq_retry or mq_skip.
+CREATE OR REPLACE FUNCTION mq_dead_letters(channel_names text[], max_rows int DEFAULT 100)
+RETURNS TABLE(id uuid, channel_name text, channel_args text, name text,
+              attempts int, last_error text, dead_since timestamptz,
+              blocking boolean, payload_json text, payload_bytes bytea)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (mq_limits()).max_batch THEN
+        RAISE EXCEPTION 'mq_dead_letters: max_rows % is outside 1..%',
+            max_rows, (mq_limits()).max_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM mq_reap_dead();
+    RETURN QUERY
+    SELECT m.id, m.channel_name, m.channel_args, p.name, m.deliveries,
+           p.last_error, m.dead_since, m.after_message_id IS NOT NULL,
+           p.payload_json::text, p.payload_bytes
+    FROM mq_msgs m
+    LEFT JOIN mq_payloads p ON p.id = m.id
+    WHERE m.dead_since IS NOT NULL
+      AND (channel_names IS NULL OR m.channel_name = ANY (channel_names))
+    ORDER BY m.dead_since, m.id
+    LIMIT max_rows;
+END;
+$$;
+
+-- Dead letters (mq_dead_letters) as jobs, for readers of mq_job_t: attempt
+-- is the number of deliveries made; no lease, no wait.
+CREATE OR REPLACE FUNCTION mq_dead_jobs(channel_names text[], max_rows int)
+RETURNS SETOF mq_job_t
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT d.id, true, d.name, d.payload_json, d.payload_bytes, NULL::interval,
+           NULL::interval, d.channel_name, d.channel_args, d.attempts, 0,
+           d.last_error, d.blocking
+    FROM mq_dead_letters(channel_names, max_rows) d
+$$;
+
+-- Gives dead messages `retries` more retries (retries + 1 deliveries), ready
+-- now. A dead chain head delivered again keeps its chain's order.
+CREATE OR REPLACE FUNCTION mq_retry(msg_ids uuid[], retries int DEFAULT 0)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts    timestamptz := clock_timestamp();
+    chans text[];
+    n     int;
+BEGIN
+    IF retries IS NULL OR retries < 0 OR retries > 2147483646 THEN
+        RAISE EXCEPTION 'mq_retry: retries % is outside 0..2147483646', retries
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM mq_reap_dead();
+    WITH r AS (
+        UPDATE mq_msgs m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL
+        WHERE m.id = ANY (msg_ids) AND m.dead_since IS NOT NULL
+        RETURNING m.channel_name
+    )
+    SELECT count(*), array_agg(DISTINCT r.channel_name) INTO n, chans FROM r;
+    PERFORM mq_wake(chans);
+    RETURN n;
+END;
+$$;
+
+-- Moves ordered messages out of their chains into the dead letters (kept,
+-- never delivered again) and releases the next message of each chain.
+-- This is how a chain blocked by a dead head moves on.
+CREATE OR REPLACE FUNCTION mq_skip(msg_ids uuid[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts      timestamptz := clock_timestamp();
+    g_id    uuid[];
+    g_after uuid[];
+    g_name  text[];
+    g_args  text[];
+BEGIN
+    IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    PERFORM mq_lock_chains(msg_ids);
+    WITH old AS (
+        SELECT l.id, l.after_message_id AS after FROM mq_msgs l
+        WHERE l.id = ANY (msg_ids) AND l.after_message_id IS NOT NULL
+        FOR UPDATE
+    ),
+    moved AS (
+        UPDATE mq_msgs m SET after_message_id = NULL, attempts = 0,
+                             attempt_at = LEAST(m.attempt_at, ts),
+                             dead_since = COALESCE(m.dead_since, ts)
+        FROM old
+        WHERE m.id = old.id
+        RETURNING m.id, old.after, m.channel_name, m.channel_args
+    )
+    SELECT array_agg(mv.id), array_agg(mv.after), array_agg(mv.channel_name),
+           array_agg(mv.channel_args)
+    INTO g_id, g_after, g_name, g_args
+    FROM moved mv;
+    IF g_id IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
+    PERFORM pg_notify('mq_dead', '');
+    RETURN cardinality(g_id);
+END;
+$$;

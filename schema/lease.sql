@@ -1,0 +1,151 @@
+-- schema/lease.sql: leases of messages in flight: keep-alive, checkpoint, failure.
+-- Today's definitions; the migrations that created them must carry the same
+-- text (tests/test_migrate.c compares the two). See schema/tables.sql.
+
+-- Pushes the lease of in-flight messages (or the commit deadline of pending
+-- two-phase messages) to now + duration. Never shortens a lease, and never
+-- touches a message whose lease already ran out: that one belongs to the
+-- next poll (or, with no attempts left, is dead and stays dead).
+CREATE OR REPLACE FUNCTION mq_keep_alive(msg_ids uuid[], duration interval)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM mq_keep_alive_count(msg_ids, duration);
+END;
+$$;
+
+-- mq_keep_alive that reports how many messages it extended.
+CREATE OR REPLACE FUNCTION mq_keep_alive_count(msg_ids uuid[], duration interval)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := clock_timestamp();
+    n  int;
+BEGIN
+    duration := mq_fixed_length(duration);
+    IF duration IS NULL OR duration < interval '0' THEN
+        RAISE EXCEPTION 'mq_keep_alive: duration % is NULL or negative', duration
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A client that doubles its keep-alive (sqlxmq's runner does) reaches
+    -- any limit in time: longer durations are cut to the limit, not refused.
+    duration := LEAST(duration, (mq_limits()).max_duration);
+    -- SKIP LOCKED: a row locked by a consumer's open transaction is not
+    -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
+    UPDATE mq_msgs m SET
+        attempt_at = ts + duration,
+        commit_interval = CASE WHEN m.deliveries = 0 AND m.commit_interval IS NOT NULL
+                               THEN m.commit_interval + ((ts + duration) - m.attempt_at)
+                               ELSE m.commit_interval END
+    FROM (SELECT l.id FROM mq_msgs l
+          WHERE l.id = ANY (msg_ids)
+            AND l.attempt_at > ts
+            AND l.attempt_at < ts + duration
+          FOR NO KEY UPDATE SKIP LOCKED) held
+    WHERE m.id = held.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+
+-- Keep-alive plus progress: replaces the payload where a new one is given and
+-- grants extra_retries more deliveries. Only a delivered message whose lease
+-- is still running is touched, so a dead message is never revived.
+CREATE OR REPLACE FUNCTION mq_checkpoint(msg_id uuid, duration interval,
+                                         new_payload_json text,
+                                         new_payload_bytes bytea,
+                                         extra_retries int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM mq_checkpoint_found(msg_id, duration, new_payload_json,
+                                new_payload_bytes, extra_retries);
+END;
+$$;
+
+-- mq_checkpoint that reports whether the message was found holding a lease.
+CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
+                                               new_payload_json text,
+                                               new_payload_bytes bytea,
+                                               extra_retries int)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := clock_timestamp();
+BEGIN
+    duration := mq_fixed_length(duration);
+    IF duration IS NULL OR duration < interval '0' THEN
+        RAISE EXCEPTION 'mq_checkpoint: duration % is NULL or negative', duration
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    duration := LEAST(duration, (mq_limits()).max_duration);
+    IF extra_retries < 0 THEN
+        RAISE EXCEPTION 'mq_checkpoint: extra_retries % is negative', extra_retries
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(new_payload_json) > (mq_limits()).max_payload
+       OR octet_length(new_payload_bytes) > (mq_limits()).max_payload THEN
+        RAISE EXCEPTION 'mq_checkpoint: payload is over 16 MiB'
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    UPDATE mq_msgs m SET
+        attempt_at = GREATEST(m.attempt_at, ts + duration),
+        attempts = LEAST(m.attempts::bigint + COALESCE(extra_retries, 0),
+                         2147483647)::int
+    WHERE m.id = msg_id
+      AND m.deliveries > 0
+      AND m.attempt_at > ts;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF new_payload_json IS NOT NULL OR new_payload_bytes IS NOT NULL THEN
+        UPDATE mq_payloads p SET
+            payload_json = COALESCE(new_payload_json::jsonb, p.payload_json),
+            payload_bytes = COALESCE(new_payload_bytes, p.payload_bytes)
+        WHERE p.id = msg_id;
+    END IF;
+    RETURN true;
+END;
+$$;
+
+-- Records why an attempt failed and schedules the retry one backoff from now
+-- (the backoff of the attempt that failed). With no attempts left the
+-- message is dead at once: kept, never delivered again, announced on mq_dead.
+-- With an attempt number, only that delivery may fail the message.
+CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts   timestamptz := clock_timestamp();
+    dead boolean;
+BEGIN
+    UPDATE mq_msgs m SET
+        attempt_at = CASE WHEN m.attempts > 0
+                          THEN ts + m.retry_backoff / 2
+                          ELSE ts END,
+        dead_since = CASE WHEN m.attempts > 0 THEN NULL ELSE ts END
+    WHERE m.id = msg_id
+      AND m.deliveries > 0
+      AND m.attempt_at > ts
+      AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
+    RETURNING m.attempts = 0 INTO dead;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE mq_payloads p SET last_error = left(error, 10000) WHERE p.id = msg_id;
+    IF dead THEN
+        PERFORM pg_notify('mq_dead', '');
+    END IF;
+    RETURN true;
+END;
+$$;

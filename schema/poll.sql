@@ -1,0 +1,248 @@
+-- schema/poll.sql: polling: claiming ready messages fairly across channels (mq_claim), and the
+-- older entry points that return subsets of its row.
+-- Today's definitions; the migrations that created them must carry the same
+-- text (tests/test_migrate.c compares the two). See schema/tables.sql.
+
+-- Claims up to batch_size ready messages (see DESIGN.md, the SQL contract).
+--
+-- Fairness: channels are visited from a random point of the chain-key space
+-- (one random point per name when the poll names channels), taking at most a
+-- quarter of the batch from each, so a busy channel cannot starve a quiet one.
+-- Cost: each channel visited is one index probe (loose index scan); a budget
+-- bounds the visits, and the time index fills whatever is left. Nothing here
+-- groups or sorts the whole backlog.
+CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
+RETURNS SETOF mq_job_t
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Custom plans (a new session's first five calls) pick hash joins over the
+-- whole table for arrays of ids; the generic plan probes the indexes.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    ts      timestamptz := clock_timestamp();
+    picked  uuid[] := '{}';
+    got     uuid[];
+    per_key int;
+    budget  int;
+    nm      text;
+    lo      bigint;
+    hi      bigint;
+    next_at timestamptz;
+    max_dur interval := (mq_limits()).max_duration; -- once, not per row
+BEGIN
+    IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
+        RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
+            batch_size, (mq_limits()).max_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    per_key := GREATEST(1, (batch_size + 3) / 4);
+    budget := 2 * batch_size + 16;
+
+    IF channel_names IS NULL THEN
+        picked := mq_pick(NULL, -9223372036854775808, 9223372036854775807,
+                          per_key, batch_size, budget, picked, ts);
+    ELSE
+        -- Round 1 takes up to per_key from each named channel; round 2 takes
+        -- more from channels that had more to give.
+        FOR round IN 1..2 LOOP
+            FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
+                                      WHERE n IS NOT NULL) d
+                      ORDER BY random() LOOP
+                EXIT WHEN cardinality(picked) >= batch_size;
+                lo := hashtext(nm)::bigint << 32;
+                hi := lo | 4294967295;
+                picked := mq_pick(nm, lo, hi,
+                                  CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                  batch_size, budget, picked, ts);
+            END LOOP;
+        END LOOP;
+    END IF;
+
+    -- Unfiltered polls top up from the time index: exact and O(batch log n).
+    IF channel_names IS NULL AND cardinality(picked) < batch_size THEN
+        SELECT array_agg(s.id) INTO got FROM (
+            SELECT m.id FROM mq_msgs m
+            WHERE m.attempts > 0
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.attempt_at <= ts
+              AND m.id <> ALL (picked)
+            ORDER BY m.attempt_at
+            LIMIT batch_size - cardinality(picked)
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) s;
+        picked := picked || COALESCE(got, '{}');
+    END IF;
+
+    -- Not busy: a good moment to notice messages whose last lease ran out.
+    IF cardinality(picked) < batch_size THEN
+        PERFORM mq_reap_dead();
+    END IF;
+
+    IF cardinality(picked) > 0 THEN
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE mq_msgs m SET
+                -- A zero backoff retries at once (mq_fail), but a delivery
+                -- is still leased: one second, extended by keep-alives.
+                attempt_at = ts + CASE WHEN m.retry_backoff > interval '0'
+                                       THEN m.retry_backoff
+                                       ELSE interval '1 second' END,
+                attempts = m.attempts - 1,
+                -- Doubling stops at the duration limit so it never overflows.
+                retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur
+                                     THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
+                deliveries = m.deliveries + 1
+            -- Joined through unnest and looked up per id (LIMIT 1 keeps the
+            -- payload lookup an index probe): plans cached while the tables
+            -- were small must not turn into scans of a big backlog.
+            FROM unnest(picked) AS k(id)
+            WHERE m.id = k.id
+            RETURNING m.id, m.commit_interval IS NULL AS committed,
+                      m.attempt_at - ts AS lease, m.channel_name,
+                      m.channel_args, m.deliveries, m.attempts, m.attempt_at
+        )
+        SELECT c.id, c.committed, p.name, p.payload_json::text, p.payload_bytes,
+               c.lease, interval '0', c.channel_name, c.channel_args,
+               c.deliveries, c.attempts, NULL::text, false
+        FROM claimed c
+        LEFT JOIN LATERAL (
+            SELECT p.name, p.payload_json, p.payload_bytes FROM mq_payloads p
+            WHERE p.id = c.id LIMIT 1
+        ) p ON true
+        ORDER BY c.attempt_at, c.id;
+        RETURN;
+    END IF;
+
+    -- Nothing claimed: report when the earliest candidate becomes ready.
+    IF channel_names IS NULL THEN
+        SELECT min(m.attempt_at) INTO next_at FROM mq_msgs m
+        WHERE m.attempts > 0
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
+    ELSE
+        SELECT min(f.at) INTO next_at
+        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c,
+        LATERAL (
+            SELECT m.attempt_at AS at FROM mq_msgs m
+            WHERE m.attempts > 0
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                    AND (hashtext(c.n)::bigint << 32) | 4294967295
+              AND m.channel_name = c.n
+            ORDER BY m.attempt_at
+            LIMIT 1
+        ) f;
+    END IF;
+    RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
+        NULL::bytea, NULL::interval,
+        CASE WHEN next_at IS NOT NULL
+             THEN GREATEST(next_at - clock_timestamp(), interval '0') END,
+        NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
+END;
+$$;
+
+-- One visit of the channels whose chain key lies in [lo, hi], starting at a
+-- random key and wrapping around once: takes up to per_key ready messages
+-- from each channel, up to `want` in all, visiting at most `budget` channels
+-- per direction. Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
+-- concurrent pollers skip each other's rows instead of waiting.
+CREATE OR REPLACE FUNCTION mq_pick(only_name text, lo bigint, hi bigint,
+                                   per_key int, want int, budget int,
+                                   picked uuid[], ts timestamptz)
+RETURNS uuid[]
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- (version 2) Without bitmap scans the ordered index scan, which stops after
+-- per_key rows, is the only fit; the bitmap plan read and sorted whole channels.
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    start bigint := LEAST(hi::numeric, lo::numeric
+                          + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
+    got   uuid[];
+BEGIN
+    SELECT array_agg(j.id) INTO got FROM (
+        WITH RECURSIVE up(k, n) AS (
+            SELECT (SELECT m.channel_key FROM mq_msgs m
+                    WHERE m.attempts > 0
+                      AND (m.after_message_id IS NULL
+                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                      AND m.channel_key >= start AND m.channel_key <= hi
+                    ORDER BY m.channel_key LIMIT 1), 1
+            UNION ALL
+            SELECT (SELECT m.channel_key FROM mq_msgs m
+                    WHERE m.attempts > 0
+                      AND (m.after_message_id IS NULL
+                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                      AND m.channel_key > up.k AND m.channel_key <= hi
+                    ORDER BY m.channel_key LIMIT 1), up.n + 1
+            FROM up WHERE up.k IS NOT NULL AND up.n < budget
+        ),
+        around(k, n) AS (
+            SELECT (SELECT m.channel_key FROM mq_msgs m
+                    WHERE m.attempts > 0
+                      AND (m.after_message_id IS NULL
+                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                      AND m.channel_key >= lo AND m.channel_key < start
+                    ORDER BY m.channel_key LIMIT 1), 1
+            UNION ALL
+            SELECT (SELECT m.channel_key FROM mq_msgs m
+                    WHERE m.attempts > 0
+                      AND (m.after_message_id IS NULL
+                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                      AND m.channel_key > around.k AND m.channel_key < start
+                    ORDER BY m.channel_key LIMIT 1), around.n + 1
+            FROM around WHERE around.k IS NOT NULL AND around.n < budget
+        )
+        SELECT r.id
+        FROM (SELECT up.k FROM up WHERE up.k IS NOT NULL
+              UNION ALL
+              SELECT around.k FROM around WHERE around.k IS NOT NULL) ks,
+        LATERAL (
+            SELECT m.id FROM mq_msgs m
+            WHERE m.channel_key = ks.k
+              AND m.attempts > 0
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.attempt_at <= ts
+              AND (only_name IS NULL OR m.channel_name = only_name)
+              AND m.id <> ALL (picked)
+            ORDER BY m.attempt_at
+            LIMIT per_key
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) r
+        LIMIT want - cardinality(picked)
+    ) j;
+    RETURN picked || COALESCE(got, '{}');
+END;
+$$;
+
+-- The seed's poll, on mq_claim directly.
+CREATE OR REPLACE FUNCTION mq_poll(channel_names text[], batch_size int DEFAULT 1)
+RETURNS TABLE(id uuid, is_committed boolean, name text, payload_json text,
+              payload_bytes bytea, retry_backoff interval, wait_time interval)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT j.id, j.is_committed, j.name, j.payload_json, j.payload_bytes,
+           j.retry_backoff, j.wait_time
+    FROM mq_claim(channel_names, batch_size) j
+$$;
+
+-- Version 1's poll with its columns (the C library used it before mq_claim).
+CREATE OR REPLACE FUNCTION mq_poll_jobs(channel_names text[], batch_size int)
+RETURNS TABLE(id uuid, is_committed boolean, name text, payload_json text,
+              payload_bytes bytea, retry_backoff interval, wait_time interval,
+              channel_name text, channel_args text, attempt int,
+              attempts_left int)
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT j.id, j.is_committed, j.name, j.payload_json, j.payload_bytes,
+           j.retry_backoff, j.wait_time, j.channel_name, j.channel_args,
+           j.attempt, j.attempts_left
+    FROM mq_claim(channel_names, batch_size) j
+$$;

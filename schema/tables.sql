@@ -1,0 +1,165 @@
+-- schema/tables.sql: the queue's tables, indexes and types as they are today.
+--
+-- schema/ holds the current definition of every object pqmq creates, one file
+-- per concern (common, chains, insert, poll, complete, lease, dead, stats);
+-- migrations/ holds the forward steps that got there, and is what
+-- pqmq_migrate and psql apply. tests/test_migrate.c applies this file first,
+-- then the others in name order, into a fresh schema and fails unless the
+-- catalog matches the migrations' exactly. To change a function: write its
+-- new text in a new migration and here.
+--
+-- Objects are created in the first schema of the current search_path, and every
+-- function pins that path (SET search_path FROM CURRENT), so a client only needs
+-- the queue's schema on its own search_path to call them unqualified.
+-- Applying this file twice is harmless: every statement is guarded.
+--
+-- Vocabulary used below:
+--   candidate  a row a poll may claim: attempts left, and unordered or the head
+--              of its chain (after_message_id NULL or the nil UUID)
+--   lease      attempt_at of a claimed message: it is redelivered after it
+--   chain      the ordered messages of one (channel_name, channel_args)
+--   chain key  (hashtext(channel_name) << 32) | hashtext(channel_args): groups a
+--              channel's rows together in an index and spreads channels
+--              uniformly, so a poll can start at a random channel
+
+CREATE TABLE IF NOT EXISTS mq_schema_migrations (
+    version    int PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+DO $$
+BEGIN
+    CREATE TYPE mq_new_t AS (
+        id               uuid,
+        delay            interval,
+        retries          int,
+        retry_backoff    interval,
+        channel_name     text,
+        channel_args     text,
+        commit_interval  interval,
+        ordered          boolean,
+        name             text,
+        payload_json     text,
+        payload_bytes    bytea
+    );
+EXCEPTION WHEN duplicate_object THEN
+    NULL;
+END
+$$;
+
+-- The row a consumer gets for a job (mq_claim, mq_complete_claim, mq_dead_jobs);
+-- lib/job.c reads it.
+DO $$
+BEGIN
+    CREATE TYPE mq_job_t AS (
+        id               uuid,
+        is_committed     boolean,
+        name             text,
+        payload_json     text,
+        payload_bytes    bytea,
+        retry_backoff    interval,
+        wait_time        interval,
+        channel_name     text,
+        channel_args     text,
+        attempt          int,
+        attempts_left    int,
+        last_error       text,
+        blocking         boolean
+    );
+EXCEPTION WHEN duplicate_object THEN
+    NULL;
+END
+$$;
+
+-- The small, hot row: everything a poll reads and writes.
+CREATE TABLE IF NOT EXISTS mq_msgs (
+    id               uuid PRIMARY KEY,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    attempt_at       timestamptz NOT NULL DEFAULT now(),
+    attempts         int NOT NULL DEFAULT 5,
+    retry_backoff    interval NOT NULL DEFAULT interval '1 second',
+    channel_name     text NOT NULL,
+    channel_args     text NOT NULL DEFAULT '',
+    commit_interval  interval,
+    after_message_id uuid,
+    -- How many times the message has been claimed: the attempt number a
+    -- consumer sees, and what lets mq_commit tell "pending" from "delivered".
+    deliveries       int NOT NULL DEFAULT 0,
+    -- When the message ran out of attempts (set by mq_fail or mq_reap_dead);
+    -- NULL while it may still be delivered.
+    dead_since       timestamptz,
+    channel_key      bigint GENERATED ALWAYS AS (
+        (hashtext(channel_name)::bigint << 32)
+        | (hashtext(channel_args)::bigint & 4294967295)
+    ) STORED
+);
+
+-- Polls walk this index channel by channel (loose index scan on channel_key)
+-- and take each channel's oldest ready rows.
+CREATE INDEX IF NOT EXISTS mq_msgs_candidates_by_channel
+    ON mq_msgs (channel_key, attempt_at)
+    WHERE attempts > 0
+      AND (after_message_id IS NULL
+           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
+
+-- The exact ready set in time order: fills a batch and answers wait_time.
+CREATE INDEX IF NOT EXISTS mq_msgs_candidates_by_time
+    ON mq_msgs (attempt_at)
+    WHERE attempts > 0
+      AND (after_message_id IS NULL
+           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
+
+-- A chain never forks: each message has at most one successor.
+CREATE UNIQUE INDEX IF NOT EXISTS mq_msgs_successor
+    ON mq_msgs (after_message_id)
+    WHERE after_message_id IS NOT NULL
+      AND after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid;
+
+-- Messages on their final attempt, found when their lease runs out.
+CREATE INDEX IF NOT EXISTS mq_msgs_final_attempt
+    ON mq_msgs (attempt_at)
+    WHERE attempts = 0 AND dead_since IS NULL;
+
+-- Dead letters, oldest first.
+CREATE INDEX IF NOT EXISTS mq_msgs_dead
+    ON mq_msgs (dead_since)
+    WHERE dead_since IS NOT NULL;
+
+-- A queue table churns: vacuum it early and without throttling.
+ALTER TABLE mq_msgs SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 500,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.05,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- The large, cold row: written once, read once per delivery.
+CREATE TABLE IF NOT EXISTS mq_payloads (
+    id            uuid PRIMARY KEY,
+    name          text NOT NULL,
+    payload_json  jsonb,
+    payload_bytes bytea,
+    last_error    text
+);
+
+ALTER TABLE mq_payloads SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 500,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- The last message appended to each non-empty chain. Only touched while the
+-- chain's advisory lock is held (see mq_insert and mq_delete).
+CREATE TABLE IF NOT EXISTS mq_chains (
+    channel_name text NOT NULL,
+    channel_args text NOT NULL,
+    tail_id      uuid NOT NULL,
+    channel_key  bigint GENERATED ALWAYS AS (
+        (hashtext(channel_name)::bigint << 32)
+        | (hashtext(channel_args)::bigint & 4294967295)
+    ) STORED
+);
+
+CREATE INDEX IF NOT EXISTS mq_chains_key ON mq_chains (channel_key);
