@@ -97,6 +97,7 @@ static void test_schema_others_can_create_in_is_refused(void)
     t_exec(pg, "REVOKE CREATE ON SCHEMA %s FROM PUBLIC", s);
     CHECK_OK(w, pqmq_migrate(w));
     pqmq_client_free(w);
+    PQfinish(c);
     t_exec(pg, "DROP SCHEMA %s CASCADE", s);
 }
 
@@ -440,6 +441,7 @@ static void test_hostile_role_gains_nothing(void)
     free(path);
     if (priv) {
         life_cycle(priv);
+        PQfinish(priv);
     }
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM public.trap_log WHERE who <> '%s'", hostile),
               0);

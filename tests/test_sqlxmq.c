@@ -444,6 +444,7 @@ static void *c_consumer(void *p)
         pqmq_batch_free(b);
     }
     pqmq_client_free(c);
+    PQfinish(conn); /* borrowed by the client */
     return NULL;
 }
 
@@ -1003,7 +1004,8 @@ static void test_adopt_original_database(void)
     pg = saved;
     CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_dead_letters(NULL)"), 1);
     PQfinish(c);
-    pqmq_client_free(mc); /* finishes orig */
+    pqmq_client_free(mc);
+    PQfinish(orig);
     t_exec(pg, "DROP SCHEMA %s CASCADE", schema);
 }
 
