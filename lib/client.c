@@ -181,6 +181,15 @@ int pqmq__need_composite(pqmq_client *c)
         if (PQstatus(c->conn) != CONNECTION_OK)
             return pqmq__seterr(c, PQMQ_ECONN, "connection lost: %s",
                                 PQerrorMessage(c->conn));
+        if (PQtransactionStatus(c->conn) == PQTRANS_INERROR) {
+            /* The lookup failed because the caller's transaction already
+             * did, not because the schema is missing. */
+            int rc = pqmq__seterr(c, PQMQ_ESERVER,
+                                  "current transaction is aborted, commands ignored until "
+                                  "end of transaction block (SQLSTATE 25P02): roll it back");
+            pqmq__set_sqlstate(c, "25P02");
+            return rc;
+        }
         return pqmq__seterr(c, PQMQ_ESCHEMA,
                             "type mq_new_t not found on the search_path "
                             "(run pqmq_migrate): %s", why);

@@ -17,6 +17,9 @@
 #include "workers.h"
 
 #define FOREVER INT64_MAX
+/* Channel names of at most this many bytes (in the server's encoding) have
+ * a notify channel of their own, mq_<name> (mq_wake). */
+#define PQMQ_MAX_CHANNEL_NOTIFY 60
 
 struct pqmq_runner {
     char *conninfo;
@@ -208,6 +211,26 @@ struct loop {
     uint64_t settled;  /* processed + failed when the loop last looked */
 };
 
+/* Whether the server notifies mq_<channel> for this channel (mq_wake: a
+ * name of at most 60 bytes). The server counts bytes in its own encoding,
+ * which a client in another encoding cannot: ask it. */
+static int own_notify_name(struct loop *L, const char *channel, int *fits)
+{
+    PGparam *param;
+    int rc = pqmq__begin(L->ctl, &param);
+    if (!rc && !PQputf(param, "%text", channel))
+        rc = pqmq__seterr(L->ctl, PQMQ_ENOMEM, "LISTEN: %s", PQgeterror());
+    if (!rc)
+        rc = pqmq__exec_scalar(L->ctl, param, "SELECT pg_catalog.octet_length($1) <= 60",
+                               "LISTEN", "%bool", fits);
+    PQparamClear(param);
+    /* A name the server measures as short is short here too, in any
+     * encoding PostgreSQL serves (at most 4 bytes per character). */
+    if (!rc && *fits && strlen(channel) > PQMQ_MAX_CHANNEL_NOTIFY * 4)
+        *fits = 0;
+    return rc;
+}
+
 /* LISTENs on what this runner serves: mq_<channel> per channel, or mq
  * (all channels, or a name too long for its own notify channel). */
 static int listen_all(struct loop *L)
@@ -217,10 +240,13 @@ static int listen_all(struct loop *L)
     int generic = r->nchannels == 0;
     size_t n = r->nchannels + 2;
     for (size_t i = 0; i < n; i++) {
-        char name[80];
+        char name[4 + PQMQ_MAX_CHANNEL_NOTIFY * 4];
         const char *ch;
         if (i < r->nchannels) {
-            if (strlen(r->channels[i]) > 60) {
+            int fits = 0, rc = own_notify_name(L, r->channels[i], &fits);
+            if (rc)
+                return rc;
+            if (!fits) {
                 generic = 1;
                 continue;
             }

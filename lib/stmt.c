@@ -12,8 +12,10 @@
 
 /* ---- running statements ------------------------------------------------ */
 
-/* Maps a failed statement to a code and message. */
-static int fail_from(pqmq_client *c, const char *what, const char *msg, const char *state)
+/* Maps a failed statement to a code and message (detail: the server's
+ * DETAIL, which names what was wrong, e.g. the duplicate key; may be NULL). */
+static int fail_from(pqmq_client *c, const char *what, const char *msg, const char *detail,
+                     const char *state)
 {
     /* An error libpq made itself (no SQLSTATE) is often a dead connection
      * that libpq still calls CONNECTION_OK until it reads the hang-up: read
@@ -37,8 +39,9 @@ static int fail_from(pqmq_client *c, const char *what, const char *msg, const ch
         code = PQMQ_EINVAL; /* invalid_parameter_value from our checks */
     else if (state && !strcmp(state, "54000"))
         code = PQMQ_ETOOBIG; /* program_limit_exceeded */
-    int rc = pqmq__seterr(c, code, "%s: %s%s%s%s%s", what, msg && *msg ? msg : "error",
+    int rc = pqmq__seterr(c, code, "%s: %s%s%s%s%s%s%s", what, msg && *msg ? msg : "error",
                           state ? " (SQLSTATE " : "", state ? state : "", state ? ")" : "",
+                          detail && *detail ? ": " : "", detail && *detail ? detail : "",
                           code == PQMQ_ESCHEMA ? "; run pqmq_migrate to create the queue" : "");
     pqmq__set_sqlstate(c, state);
     return rc;
@@ -61,9 +64,10 @@ static PGresult *outcome(pqmq_client *c, PGresult *r, const char *what, int *rc)
         return r;
     }
     if (!r)
-        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
+        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL, NULL);
     else
-        *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_SQLSTATE));
+        *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL),
+                        PQresultErrorField(r, PG_DIAG_SQLSTATE));
     PQclear(r);
     return NULL;
 }
@@ -75,7 +79,7 @@ PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char
      * error text libpqtypes keeps (PQgeterror) is one per process, which
      * threads with their own connections would overwrite. */
     if (!PQparamSendQuery(c->conn, param, sql, 1)) {
-        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL);
+        *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL, NULL);
         return NULL;
     }
     PGresult *r = NULL, *next;

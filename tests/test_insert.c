@@ -329,8 +329,36 @@ static void test_duplicate_id_rejects_batch(void)
     pqmq_msg_set_id(msgs[1], id);
     CHECK_ERR(q, pqmq_insert(q, msgs, 2), PQMQ_ESERVER, "23505");
     CHECK_STR(pqmq_sqlstate(q), "23505");
+    /* The server's DETAIL names the duplicate id. */
+    char text[37];
+    uuid_unparse_lower(id, text);
+    CHECK(strstr(pqmq_errmsg(q), text) != NULL);
     CHECK_INT(count_msgs(), 0);
     t_msgs_free(msgs, 2);
+}
+
+/* An insert inside a transaction that already failed says so (25P02); it
+ * is not a missing schema. */
+static void test_insert_in_aborted_transaction(void)
+{
+    t_truncate();
+    PGconn *conn = t_pg();
+    pqmq_client *w = NULL;
+    CHECK_INT(pqmq_wrap(conn, &w), 0);
+    PQclear(PQexec(conn, "BEGIN"));
+    PQclear(PQexec(conn, "SELECT no_such_column FROM mq_msgs"));
+    CHECK_INT(PQtransactionStatus(conn), PQTRANS_INERROR);
+    pqmq_msg *m = t_msg("c", NULL, "n", "{}", 0);
+    CHECK_ERR(w, pqmq_insert(w, &m, 1), PQMQ_ESERVER, "aborted");
+    CHECK_STR(pqmq_sqlstate(w), "25P02");
+    CHECK(strstr(pqmq_errmsg(w), "pqmq_migrate") == NULL);
+    PQclear(PQexec(conn, "ROLLBACK"));
+    CHECK_OK(w, pqmq_insert(w, &m, 1)); /* and after the rollback it works */
+    CHECK_INT(count_msgs(), 2);         /* its hot and its cold row */
+    pqmq_msg_free(m);
+    pqmq_client_free(w);
+    PQfinish(conn);
+    t_truncate();
 }
 
 static void test_channel_names_are_data(void)
@@ -377,6 +405,7 @@ int main(void)
     T_RUN(test_payload_at_cap_is_accepted);
     T_RUN(test_batch_payload_total_is_capped);
     T_RUN(test_duplicate_id_rejects_batch);
+    T_RUN(test_insert_in_aborted_transaction);
     T_RUN(test_channel_names_are_data);
     pqmq_client_free(q);
     PQfinish(pg);

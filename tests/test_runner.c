@@ -1154,6 +1154,47 @@ static void test_completions_are_batched(void)
     pqmq_runner_free(r);
 }
 
+/* ---- a client encoding other than the server's ------------------------- */
+
+/* A channel name that fits a notify channel in LATIN1 (1 byte per "é") but
+ * not in the server's UTF-8 (2 bytes each): the server notifies only "mq"
+ * for it, so a LATIN1 runner must listen there, or it sleeps through the
+ * insert until its one-minute safety poll. */
+static void test_non_utf8_client_is_woken(void)
+{
+    t_truncate();
+    char utf8[128], latin1[128];
+    int n = snprintf(utf8, sizeof utf8, "%s", own_channel("x"));
+    snprintf(latin1, sizeof latin1, "%s", utf8);
+    int m = n;
+    while (n < 80) { /* 2 bytes per character in UTF-8, 1 in LATIN1 */
+        utf8[n++] = (char)0xc3;
+        utf8[n++] = (char)0xa9;
+        latin1[m++] = (char)0xe9;
+    }
+    utf8[n] = latin1[m] = '\0';
+    CHECK(m <= 60);
+    char *ci = runner_conninfo(NULL), *latin = NULL;
+    if (asprintf(&latin, "%s client_encoding=LATIN1", ci) < 0)
+        abort();
+    free(ci);
+    pqmq_runner *r = pqmq_runner_new(latin);
+    free(latin);
+    const char *filter = latin1;
+    CHECK_INT(pqmq_runner_set_channels(r, &filter, 1), 0);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
+    bg_t b;
+    bg_start(&b, r);
+    settle(r, 300);
+    put(utf8, "n", NULL, 0, NULL); /* inserted by a UTF-8 client */
+    WAIT_UNTIL(stats(r).processed >= 1, 5000);
+    CHECK_INT(stats(r).processed, 1);
+    CHECK(stats(r).wakeups >= 1);
+    bg_stop(&b);
+    pqmq_runner_free(r);
+    CHECK_INT(msgs_left(), 0);
+}
+
 /* ---- 16. queued jobs are kept alive too ---------------------------------- */
 
 /* One thread, two 3-second jobs on 1-second leases: the second waits 3 s in
@@ -1246,6 +1287,7 @@ int main(void)
     T_RUN(test_completions_are_batched);
     T_RUN(test_notification_behind_a_result_is_not_slept_on);
     T_RUN(test_keep_alive_covers_queued_jobs);
+    T_RUN(test_non_utf8_client_is_woken);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
