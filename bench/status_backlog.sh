@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/status_backlog.sh [--dsn CONNINFO] [--messages N] [--runs R]
+# bench/status_backlog.sh [--dsn CONNINFO] [--messages N] [--runs R] [--keep]
 #
 # How long `pqmq status` and `pqmq metrics` take over a big backlog. Loads N
 # messages (default 1,000,000) into the schema pqmq_status_bench (dropped
@@ -8,18 +8,20 @@
 # (in flight), and times each command R times (default 5), and for contrast
 # the full-scan mq_stats(). Run from the source tree after a build in
 # build/; without --dsn it starts a throwaway PostgreSQL (tests/pgtmp.sh).
+# --keep leaves the schema in place (with --dsn) for EXPLAIN ANALYZE.
 
 set -euo pipefail
 
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 pqmq=$top/build/tools/pqmq
-dsn= messages=1000000 runs=5
+dsn= messages=1000000 runs=5 keep=0
 while (($#)); do
     case $1 in
         --dsn) dsn=$2; shift 2 ;;
         --messages) messages=$2; shift 2 ;;
         --runs) runs=$2; shift 2 ;;
-        *) echo "usage: $0 [--dsn CONNINFO] [--messages N] [--runs R]" >&2; exit 2 ;;
+        --keep) keep=1; shift ;;
+        *) echo "usage: $0 [--dsn CONNINFO] [--messages N] [--runs R] [--keep]" >&2; exit 2 ;;
     esac
 done
 [[ -x $pqmq ]] || { echo "build first: no $pqmq" >&2; exit 1; }
@@ -68,6 +70,13 @@ echo "$(q -c "SELECT count(*) FROM mq_msgs") messages; $runs runs each (wall clo
 time_it "pqmq status" "$pqmq" -d "$dsn" --schema "$schema" status
 time_it "pqmq metrics" "$pqmq" -d "$dsn" --schema "$schema" metrics
 time_it "pqmq status ch7" "$pqmq" -d "$dsn" --schema "$schema" status ch7
+srv=()
+for _ in $(seq "$runs"); do
+    srv+=("$(q -c "EXPLAIN (ANALYZE, TIMING OFF) SELECT * FROM mq_metrics()" |
+             sed -n 's/^Execution Time: \([0-9.]*\) ms$/\1/p')")
+done
+printf '%-40s %s ms\n' "mq_metrics() on the server" "${srv[*]}"
+time_it "pqmq --help (process start only)" "$pqmq" --help
 time_it "full scan, SELECT * FROM mq_stats()" q -c "SELECT * FROM mq_stats()"
 "$pqmq" -d "$dsn" --schema "$schema" status | tail -n 1
-psql -X -q -d "$dsn" -c "DROP SCHEMA $schema CASCADE" 2>/dev/null
+((keep)) || psql -X -q -d "$dsn" -c "DROP SCHEMA $schema CASCADE" 2>/dev/null

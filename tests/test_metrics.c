@@ -40,26 +40,26 @@ static pqmq_batch *poll_ch(const char *ch, int max)
 }
 
 /* The states by a full scan, with the definitions of mq_metrics. */
-#define BRUTE                                                                          \
-    "SELECT channel_name, count(*) FILTER (WHERE st = 'r') AS ready,"                  \
-    " count(*) FILTER (WHERE st = 'f') AS in_flight,"                                  \
-    " count(*) FILTER (WHERE st = 's') AS scheduled,"                                  \
-    " count(*) FILTER (WHERE st = 'u') AS uncommitted,"                                \
-    " count(*) FILTER (WHERE st = 'w') AS waiting,"                                    \
-    " count(*) FILTER (WHERE st = 'd') AS dead,"                                       \
-    " count(*) FILTER (WHERE st = 'd' AND head) AS blocked_chains"                     \
-    " FROM (SELECT channel_name, after_message_id = "                                  \
-    "   '00000000-0000-0000-0000-000000000000' AS head, CASE"                          \
-    "   WHEN dead_since IS NOT NULL OR (attempts = 0 AND attempt_at <= now()) THEN 'd'" \
-    "   WHEN after_message_id <> '00000000-0000-0000-0000-000000000000' THEN 'w'"      \
-    "   WHEN attempt_at <= now() THEN 'r'"                                             \
-    "   WHEN deliveries > 0 OR attempts = 0 THEN 'f'"                                  \
-    "   WHEN commit_interval IS NOT NULL THEN 'u' ELSE 's' END AS st"                  \
+#define BRUTE                                                                                  \
+    "SELECT channel_name, count(*) FILTER (WHERE st = 'r') AS ready,"                          \
+    " count(*) FILTER (WHERE st = 'f') AS in_flight,"                                          \
+    " count(*) FILTER (WHERE st = 's') AS scheduled,"                                          \
+    " count(*) FILTER (WHERE st = 'u') AS uncommitted,"                                        \
+    " count(*) FILTER (WHERE st = 'w') AS waiting,"                                            \
+    " count(*) FILTER (WHERE st = 'd') AS dead,"                                               \
+    " count(*) FILTER (WHERE st = 'd' AND head) AS blocked_chains"                             \
+    " FROM (SELECT channel_name, after_message_id = "                                          \
+    "   '00000000-0000-0000-0000-000000000000' AS head, CASE"                                  \
+    "   WHEN dead_since IS NOT NULL OR (attempts = 0 AND attempt_at <= now()) THEN 'd'"        \
+    "   WHEN after_message_id <> '00000000-0000-0000-0000-000000000000' THEN 'w'"              \
+    "   WHEN attempt_at <= now() THEN 'r'"                                                     \
+    "   WHEN deliveries > 0 OR attempts = 0 THEN 'f'"                                          \
+    "   WHEN commit_interval IS NOT NULL THEN 'u' ELSE 's' END AS st"                          \
     "   FROM mq_msgs) m GROUP BY channel_name"
 
-#define METRICS                                                                        \
-    "SELECT channel_name, ready, in_flight, scheduled, uncommitted, waiting, dead,"    \
-    " blocked_chains FROM mq_metrics() WHERE ready + in_flight + scheduled"            \
+#define METRICS                                                                                \
+    "SELECT channel_name, ready, in_flight, scheduled, uncommitted, waiting, dead,"            \
+    " blocked_chains FROM mq_metrics() WHERE ready + in_flight + scheduled"                    \
     " + uncommitted + waiting + dead > 0"
 
 /* mq_metrics and the full scan agree on every channel and state. */
@@ -367,8 +367,8 @@ static char *run_pqmq(const char *args, int *status)
     const char *dir = getenv("PQMQ_TEST_BUILDDIR");
     char *cmd = NULL, *out = NULL;
     size_t len = 0;
-    if (asprintf(&cmd, "'%s/tools/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s",
-                 dir ? dir : ".", t_schema(), args) < 0)
+    if (asprintf(&cmd, "'%s/tools/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s", dir ? dir : ".",
+                 t_schema(), args) < 0)
         return NULL;
     FILE *p = popen(cmd, "r");
     free(cmd);
@@ -399,8 +399,8 @@ static void test_pqmq_metrics_parses_and_matches(void)
     CHECK_INT(e.errors, 0);
     CHECK_INT(e.ntypes, 4);
 
-    static const char *const states[] = {"ready", "in_flight", "scheduled",
-                                         "uncommitted", "waiting", "dead"};
+    static const char *const states[] = {"ready",       "in_flight", "scheduled",
+                                         "uncommitted", "waiting",   "dead"};
     PGresult *r = t_sql(pg, "SELECT channel_name, ready, in_flight, scheduled, uncommitted,"
                             " waiting, dead, blocked_chains, removed FROM mq_metrics()");
     int channels = r ? PQntuples(r) : 0;
@@ -413,8 +413,8 @@ static void test_pqmq_metrics_parses_and_matches(void)
             const sample *x = find(&e, "pqmq_messages", ch, states[s]);
             CHECK(x != NULL);
             if (x && x->value != atof(PQgetvalue(r, i, s + 1)))
-                t_fail(__FILE__, __LINE__, "%s/%s: %g, mq_metrics %s", ch, states[s],
-                       x->value, PQgetvalue(r, i, s + 1));
+                t_fail(__FILE__, __LINE__, "%s/%s: %g, mq_metrics %s", ch, states[s], x->value,
+                       PQgetvalue(r, i, s + 1));
         }
         const sample *b = find(&e, "pqmq_blocked_chains", ch, NULL);
         CHECK(b && b->value == atof(PQgetvalue(r, i, 7)));
@@ -447,7 +447,8 @@ static void test_parser_rejects_bad_escapes(void)
 {
     exposition e;
     parse_exposition("# TYPE pqmq_messages gauge\n"
-                     "pqmq_messages{channel=\"a\\qb\",state=\"ready\"} 1\n", &e);
+                     "pqmq_messages{channel=\"a\\qb\",state=\"ready\"} 1\n",
+                     &e);
     CHECK_INT(e.errors, 1);
     parse_exposition("pqmq_messages{channel=\"a\",state=\"ready\"} 1\n", &e);
     CHECK_INT(e.errors, 1); /* no TYPE line */

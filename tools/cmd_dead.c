@@ -78,8 +78,8 @@ int cmd_dead(tool *t, int argc, char **argv)
     if (rc)
         return rc;
     pqmq_batch *b = NULL;
-    rc = pqmq_dead_letters(t->client, n ? (const char *const *)channels : NULL, n, (int)max,
-                           &b);
+    rc =
+        pqmq_dead_letters(t->client, n ? (const char *const *)channels : NULL, n, (int)max, &b);
     if (rc)
         return tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
     size_t count = pqmq_batch_count(b);
@@ -249,8 +249,8 @@ int cmd_skip(tool *t, int argc, char **argv)
         if (pqmq_skip(t->client, &ids[i], 1, &done))
             rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
         else if (done == 0)
-            rc = tool_err(t, "%s: no ordered message in a chain with this id",
-                          argv[optind + i]);
+            rc =
+                tool_err(t, "%s: no ordered message in a chain with this id", argv[optind + i]);
         else
             printf("skipped %s\n", argv[optind + i]);
     }
@@ -345,8 +345,9 @@ int cmd_purge(tool *t, int argc, char **argv)
     if (rc)
         return rc;
     const char *p[3] = {channel, args, dead_only ? "true" : "false"};
-    PGresult *r = tool_query(t, "SELECT id, channel_args, name, was_dead "
-                                "FROM mq_purge($1, $2, $3::boolean)",
+    PGresult *r = tool_query(t,
+                             "SELECT id, channel_args, name, was_dead "
+                             "FROM mq_purge($1, $2, $3::boolean)",
                              3, p);
     if (!r)
         return EXIT_ERR;

@@ -35,13 +35,13 @@ static void sample(FILE *f, const char *name, const char *channel, const char *s
 
 static void print(FILE *f, const tool_figures *rows, size_t n)
 {
-    static const char *const states[] = {"ready", "in_flight", "scheduled",
-                                         "uncommitted", "waiting", "dead"};
+    static const char *const states[] = {"ready",       "in_flight", "scheduled",
+                                         "uncommitted", "waiting",   "dead"};
     family(f, "pqmq_messages", "gauge", "Messages in the queue by channel and state.");
     for (size_t i = 0; i < n; i++) {
         const tool_figures *x = &rows[i];
-        const long long v[] = {x->ready, x->in_flight, x->scheduled, x->uncommitted,
-                               x->waiting, x->dead};
+        const long long v[] = {x->ready,       x->in_flight, x->scheduled,
+                               x->uncommitted, x->waiting,   x->dead};
         for (int s = 0; s < 6; s++) {
             sample(f, "pqmq_messages", x->channel, states[s]);
             fprintf(f, "%lld\n", v[s]);

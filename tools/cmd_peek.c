@@ -56,8 +56,8 @@ static void print_row(PGresult *r, int i)
     unsigned char *bytes = NULL;
     if (!PQgetisnull(r, i, 9))
         bytes = PQunescapeBytea((const unsigned char *)PQgetvalue(r, i, 9), &len);
-    out_payload(stdout, PQgetisnull(r, i, 8) ? NULL : PQgetvalue(r, i, 8),
-                bytes ? bytes : NULL, len, 4);
+    out_payload(stdout, PQgetisnull(r, i, 8) ? NULL : PQgetvalue(r, i, 8), bytes ? bytes : NULL,
+                len, 4);
     PQfreemem(bytes);
 }
 

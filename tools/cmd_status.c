@@ -32,8 +32,8 @@ int tool_figures_read(tool *t, char *const *channels, size_t n, tool_figures **o
     }
     for (size_t i = 0; i < rows; i++) {
         f[i].channel = strdup(PQgetvalue(r, (int)i, 0));
-        long long *v[] = {&f[i].ready, &f[i].in_flight, &f[i].scheduled, &f[i].uncommitted,
-                          &f[i].waiting, &f[i].dead, &f[i].blocked};
+        long long *v[] = {&f[i].ready,   &f[i].in_flight, &f[i].scheduled, &f[i].uncommitted,
+                          &f[i].waiting, &f[i].dead,      &f[i].blocked};
         for (int c = 0; c < 7; c++)
             *v[c] = atoll(PQgetvalue(r, (int)i, c + 1));
         f[i].oldest_ready_age = atof(PQgetvalue(r, (int)i, 8));
@@ -85,8 +85,8 @@ static void fmt_age(char *buf, size_t size, double s)
         snprintf(buf, size, "%.1fd", s / 86400);
 }
 
-static const char *const heads[] = {"CHANNEL", "READY", "IN_FLIGHT", "SCHEDULED",
-                                    "UNCOMMITTED", "WAITING", "DEAD", "BLOCKED",
+static const char *const heads[] = {"CHANNEL",      "READY",    "IN_FLIGHT", "SCHEDULED",
+                                    "UNCOMMITTED",  "WAITING",  "DEAD",      "BLOCKED",
                                     "OLDEST_READY", "REMOVED/S"};
 
 static void row(FILE *f, size_t w0, const char *name, const tool_figures *x, int has_rate,
@@ -109,8 +109,8 @@ void tool_figures_table(FILE *f, const tool_figures *rows, size_t n, const doubl
     for (size_t i = 0; i < n; i++)
         if (out_display_width(rows[i].channel) > w0)
             w0 = out_display_width(rows[i].channel);
-    fprintf(f, "%-*s %9s %9s %9s %11s %9s %9s %7s %12s", (int)w0, heads[0], heads[1],
-            heads[2], heads[3], heads[4], heads[5], heads[6], heads[7], heads[8]);
+    fprintf(f, "%-*s %9s %9s %9s %11s %9s %9s %7s %12s", (int)w0, heads[0], heads[1], heads[2],
+            heads[3], heads[4], heads[5], heads[6], heads[7], heads[8]);
     if (rates)
         fprintf(f, " %9s", heads[9]);
     fputc('\n', f);
@@ -135,9 +135,10 @@ void tool_figures_table(FILE *f, const tool_figures *rows, size_t n, const doubl
 
 static void json_row(FILE *f, const tool_figures *x)
 {
-    fprintf(f, "\"ready\": %lld, \"in_flight\": %lld, \"scheduled\": %lld, "
-               "\"uncommitted\": %lld, \"waiting\": %lld, \"dead\": %lld, "
-               "\"blocked_chains\": %lld, \"oldest_ready_age_seconds\": %.3f",
+    fprintf(f,
+            "\"ready\": %lld, \"in_flight\": %lld, \"scheduled\": %lld, "
+            "\"uncommitted\": %lld, \"waiting\": %lld, \"dead\": %lld, "
+            "\"blocked_chains\": %lld, \"oldest_ready_age_seconds\": %.3f",
             x->ready, x->in_flight, x->scheduled, x->uncommitted, x->waiting, x->dead,
             x->blocked, x->oldest_ready_age);
 }

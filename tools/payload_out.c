@@ -54,29 +54,23 @@ static void write_obj(FILE *f, const msgpack_object *o, int indent, int depth)
 {
     int inner = indent < 0 ? -1 : indent + 4;
     switch (o->type) {
-    case MSGPACK_OBJECT_NIL:
-        fputs("null", f);
-        break;
-    case MSGPACK_OBJECT_BOOLEAN:
-        fputs(o->via.boolean ? "true" : "false", f);
-        break;
+    case MSGPACK_OBJECT_NIL: fputs("null", f); break;
+    case MSGPACK_OBJECT_BOOLEAN: fputs(o->via.boolean ? "true" : "false", f); break;
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
         fprintf(f, "%llu", (unsigned long long)o->via.u64);
         break;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        fprintf(f, "%lld", (long long)o->via.i64);
-        break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: fprintf(f, "%lld", (long long)o->via.i64); break;
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64:
         if (isfinite(o->via.f64))
             fprintf(f, "%.17g", o->via.f64);
         else /* JSON has no NaN or infinity */
-            fprintf(f, "\"%s\"", isnan(o->via.f64) ? "NaN"
-                                 : o->via.f64 > 0 ? "Infinity" : "-Infinity");
+            fprintf(f, "\"%s\"",
+                    isnan(o->via.f64) ? "NaN"
+                    : o->via.f64 > 0  ? "Infinity"
+                                      : "-Infinity");
         break;
-    case MSGPACK_OBJECT_STR:
-        out_json_str(f, o->via.str.ptr, o->via.str.size);
-        break;
+    case MSGPACK_OBJECT_STR: out_json_str(f, o->via.str.ptr, o->via.str.size); break;
     case MSGPACK_OBJECT_BIN:
         fputs("{\"$bin\": \"", f);
         hex(f, o->via.bin.ptr, o->via.bin.size);
@@ -119,8 +113,7 @@ static void write_obj(FILE *f, const msgpack_object *o, int indent, int depth)
         newline(f, indent);
         fputc('}', f);
         break;
-    default:
-        fputs("null", f);
+    default: fputs("null", f);
     }
 }
 
@@ -141,8 +134,7 @@ static void indented(FILE *f, const char *text, int indent)
     fputc('\n', f);
 }
 
-void out_payload(FILE *f, const char *pretty_json, const void *bytes, size_t len,
-                 int indent)
+void out_payload(FILE *f, const char *pretty_json, const void *bytes, size_t len, int indent)
 {
     if (pretty_json) {
         fprintf(f, "%*spayload (JSON):\n", indent, "");

@@ -19,7 +19,7 @@
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
 
 /* The schema version the subcommands other than migrate need. */
-#define TOOL_MIN_VERSION 4
+#define TOOL_MIN_VERSION 5
 
 typedef struct {
     const char *cmd;     /* the subcommand's name, for messages */
@@ -37,10 +37,12 @@ int tool_usage(const tool *t, const char *fmt, ...) __attribute__((format(printf
  * table and pass unknown option characters to tool_common_opt, which
  * returns 0 when it handled c, EXIT_USAGE otherwise (message printed). */
 #define TOOL_OPT_SCHEMA 0x100
-#define TOOL_COMMON_OPTS                                     \
-    {"dsn", required_argument, NULL, 'd'},                   \
-    {"schema", required_argument, NULL, TOOL_OPT_SCHEMA},    \
-    {"help", no_argument, NULL, 'h'}
+#define TOOL_COMMON_OPTS                                                                       \
+    {"dsn", required_argument, NULL, 'd'},                                                     \
+        {"schema", required_argument, NULL, TOOL_OPT_SCHEMA},                                  \
+    {                                                                                          \
+        "help", no_argument, NULL, 'h'                                                         \
+    }
 #define TOOL_COMMON_SHORT "d:h"
 int tool_common_opt(tool *t, int c, const char *arg);
 /* The lines of --help that describe the common options. */
@@ -83,8 +85,7 @@ int out_is_tty(FILE *f);
 /* Payloads (payload_out.c): prints a message's payload for people,
  * indented by indent spaces: JSON pretty-printed (pretty is the server's
  * jsonb_pretty text), msgpack decoded to JSON, other bytes as hex. */
-void out_payload(FILE *f, const char *pretty_json, const void *bytes, size_t len,
-                 int indent);
+void out_payload(FILE *f, const char *pretty_json, const void *bytes, size_t len, int indent);
 /* Writes a msgpack object as JSON (pretty when indent >= 0). */
 void out_msgpack_json(FILE *f, const msgpack_object *o, int indent);
 

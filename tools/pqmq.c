@@ -75,9 +75,7 @@ int tool_usage(const tool *t, const char *fmt, ...)
 int tool_common_opt(tool *t, int c, const char *arg)
 {
     switch (c) {
-    case 'd':
-        t->dsn = arg;
-        return 0;
+    case 'd': t->dsn = arg; return 0;
     case TOOL_OPT_SCHEMA:
         if (!*arg)
             return tool_usage(t, "--schema: empty schema name");
@@ -130,8 +128,8 @@ PGresult *tool_query(tool *t, const char *sql, int nparams, const char *const *p
         tool_err(t, "lost the connection to the server: %s",
                  tool_first_line(PQerrorMessage(t->conn)));
     else
-        tool_err(t, "%s", tool_first_line(r ? PQresultErrorMessage(r)
-                                             : PQerrorMessage(t->conn)));
+        tool_err(t, "%s",
+                 tool_first_line(r ? PQresultErrorMessage(r) : PQerrorMessage(t->conn)));
     PQclear(r);
     return NULL;
 }
@@ -149,12 +147,12 @@ char *tool_current_schema(tool *t)
 /* Is the queue in the current schema migrated to min_version? */
 static int check_schema(tool *t, int min_version)
 {
-    PGresult *r = tool_query(
-        t,
-        "SELECT pg_catalog.current_schema(), "
-        "pg_catalog.to_regclass(pg_catalog.quote_ident(pg_catalog.current_schema())"
-        " OPERATOR(pg_catalog.||) '.mq_schema_migrations') IS NOT NULL",
-        0, NULL);
+    PGresult *r =
+        tool_query(t,
+                   "SELECT pg_catalog.current_schema(), "
+                   "pg_catalog.to_regclass(pg_catalog.quote_ident(pg_catalog.current_schema())"
+                   " OPERATOR(pg_catalog.||) '.mq_schema_migrations') IS NOT NULL",
+                   0, NULL);
     if (!r)
         return EXIT_ERR;
     int rc = 0;
@@ -180,8 +178,9 @@ static int check_schema(tool *t, int min_version)
     int have = atoi(PQgetvalue(r, 0, 0));
     PQclear(r);
     if (have < min_version)
-        rc = tool_err(t, "the queue in schema \"%s\" is at version %d, this command needs "
-                         "%d: run 'pqmq migrate'",
+        rc = tool_err(t,
+                      "the queue in schema \"%s\" is at version %d, this command needs "
+                      "%d: run 'pqmq migrate'",
                       schema ? schema : "?", have, min_version);
     free(schema);
     return rc;
@@ -246,8 +245,10 @@ char *tool_text_array(char *const *names, size_t n)
 int tool_parse_id(const tool *t, const char *text, uuid_t out)
 {
     if (strlen(text) != 36 || uuid_parse(text, out) != 0)
-        return tool_usage(t, "\"%s\" is not a message id (a UUID like "
-                             "0190c2a4-5b6e-7c3d-9e0f-123456789abc)", text);
+        return tool_usage(t,
+                          "\"%s\" is not a message id (a UUID like "
+                          "0190c2a4-5b6e-7c3d-9e0f-123456789abc)",
+                          text);
     return 0;
 }
 
