@@ -4,8 +4,7 @@
  */
 #include "pqmq-int.h"
 
-PQMQ_EXPORT int pqmq_migration_info(size_t i, int *version, const char **name,
-                                    const char **sql)
+PQMQ_EXPORT int pqmq_migration_info(size_t i, int *version, const char **name, const char **sql)
 {
     if (i >= pqmq_migration_count)
         return PQMQ_EINVAL;
