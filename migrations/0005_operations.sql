@@ -65,7 +65,7 @@ END;
 $$;
 
 -- The triggers: one delta row per channel per statement; about one
--- statement in 256 also folds.
+-- statement in 250 also folds.
 CREATE OR REPLACE FUNCTION mq_count_inserted()
 RETURNS trigger
 LANGUAGE plpgsql
