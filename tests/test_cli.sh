@@ -86,7 +86,7 @@ psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema; CREATE SCHEMA $old; CR
 "$pqmq_bin" --help >"$work/out" || fail "pqmq --help failed"
 has out "usage: pqmq" "migrate" "metrics"
 "$pqmq_bin" --version >"$work/out" || fail "pqmq --version failed"
-has out "schema version 5"
+has out "schema version 7"
 run 2 nosuchcommand
 has err "unknown command"
 for c in migrate status peek dead retry skip purge send watch metrics; do
@@ -109,9 +109,9 @@ one_line
 
 # --- migrate ------------------------------------------------------------------
 run 0 migrate --status
-has out "0001_schema" "0005_operations" "pending"
+has out "0001_schema" "0007_operations" "pending"
 run 0 migrate --sql
-has out "-- 0001_schema" "-- 0005_operations" "CREATE TABLE IF NOT EXISTS mq_msgs"
+has out "-- 0001_schema" "-- 0007_operations" "CREATE TABLE IF NOT EXISTS mq_msgs"
 # The printed SQL, applied by psql in another schema, makes a whole queue.
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --sql >"$work/bare.sql" 2>/dev/null
 psql -X -q -v ON_ERROR_STOP=1 -1 -d "$PQMQ_TEST_DSN" -f "$work/bare.sql" >/dev/null 2>&1 \
@@ -122,19 +122,19 @@ grep -q pending "$work/out" && fail "migrate --sql then psql left pending migrat
 [[ -s $work/out ]] && fail "migrate --sql of an up-to-date schema printed SQL"
 has err "up to date"
 run 0 migrate
-has out "is at version 5"
+has out "is at version 7"
 run 0 migrate
 run 0 migrate --status
 has out "applied"
 grep -q pending "$work/out" && fail "migrate left pending migrations"
 run 2 migrate --status --sql
-# A queue at version 4 is refused with a clear message.
+# A queue at version 6 is refused with a clear message.
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" migrate >/dev/null 2>&1
 PGOPTIONS="-c search_path=$old" psql -X -q -d "$PQMQ_TEST_DSN" \
-    -c "DELETE FROM mq_schema_migrations WHERE version = 5" >/dev/null
+    -c "DELETE FROM mq_schema_migrations WHERE version = 7" >/dev/null
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" status >/dev/null 2>"$work/err"
-[[ $? == 1 ]] || fail "status on a version 4 queue: not exit 1"
-has err "is at version 4, this command needs 5: run 'pqmq migrate'"
+[[ $? == 1 ]] || fail "status on a version 6 queue: not exit 1"
+has err "is at version 6, this command needs 7: run 'pqmq migrate'"
 
 # --- send ---------------------------------------------------------------------
 run 0 send orders ship '{"step": 1, "items": [1, 2]}'

@@ -46,30 +46,47 @@ static const char *applied_at(PGresult *r, int version)
     return NULL;
 }
 
-static int status(tool *t, PGresult *r, const char *schema)
+/* The newest applied version, 0 when none is recorded. */
+static int newest(PGresult *r)
 {
-    int v;
+    int have = 0;
+    for (int i = 0; i < PQntuples(r); i++)
+        if (atoi(PQgetvalue(r, i, 0)) > have)
+            have = atoi(PQgetvalue(r, i, 0));
+    return have;
+}
+
+/* As pqmq_migrate decides: once a version is recorded, everything up to it
+ * counts as applied (version 0 records nothing when it has nothing to do). */
+static int is_pending(int version, int have)
+{
+    return !(have > 0 && version <= have);
+}
+
+static int status(PGresult *r, const char *schema)
+{
+    int v, have = newest(r);
     const char *name;
     printf("schema \"%s\"\n", schema);
     for (size_t i = 0; pqmq_migration_info(i, &v, &name, NULL) == PQMQ_OK; i++) {
         const char *at = applied_at(r, v);
-        printf("  %-32s %s%s\n", name, at ? "applied " : "pending", at ? at : "");
+        if (at)
+            printf("  %-32s applied %s\n", name, at);
+        else
+            printf("  %-32s %s\n", name,
+                   is_pending(v, have) ? "pending" : "not recorded (the schema is past it)");
     }
     for (int i = 0; i < PQntuples(r); i++)
         if (atoi(PQgetvalue(r, i, 0)) > pqmq_schema_version())
             printf("  %-32s applied %s (newer than this pqmq)\n", PQgetvalue(r, i, 1),
                    PQgetvalue(r, i, 2));
-    (void)t;
     return EXIT_OK;
 }
 
 static int print_sql(tool *t, PGresult *r, const char *schema)
 {
-    int have = 0, v;
+    int have = newest(r), v;
     const char *name, *sql;
-    for (int i = 0; i < PQntuples(r); i++)
-        if (atoi(PQgetvalue(r, i, 0)) > have)
-            have = atoi(PQgetvalue(r, i, 0));
     char *ident = PQescapeIdentifier(t->conn, schema, strlen(schema));
     char *lit = ident ? PQescapeLiteral(t->conn, ident, strlen(ident)) : NULL;
     if (!lit) {
@@ -78,7 +95,7 @@ static int print_sql(tool *t, PGresult *r, const char *schema)
     }
     int pending = 0;
     for (size_t i = 0; pqmq_migration_info(i, &v, &name, &sql) == PQMQ_OK; i++) {
-        if (v <= have)
+        if (!is_pending(v, have))
             continue;
         if (!pending++)
             printf("-- pqmq migrations for schema %s; apply in one transaction\n"
@@ -133,7 +150,7 @@ int cmd_migrate(tool *t, int argc, char **argv)
         return EXIT_ERR;
     }
     if (mode == 's') {
-        rc = status(t, r, schema);
+        rc = status(r, schema);
     } else if (mode == 'q') {
         rc = print_sql(t, r, schema);
     } else if (pqmq_migrate(t->client) != PQMQ_OK) {

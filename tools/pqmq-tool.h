@@ -19,7 +19,7 @@
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
 
 /* The schema version the subcommands other than migrate need. */
-#define TOOL_MIN_VERSION 5
+#define TOOL_MIN_VERSION 7
 
 typedef struct {
     const char *cmd;     /* the subcommand's name, for messages */

@@ -718,6 +718,7 @@ scenario_refused() {
         -c "GRANT USAGE ON SCHEMA f_refused TO $role" \
         -c "GRANT ALL ON ALL TABLES IN SCHEMA f_refused TO $role" \
         -c "GRANT ALL ON ALL SEQUENCES IN SCHEMA f_refused TO $role" \
+        -c "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA f_refused TO $role" \
         >/dev/null 2>>"$logdir/psql.err" || { note "cannot create role $role"; return; }
     local limited="user=$role application_name=fault_runner"
     # ctl + 4 workers = the role's 5 connections.

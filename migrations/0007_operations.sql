@@ -1,4 +1,4 @@
--- pqmq schema, version 5: what operators read and do (the pqmq command).
+-- pqmq schema, version 7: what operators read and do (the pqmq command).
 --
 -- mq_metrics   per channel: messages by state, blocked chains, oldest ready
 --              age; what `pqmq status` and `pqmq metrics` print.
@@ -443,6 +443,31 @@ BEGIN
 END;
 $$;
 
+-- Every function pins pg_catalog, the queue's schema and pg_temp, by name;
+-- internal helpers are not for PUBLIC. (Later migrations that create
+-- functions repeat this block.)
+DO $$
+DECLARE
+    nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
+    nm  text := (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
+    f   regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%' LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
+                                  f, nm);
+    END LOOP;
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = nsp
+               AND p.proname IN ('mq_lock_new_chains', 'mq_record_tails', 'mq_wake',
+                                 'mq_pick', 'mq_lock_chains', 'mq_unlink',
+                                 'mq_fixed_length') LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$$;
+
 INSERT INTO mq_schema_migrations (version, name)
-VALUES (5, '0005_operations')
+VALUES (7, '0007_operations')
 ON CONFLICT (version) DO NOTHING;
