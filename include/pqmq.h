@@ -109,6 +109,13 @@ PQMQ_EXPORT int pqmq_migrate(pqmq_client *client);
 /* The schema version this library embeds (the newest migration's number). */
 PQMQ_EXPORT int pqmq_schema_version(void);
 
+/* The i-th embedded migration (0-based, oldest first): its version, its
+ * name (e.g. "0001_schema") and its SQL text, as pqmq_migrate applies it
+ * in the target schema. Any pointer may be NULL. Strings are static.
+ * Returns 0, or PQMQ_EINVAL when i is past the last one. */
+PQMQ_EXPORT int pqmq_migration_info(size_t i, int *version, const char **name,
+                                    const char **sql);
+
 /* ---- messages (msg.c) -------------------------------------------------- */
 
 typedef struct pqmq_msg pqmq_msg;

@@ -142,3 +142,49 @@ BEGIN
     RETURN cardinality(g_id);
 END;
 $$;
+
+-- Deletes the messages of one channel (of one chain when channel_args is
+-- not NULL; only dead ones when dead_only), whatever their state, and
+-- returns what it deleted. Chains are repaired as by mq_complete (which it
+-- calls), so nothing of another channel is touched. A consumer still
+-- holding one of them finds it gone when it completes (ignored).
+CREATE OR REPLACE FUNCTION mq_purge(channel text, args text DEFAULT NULL,
+                                    dead_only boolean DEFAULT false)
+RETURNS TABLE(id uuid, channel_args text, name text, was_dead boolean)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ids   uuid[];
+    argss text[];
+    names text[];
+    dead  boolean[];
+BEGIN
+    IF channel IS NULL OR channel = '' THEN
+        RAISE EXCEPTION 'mq_purge: channel is NULL or empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM mq_reap_dead();
+    -- Locked first, so that what is returned is what is deleted.
+    SELECT pg_catalog.array_agg(v.id ORDER BY v.channel_args, v.id),
+           pg_catalog.array_agg(v.channel_args ORDER BY v.channel_args, v.id),
+           pg_catalog.array_agg(v.name ORDER BY v.channel_args, v.id),
+           pg_catalog.array_agg(v.was_dead ORDER BY v.channel_args, v.id)
+    INTO ids, argss, names, dead
+    FROM (
+        SELECT m.id, m.channel_args, p.name, m.dead_since IS NOT NULL AS was_dead
+        FROM mq_msgs m
+        LEFT JOIN mq_payloads p ON p.id = m.id
+        WHERE m.channel_name = channel
+          AND (args IS NULL OR m.channel_args = args)
+          AND (NOT COALESCE(dead_only, false) OR m.dead_since IS NOT NULL)
+        FOR UPDATE OF m
+    ) v;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM mq_complete(ids);
+    RETURN QUERY SELECT u.id, u.a, u.n, u.d
+                 FROM unnest(ids, argss, names, dead) AS u(id, a, n, d);
+END;
+$$;

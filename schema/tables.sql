@@ -163,3 +163,30 @@ CREATE TABLE IF NOT EXISTS mq_chains (
 );
 
 CREATE INDEX IF NOT EXISTS mq_chains_key ON mq_chains (channel_key);
+
+-- Counters, so that status never reads the ready backlog or the messages
+-- waiting in chains: per channel, messages in all (total), messages behind
+-- an earlier one of their chain (waiting) and messages deleted so far
+-- (removed: completed or purged; only grows). Writers never update a shared
+-- row: triggers on mq_msgs append one delta row per statement and channel
+-- (so concurrent producers and consumers neither wait for each other nor
+-- deadlock), and mq_count_fold moves the deltas into mq_counts now and then.
+CREATE TABLE IF NOT EXISTS mq_counts (
+    channel_name text PRIMARY KEY,
+    total        bigint NOT NULL DEFAULT 0,
+    waiting      bigint NOT NULL DEFAULT 0,
+    removed      bigint NOT NULL DEFAULT 0
+);
+
+CREATE TABLE IF NOT EXISTS mq_count_deltas (
+    channel_name text NOT NULL,
+    total        bigint NOT NULL,
+    waiting      bigint NOT NULL,
+    removed      bigint NOT NULL
+);
+
+ALTER TABLE mq_count_deltas SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 500,
+    autovacuum_vacuum_cost_delay = 0
+);

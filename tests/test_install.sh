@@ -49,6 +49,15 @@ for f in "$root/include/pqmq.h" "$libdir/libpqmq.so" "$libdir/libpqmq.a"; do
 done
 ls "$libdir"/libpqmq.so.* >/dev/null 2>&1 || problem "no versioned libpqmq.so.N"
 
+# The pqmq command and the manual pages.
+for f in "$root/bin/pqmq" "$root/share/man/man1/pqmq.1" "$root/share/man/man3/pqmq.3"; do
+    [[ -e $f ]] || problem "missing $f"
+done
+if [[ -x $root/bin/pqmq ]]; then
+    LD_LIBRARY_PATH=$libdir "$root/bin/pqmq" --help 2>&1 | grep -q "usage: pqmq" \
+        || problem "the installed pqmq does not run"
+fi
+
 # The migrations, byte for byte.
 if [[ -n $migrations ]]; then
     want=$(cd "$migrations" && ls ./*.sql | sort)

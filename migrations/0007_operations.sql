@@ -1,0 +1,473 @@
+-- pqmq schema, version 7: what operators read and do (the pqmq command).
+--
+-- mq_metrics   per channel: messages by state, blocked chains, oldest ready
+--              age; what `pqmq status` and `pqmq metrics` print.
+-- mq_peek      the next messages of a channel in delivery order, unclaimed.
+-- mq_purge     deletes a channel's messages (or only its dead ones).
+--
+-- Every function here reads mq_msgs by itself (payloads only for the rows it
+-- returns) and claims nothing. Values arrive as parameters only.
+
+-- Counters, so that status never reads the ready backlog or the messages
+-- waiting in chains: per channel, messages in all (total), messages behind
+-- an earlier one of their chain (waiting) and messages deleted so far
+-- (removed: completed or purged; only grows). Writers never update a shared
+-- row: triggers on mq_msgs append one delta row per statement and channel
+-- (so concurrent producers and consumers neither wait for each other nor
+-- deadlock), and mq_count_fold moves the deltas into mq_counts now and then.
+CREATE TABLE IF NOT EXISTS mq_counts (
+    channel_name text PRIMARY KEY,
+    total        bigint NOT NULL DEFAULT 0,
+    waiting      bigint NOT NULL DEFAULT 0,
+    removed      bigint NOT NULL DEFAULT 0
+);
+
+CREATE TABLE IF NOT EXISTS mq_count_deltas (
+    channel_name text NOT NULL,
+    total        bigint NOT NULL,
+    waiting      bigint NOT NULL,
+    removed      bigint NOT NULL
+);
+
+ALTER TABLE mq_count_deltas SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 500,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- Moves the deltas into mq_counts. One folder at a time (the others return
+-- at once), and only in READ COMMITTED: a snapshot transaction could fail
+-- on a delta another folder deleted since its snapshot.
+CREATE OR REPLACE FUNCTION mq_count_fold()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('transaction_isolation') <> 'read committed'
+       OR NOT pg_catalog.pg_try_advisory_xact_lock(1886482797, 4) THEN
+        RETURN;
+    END IF;
+    WITH d AS (
+        DELETE FROM mq_count_deltas d RETURNING d.*
+    )
+    INSERT INTO mq_counts AS c (channel_name, total, waiting, removed)
+    SELECT d.channel_name, pg_catalog.sum(d.total), pg_catalog.sum(d.waiting),
+           pg_catalog.sum(d.removed)
+    FROM d
+    GROUP BY d.channel_name
+    ORDER BY d.channel_name
+    ON CONFLICT (channel_name) DO UPDATE SET
+        total = c.total OPERATOR(pg_catalog.+) excluded.total,
+        waiting = c.waiting OPERATOR(pg_catalog.+) excluded.waiting,
+        removed = c.removed OPERATOR(pg_catalog.+) excluded.removed;
+END;
+$$;
+
+-- The triggers: one delta row per channel per statement; about one
+-- statement in 250 also folds.
+CREATE OR REPLACE FUNCTION mq_count_inserted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+    SELECT n.channel_name, pg_catalog.count(*),
+           pg_catalog.count(*) FILTER (
+               WHERE n.after_message_id OPERATOR(pg_catalog.<>)
+                     '00000000-0000-0000-0000-000000000000'::uuid),
+           0
+    FROM mq_new_rows n
+    GROUP BY n.channel_name;
+    IF pg_catalog.random() < 0.004 THEN
+        PERFORM mq_count_fold();
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION mq_count_deleted()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+    SELECT o.channel_name, -pg_catalog.count(*),
+           -pg_catalog.count(*) FILTER (
+               WHERE o.after_message_id OPERATOR(pg_catalog.<>)
+                     '00000000-0000-0000-0000-000000000000'::uuid),
+           pg_catalog.count(*)
+    FROM mq_old_rows o
+    GROUP BY o.channel_name;
+    IF pg_catalog.random() < 0.004 THEN
+        PERFORM mq_count_fold();
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- A chain member that becomes the head (or is skipped) stops waiting. Row
+-- level, because transition tables cannot go with a column list: this
+-- fires only for the statements that relink chains, never for polls.
+CREATE OR REPLACE FUNCTION mq_count_relinked()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    was int := CASE WHEN OLD.after_message_id OPERATOR(pg_catalog.<>)
+                         '00000000-0000-0000-0000-000000000000'::uuid THEN 1 ELSE 0 END;
+    now_ int := CASE WHEN NEW.after_message_id OPERATOR(pg_catalog.<>)
+                          '00000000-0000-0000-0000-000000000000'::uuid THEN 1 ELSE 0 END;
+BEGIN
+    IF was OPERATOR(pg_catalog.<>) now_ THEN
+        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+        VALUES (NEW.channel_name, 0, now_ OPERATOR(pg_catalog.-) was, 0);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION mq_count_truncated()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    DELETE FROM mq_count_deltas;
+    UPDATE mq_counts SET total = 0, waiting = 0;
+    RETURN NULL;
+END;
+$$;
+
+-- Created once, with the counts of what is already queued: CREATE TRIGGER
+-- locks out writers until this migration commits, so none is missed.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                   WHERE t.tgrelid = 'mq_msgs'::regclass
+                     AND t.tgname = 'mq_count_inserted') THEN
+        CREATE TRIGGER mq_count_inserted AFTER INSERT ON mq_msgs
+            REFERENCING NEW TABLE AS mq_new_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION mq_count_inserted();
+        CREATE TRIGGER mq_count_deleted AFTER DELETE ON mq_msgs
+            REFERENCING OLD TABLE AS mq_old_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION mq_count_deleted();
+        CREATE TRIGGER mq_count_relinked AFTER UPDATE OF after_message_id ON mq_msgs
+            FOR EACH ROW
+            WHEN (OLD.after_message_id IS DISTINCT FROM NEW.after_message_id)
+            EXECUTE FUNCTION mq_count_relinked();
+        CREATE TRIGGER mq_count_truncated AFTER TRUNCATE ON mq_msgs
+            FOR EACH STATEMENT EXECUTE FUNCTION mq_count_truncated();
+        DELETE FROM mq_count_deltas;
+        DELETE FROM mq_counts;
+        INSERT INTO mq_counts (channel_name, total, waiting)
+        SELECT m.channel_name, pg_catalog.count(*),
+               pg_catalog.count(*) FILTER (
+                   WHERE m.after_message_id OPERATOR(pg_catalog.<>)
+                         '00000000-0000-0000-0000-000000000000'::uuid)
+        FROM mq_msgs m
+        GROUP BY m.channel_name;
+    END IF;
+END
+$$;
+
+-- One row per channel with messages (only the named ones when channel_names
+-- is not NULL), each message counted in exactly one state:
+--   dead         ran out of attempts (dead_since set, or final lease over)
+--   waiting      ordered, behind an earlier message of its chain
+--   uncommitted  two-phase, not yet committed, commit interval running
+--   in_flight    delivered and leased, or failed and waiting for its retry
+--   scheduled    not delivered yet, delay running
+--   ready        a poll would take it now
+-- blocked_chains: dead chain heads (their chain waits for retry or skip).
+-- oldest_ready_age: seconds since the oldest ready message became ready.
+-- removed: messages of the channel deleted so far (completed or purged).
+--
+-- Cost: what it reads never includes the ready backlog or the waiting
+-- messages. total and waiting come from the counters; dead, in flight,
+-- scheduled and uncommitted messages are read through the partial indexes
+-- that hold them (mq_msgs_dead, mq_msgs_final_attempt, and the part of
+-- mq_msgs_candidates_by_time later than now); ready is what remains. The
+-- oldest ready message is one probe of mq_msgs_candidates_by_channel per
+-- chain key of the channel.
+CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
+RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
+              uncommitted bigint, waiting bigint, dead bigint,
+              blocked_chains bigint, oldest_ready_age double precision,
+              removed bigint)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    PERFORM mq_count_fold();
+    RETURN QUERY
+    WITH counts AS (
+        SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
+               pg_catalog.sum(x.waiting)::bigint AS waiting,
+               pg_catalog.sum(x.removed)::bigint AS removed
+        FROM (SELECT c.channel_name, c.total, c.waiting, c.removed FROM mq_counts c
+              UNION ALL
+              SELECT d.channel_name, d.total, d.waiting, d.removed
+              FROM mq_count_deltas d) x
+        WHERE channel_names IS NULL
+           OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
+        GROUP BY x.channel_name
+    ),
+    -- Not ready and not waiting: small sets, each behind a partial index.
+    later AS (
+        SELECT m.channel_name,
+               CASE WHEN m.deliveries > 0 THEN 'f'
+                    WHEN m.commit_interval IS NOT NULL THEN 'u'
+                    ELSE 's' END AS st, false AS head
+        FROM mq_msgs m
+        WHERE m.attempts > 0
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.attempt_at > ts
+        UNION ALL
+        SELECT m.channel_name, 'f', false FROM mq_msgs m
+        WHERE m.attempts = 0 AND m.dead_since IS NULL AND m.attempt_at > ts
+        UNION ALL
+        SELECT m.channel_name, 'd',
+               m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        FROM mq_msgs m
+        WHERE m.attempts = 0 AND m.dead_since IS NULL AND m.attempt_at <= ts
+        UNION ALL
+        SELECT m.channel_name, 'd',
+               m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        FROM mq_msgs m
+        WHERE m.dead_since IS NOT NULL
+    ),
+    by_state AS (
+        SELECT l.channel_name,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'f') AS f,
+               pg_catalog.count(*) FILTER (WHERE l.st = 's') AS s,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'u') AS u,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'd') AS d,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'd' AND l.head) AS b
+        FROM later l
+        GROUP BY l.channel_name
+    )
+    SELECT c.channel_name,
+           c.total - c.waiting - COALESCE(b.f + b.s + b.u + b.d, 0),
+           COALESCE(b.f, 0), COALESCE(b.s, 0), COALESCE(b.u, 0), c.waiting,
+           COALESCE(b.d, 0), COALESCE(b.b, 0),
+           COALESCE(pg_catalog.date_part('epoch', ts OPERATOR(pg_catalog.-) o.at), 0),
+           c.removed
+    FROM counts c
+    LEFT JOIN by_state b ON b.channel_name = c.channel_name
+    LEFT JOIN LATERAL mq_oldest_ready(c.channel_name, ts) o(at) ON true
+    WHERE c.total > 0
+       OR (channel_names IS NOT NULL AND c.channel_name = ANY (channel_names))
+    ORDER BY c.channel_name;
+END;
+$$;
+
+-- When the oldest ready message of a channel became ready (NULL: none is
+-- ready): a loose index scan over the channel's chain keys, one probe each.
+CREATE OR REPLACE FUNCTION mq_oldest_ready(channel text, ts timestamptz)
+RETURNS timestamptz
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    WITH RECURSIVE keys(k) AS (
+        SELECT (SELECT m.channel_key FROM mq_msgs m
+                WHERE m.attempts > 0
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+                  AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                        | 4294967295)
+                ORDER BY m.channel_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.channel_key FROM mq_msgs m
+                WHERE m.attempts > 0
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.channel_key > keys.k
+                  AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                        | 4294967295)
+                ORDER BY m.channel_key LIMIT 1)
+        FROM keys WHERE keys.k IS NOT NULL
+    )
+    SELECT pg_catalog.min(f.at)
+    FROM keys,
+    LATERAL (
+        SELECT m.attempt_at AS at FROM mq_msgs m
+        WHERE m.channel_key = keys.k
+          AND m.attempts > 0
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.channel_name = channel
+        ORDER BY m.attempt_at
+        LIMIT 1
+    ) f
+    WHERE keys.k IS NOT NULL AND f.at <= ts
+$$;
+
+-- The next max_rows messages of a channel (and of one chain when
+-- channel_args is not NULL) in the order polls would deliver them, without
+-- claiming or locking anything (args NULL: all chains): first the chain heads and unordered
+-- messages by the time they become ready, then the ordered messages behind
+-- them, chain by chain, each in chain order. Dead messages are left out
+-- (pqmq dead lists them). state is as in mq_metrics.
+CREATE OR REPLACE FUNCTION mq_peek(channel text, args text DEFAULT NULL,
+                                   max_rows int DEFAULT 10)
+RETURNS TABLE(id uuid, channel_args text, name text, state text,
+              ready_in interval, attempt int, attempts_left int,
+              is_ordered boolean, payload_json text, payload_bytes bytea,
+              last_error text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (mq_limits()).max_batch THEN
+        RAISE EXCEPTION 'mq_peek: max_rows % is outside 1..%',
+            max_rows, (mq_limits()).max_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH RECURSIVE heads AS (
+        -- Candidates: the (channel_key, attempt_at) index, one key range.
+        SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
+               m.commit_interval, m.after_message_id
+        FROM mq_msgs m
+        WHERE m.attempts > 0
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+          AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                | 4294967295)
+          AND m.channel_name = channel
+          AND (args IS NULL OR m.channel_args = args)
+        ORDER BY m.attempt_at, m.id
+        LIMIT max_rows
+    ),
+    -- Followers, through the successor index, at most max_rows deep.
+    chain(id, channel_args, attempt_at, deliveries, attempts, commit_interval,
+          after_message_id, head_at, head_id, depth) AS (
+        SELECT h.id, h.channel_args, h.attempt_at, h.deliveries, h.attempts,
+               h.commit_interval, h.after_message_id, h.attempt_at, h.id, 0
+        FROM heads h
+        WHERE h.after_message_id IS NOT NULL
+        UNION ALL
+        SELECT s.id, s.channel_args, s.attempt_at, s.deliveries, s.attempts,
+               s.commit_interval, s.after_message_id, c.head_at, c.head_id,
+               c.depth + 1
+        FROM chain c
+        JOIN mq_msgs s ON s.after_message_id = c.id
+                      AND s.after_message_id IS NOT NULL
+                      AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid
+        WHERE c.depth < max_rows
+    ),
+    picked AS (
+        SELECT h.id, h.channel_args, h.attempt_at, h.deliveries, h.attempts,
+               h.commit_interval, h.after_message_id IS NOT NULL AS ordered,
+               false AS behind, h.attempt_at AS k1, h.id AS k2, 0 AS k3
+        FROM heads h
+        UNION ALL
+        SELECT c.id, c.channel_args, c.attempt_at, c.deliveries, c.attempts,
+               c.commit_interval, true, true, c.head_at, c.head_id, c.depth
+        FROM chain c
+        WHERE c.depth > 0
+    )
+    SELECT p.id, p.channel_args, pl.name,
+           CASE WHEN p.behind THEN 'waiting'
+                WHEN p.attempt_at <= ts THEN 'ready'
+                WHEN p.deliveries > 0 THEN 'in_flight'
+                WHEN p.commit_interval IS NOT NULL THEN 'uncommitted'
+                ELSE 'scheduled' END,
+           GREATEST(p.attempt_at - ts, interval '0'),
+           p.deliveries, p.attempts, p.ordered,
+           pl.payload_json::text, pl.payload_bytes, pl.last_error
+    FROM picked p
+    LEFT JOIN LATERAL (
+        SELECT q.name, q.payload_json, q.payload_bytes, q.last_error
+        FROM mq_payloads q WHERE q.id = p.id LIMIT 1
+    ) pl ON true
+    ORDER BY p.behind, p.k1, p.k2, p.k3
+    LIMIT max_rows;
+END;
+$$;
+
+-- Deletes the messages of one channel (of one chain when channel_args is
+-- not NULL; only dead ones when dead_only), whatever their state, and
+-- returns what it deleted. Chains are repaired as by mq_complete (which it
+-- calls), so nothing of another channel is touched. A consumer still
+-- holding one of them finds it gone when it completes (ignored).
+CREATE OR REPLACE FUNCTION mq_purge(channel text, args text DEFAULT NULL,
+                                    dead_only boolean DEFAULT false)
+RETURNS TABLE(id uuid, channel_args text, name text, was_dead boolean)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ids   uuid[];
+    argss text[];
+    names text[];
+    dead  boolean[];
+BEGIN
+    IF channel IS NULL OR channel = '' THEN
+        RAISE EXCEPTION 'mq_purge: channel is NULL or empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM mq_reap_dead();
+    -- Locked first, so that what is returned is what is deleted.
+    SELECT pg_catalog.array_agg(v.id ORDER BY v.channel_args, v.id),
+           pg_catalog.array_agg(v.channel_args ORDER BY v.channel_args, v.id),
+           pg_catalog.array_agg(v.name ORDER BY v.channel_args, v.id),
+           pg_catalog.array_agg(v.was_dead ORDER BY v.channel_args, v.id)
+    INTO ids, argss, names, dead
+    FROM (
+        SELECT m.id, m.channel_args, p.name, m.dead_since IS NOT NULL AS was_dead
+        FROM mq_msgs m
+        LEFT JOIN mq_payloads p ON p.id = m.id
+        WHERE m.channel_name = channel
+          AND (args IS NULL OR m.channel_args = args)
+          AND (NOT COALESCE(dead_only, false) OR m.dead_since IS NOT NULL)
+        FOR UPDATE OF m
+    ) v;
+    IF ids IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM mq_complete(ids);
+    RETURN QUERY SELECT u.id, u.a, u.n, u.d
+                 FROM unnest(ids, argss, names, dead) AS u(id, a, n, d);
+END;
+$$;
+
+-- Every function pins pg_catalog, the queue's schema and pg_temp, by name;
+-- internal helpers are not for PUBLIC. (Later migrations that create
+-- functions repeat this block.)
+DO $$
+DECLARE
+    nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
+    nm  text := (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
+    f   regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%' LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
+                                  f, nm);
+    END LOOP;
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = nsp
+               AND p.proname IN ('mq_lock_new_chains', 'mq_record_tails', 'mq_wake',
+                                 'mq_pick', 'mq_lock_chains', 'mq_unlink',
+                                 'mq_fixed_length') LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$$;
+
+INSERT INTO mq_schema_migrations (version, name)
+VALUES (7, '0007_operations')
+ON CONFLICT (version) DO NOTHING;

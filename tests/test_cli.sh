@@ -1,0 +1,313 @@
+#!/usr/bin/env bash
+# tests/test_cli.sh [PQMQ]: the pqmq command, every subcommand, against the
+# server in $PQMQ_TEST_DSN (skips, exit 77, without one), in schemas of its
+# own that it drops at the end. Checks outputs, the state the server is left
+# in (through psql), the one-line error messages and the exit statuses
+# (0 success, 1 error, 2 usage).
+#
+# PQMQ defaults to ./tools/pqmq, as seen from the build directory make check
+# runs in. Exits 0 on success, 1 listing every failed check.
+
+set -u
+
+pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq}
+
+if [[ -z ${PQMQ_TEST_DSN:-} ]]; then
+    echo "SKIP: PQMQ_TEST_DSN is not set (tests/run-tests.sh sets it)"
+    exit 77
+fi
+if [[ ! -x $pqmq_bin ]]; then
+    echo "FAIL: no pqmq command at $pqmq_bin (make tools/pqmq)"
+    exit 1
+fi
+if ! command -v psql >/dev/null 2>&1; then
+    echo "FAIL: psql not found (Debian package: postgresql-client)"
+    exit 1
+fi
+
+schema=cli_$$
+old=cli_old_$$
+bare=cli_bare_$$
+work=$(mktemp -d)
+failed=0
+
+cleanup() {
+    psql -X -q -d "$PQMQ_TEST_DSN" \
+        -c "DROP SCHEMA IF EXISTS $schema, $old, $bare CASCADE" >/dev/null 2>&1
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*"
+    failed=$((failed + 1))
+}
+
+sql() {
+    PGOPTIONS="-c search_path=$schema -c client_min_messages=warning" \
+        psql -X -q -At -v ON_ERROR_STOP=1 -d "$PQMQ_TEST_DSN" -c "$1"
+}
+
+# run EXPECTED_STATUS ARGS...: runs pqmq on the test schema; stdout in
+# $work/out, stderr in $work/err; checks the exit status.
+run() {
+    local want=$1 rc
+    shift
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" "$@" >"$work/out" 2>"$work/err" \
+        </dev/null
+    rc=$?
+    if [[ $rc != "$want" ]]; then
+        fail "pqmq $* exited $rc, expected $want; stderr: $(head -c 300 "$work/err")"
+    fi
+    return 0
+}
+
+# has FILE TEXT...: each TEXT is in FILE (fixed strings).
+has() {
+    local f=$work/$1 s
+    shift
+    for s in "$@"; do
+        grep -qF -- "$s" "$f" || fail "$(basename "$f") lacks \"$s\": $(head -c 400 "$f")"
+    done
+}
+
+# one_line: the error is exactly one line.
+one_line() {
+    local n
+    n=$(wc -l <"$work/err")
+    [[ $n == 1 ]] || fail "expected one line on stderr, got $n: $(cat "$work/err")"
+}
+
+psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema; CREATE SCHEMA $old; CREATE SCHEMA $bare" \
+    >/dev/null || { echo "FAIL: cannot create the test schemas"; exit 1; }
+
+# --- usage and help ----------------------------------------------------------
+"$pqmq_bin" >/dev/null 2>&1; [[ $? == 2 ]] || fail "pqmq without a command: not exit 2"
+"$pqmq_bin" --help >"$work/out" || fail "pqmq --help failed"
+has out "usage: pqmq" "migrate" "metrics"
+"$pqmq_bin" --version >"$work/out" || fail "pqmq --version failed"
+has out "schema version 7"
+run 2 nosuchcommand
+has err "unknown command"
+for c in migrate status peek dead retry skip purge send watch metrics; do
+    run 0 "$c" --help
+    has out "usage: pqmq $c" "--dsn" "--schema"
+    run 2 "$c" --no-such-option
+done
+
+# --- connection and schema errors ---------------------------------------------
+"$pqmq_bin" -d "host=/nonexistent port=1" status >"$work/out" 2>"$work/err"
+[[ $? == 1 ]] || fail "status against no server: not exit 1"
+has err "pqmq status: cannot connect to the server"
+one_line
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "no_such_schema_$$" status >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "status in a missing schema: not exit 1"
+has err "schema \"no_such_schema_$$\" does not exist"
+run 1 status
+has err "no pqmq queue in schema \"$schema\": run 'pqmq migrate'"
+one_line
+
+# --- migrate ------------------------------------------------------------------
+run 0 migrate --status
+has out "0001_schema" "0007_operations" "pending"
+run 0 migrate --sql
+has out "-- 0001_schema" "-- 0007_operations" "CREATE TABLE IF NOT EXISTS mq_msgs"
+# The printed SQL, applied by psql in another schema, makes a whole queue.
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --sql >"$work/bare.sql" 2>/dev/null
+psql -X -q -v ON_ERROR_STOP=1 -1 -d "$PQMQ_TEST_DSN" -f "$work/bare.sql" >/dev/null 2>&1 \
+    || fail "psql -1 -f of 'migrate --sql' failed"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --status >"$work/out" 2>&1
+grep -q pending "$work/out" && fail "migrate --sql then psql left pending migrations"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --sql >"$work/out" 2>"$work/err"
+[[ -s $work/out ]] && fail "migrate --sql of an up-to-date schema printed SQL"
+has err "up to date"
+run 0 migrate
+has out "is at version 7"
+run 0 migrate
+run 0 migrate --status
+has out "applied"
+grep -q pending "$work/out" && fail "migrate left pending migrations"
+run 2 migrate --status --sql
+# A queue at version 6 is refused with a clear message.
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" migrate >/dev/null 2>&1
+PGOPTIONS="-c search_path=$old" psql -X -q -d "$PQMQ_TEST_DSN" \
+    -c "DELETE FROM mq_schema_migrations WHERE version = 7" >/dev/null
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" status >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "status on a version 6 queue: not exit 1"
+has err "is at version 6, this command needs 7: run 'pqmq migrate'"
+
+# --- send ---------------------------------------------------------------------
+run 0 send orders ship '{"step": 1, "items": [1, 2]}'
+id1=$(cat "$work/out")
+[[ $id1 =~ ^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$ ]] \
+    || fail "send printed \"$id1\", not a UUIDv7"
+[[ $(sql "SELECT p.name || ' ' || m.channel_name || ' ' || (p.payload_json->>'step')
+          FROM mq_msgs m JOIN mq_payloads p USING (id) WHERE m.id = '$id1'") == "ship orders 1" ]] \
+    || fail "send: the message is not in the queue as sent"
+echo '{"from": "stdin"}' | "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" \
+    send orders ship - >"$work/out" || fail "send - failed"
+[[ $(sql "SELECT payload_json->>'from' FROM mq_payloads WHERE id = '$(cat "$work/out")'") == stdin ]] \
+    || fail "send -: payload not read from stdin"
+run 0 send --ordered --args cust-1 --retries 7 --backoff 2500 chain step
+id_chain=$(cat "$work/out")
+[[ $(sql "SELECT attempts || ' ' || channel_args || ' ' || (after_message_id IS NOT NULL)
+          || ' ' || extract(epoch FROM retry_backoff) FROM mq_msgs WHERE id = '$id_chain'") \
+   == "8 cust-1 true 2.500000" ]] || fail "send flags not applied"
+run 0 send --delay 600000 later tick
+run 1 send orders bad '{"unclosed": '
+has err "JSON"
+one_line
+run 2 send orders
+run 2 send --retries x orders ship
+run 2 send --delay -5 orders ship
+
+# --- status -------------------------------------------------------------------
+run 0 status
+has out "CHANNEL" "READY" "orders" "chain" "later" "(total)"
+run 0 status --json orders
+has out '"channel": "orders"' '"ready": 2' '"total": {'
+run 0 status --json later
+has out '"scheduled": 1'
+run 1 status orders no_such_channel
+has err "unknown channel \"no_such_channel\""
+
+# --- peek ---------------------------------------------------------------------
+sql "SELECT mq_insert(ARRAY[
+       ROW(gen_random_uuid(), NULL, 4, NULL, 'bin', '', NULL, false, 'mp', NULL,
+           '\\x82a16101a162c3'::bytea)::mq_new_t,
+       ROW(gen_random_uuid(), NULL, 4, NULL, 'bin', '', NULL, false, 'raw', NULL,
+           '\\xc1'::bytea)::mq_new_t])" >/dev/null || fail "inserting binary payloads"
+run 0 peek orders
+has out "$id1" "ready" "name ship" '"step": 1,' '"items": [' 'payload (JSON)'
+[[ $(grep -c 'payload (JSON)' "$work/out") == 2 ]] || fail "peek orders: not 2 messages"
+run 0 peek -n 1 orders
+[[ $(grep -c 'payload (JSON)' "$work/out") == 1 ]] || fail "peek -n 1: not 1 message"
+run 0 peek bin
+has out "payload (msgpack, 7 bytes, as JSON)" '"a": 1' '"b": true' "payload (bytes, 1): c1"
+run 0 peek chain cust-1
+has out "$id_chain" "ordered"
+# Peeking claims nothing.
+[[ $(sql "SELECT sum(deliveries) FROM mq_msgs") == 0 ]] || fail "peek delivered messages"
+run 1 peek no_such_channel
+has err "unknown channel"
+one_line
+run 2 peek
+run 2 peek -n 0 orders
+
+# --- dead, retry, skip --------------------------------------------------------
+run 0 send --retries 0 --backoff 1 dch boom '{"n": 1}'
+dead1=$(cat "$work/out")
+run 0 send --retries 0 --backoff 1 --ordered --args k sk head
+head_id=$(cat "$work/out")
+run 0 send --ordered --args k sk follower
+# Deliver both once; their 1 ms leases run out: dead.
+sql "SELECT count(*) FROM mq_poll_jobs('{dch,sk}', 10)" >/dev/null
+sleep 0.2
+run 0 dead
+has out "$dead1" "$head_id" "LAST_ERROR"
+run 0 dead dch
+has out "$dead1"
+grep -qF "$head_id" "$work/out" && fail "dead dch lists another channel's message"
+run 1 dead no_such_channel
+has err "unknown channel"
+run 0 status --json sk
+has out '"dead": 1' '"blocked_chains": 1' '"waiting": 1'
+
+run 0 retry "$dead1"
+has out "retried $dead1"
+[[ $(sql "SELECT dead_since IS NULL AND attempts = 1 FROM mq_msgs WHERE id = '$dead1'") == t ]] \
+    || fail "retry did not revive the message"
+run 1 retry "$dead1"
+has err "$dead1: no dead message with this id"
+one_line
+run 2 retry not-a-uuid
+has err "is not a message id"
+run 2 retry
+run 2 retry --dead "$dead1"
+run 2 retry --channel dch "$dead1"
+sql "SELECT count(*) FROM mq_poll_jobs('{dch}', 10)" >/dev/null
+sleep 0.2
+run 0 retry --dead --channel dch --retries 2
+has out "retried 1 dead message"
+[[ $(sql "SELECT attempts FROM mq_msgs WHERE id = '$dead1'") == 3 ]] \
+    || fail "retry --retries 2: not 3 deliveries left"
+run 1 retry --dead --channel no_such_channel
+
+run 1 skip "$dead1"
+has err "no ordered message in a chain with this id"
+run 2 skip nope
+run 2 skip
+run 0 skip "$head_id"
+has out "skipped $head_id"
+run 0 status --json sk
+has out '"blocked_chains": 0' '"waiting": 0' '"ready": 1'
+
+# --- purge --------------------------------------------------------------------
+before_orders=$(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'orders'")
+run 2 purge --channel sk
+has err "add --yes"
+run 2 purge --yes
+run 2 purge --yes sk
+run 1 purge --channel no_such_channel --yes
+has err "unknown channel"
+run 0 purge --channel sk --dead-only --yes
+has out "$head_id"
+has err "removed 1 message from channel \"sk\""
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'sk'") == 1 ]] \
+    || fail "purge --dead-only removed live messages"
+run 0 purge --channel chain --args other --yes
+has err "removed 0 messages"
+run 0 purge --channel sk --yes
+has err "removed 1 message from channel \"sk\""
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'sk'") == 0 ]] \
+    || fail "purge left messages"
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'orders'") == "$before_orders" ]] \
+    || fail "purge touched another channel"
+# On a terminal it asks; anything but y keeps the messages.
+if command -v script >/dev/null 2>&1; then
+    printf 'n\n' | script -qec "'$pqmq_bin' -d '$PQMQ_TEST_DSN' --schema $schema purge --channel orders" \
+        /dev/null >"$work/out" 2>&1
+    has out "Delete all messages of channel \"orders\"" "nothing deleted"
+    [[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'orders'") == "$before_orders" ]] \
+        || fail "purge deleted without a yes"
+    printf 'y\n' | script -qec "'$pqmq_bin' -d '$PQMQ_TEST_DSN' --schema $schema purge --channel orders" \
+        /dev/null >"$work/out" 2>&1
+    [[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'orders'") == 0 ]] \
+        || fail "purge did not delete after y"
+else
+    echo "note: script(1) not found; the terminal confirmation is not checked"
+fi
+
+# --- metrics (the format itself is parsed by test_metrics) ---------------------
+run 0 metrics
+has out "# TYPE pqmq_messages gauge" 'pqmq_messages{channel="chain",state="ready"} 1'
+
+# --- watch: redrawn by a notification, not by its (hour-long) interval ---------
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" watch --count 2 --interval 3600 \
+    >"$work/watch" 2>&1 &
+watch_pid=$!
+for _ in $(seq 100); do
+    grep -q "pqmq watch" "$work/watch" && break
+    sleep 0.1
+done
+grep -q "pqmq watch" "$work/watch" || fail "watch drew nothing"
+run 0 send wakeup ping
+# The second redraw follows the insert's notification; without LISTEN it
+# would wait an hour and this wait would time out.
+( sleep 60; kill "$watch_pid" 2>/dev/null ) &
+killer=$!
+wait "$watch_pid"
+watch_rc=$?
+kill "$killer" 2>/dev/null
+wait "$killer" 2>/dev/null
+[[ $watch_rc == 0 ]] || fail "watch did not redraw on a notification (exit $watch_rc)"
+[[ $(grep -c "^CHANNEL" "$work/watch") == 2 ]] || fail "watch: not two redraws"
+grep -q "wakeup" "$work/watch" || fail "watch: the second redraw lacks the new channel"
+grep -q "REMOVED/S" "$work/watch" || fail "watch: no REMOVED/S column"
+
+if ((failed > 0)); then
+    echo "$failed check(s) failed"
+    exit 1
+fi
+echo "ok: every pqmq subcommand"
+exit 0

@@ -1,0 +1,474 @@
+/*
+ * test_metrics.c: mq_metrics (migration 0004) against a full scan of the
+ * queue, its counters across inserts, completions, relinks, skips, purges,
+ * folds and TRUNCATE, and `pqmq metrics` read back through a parser of the
+ * Prometheus text format (not compared as text).
+ */
+#include <ctype.h>
+#include <sys/wait.h>
+#include <stdlib.h>
+
+#include "harness.h"
+
+static pqmq_client *q;
+static PGconn *pg;
+
+/* Channel names are data: these need escaping in every output format. */
+static const char *const odd_channel = "q\"uo\\te\nnl";
+static const char *const spaced_channel = "sp ace,{x}=\xc3\xbc";
+
+static void insert(const char *ch, const char *args, int n, int ordered, int retries,
+                   int64_t backoff, int64_t delay, int64_t commit_interval)
+{
+    for (int i = 0; i < n; i++) {
+        pqmq_msg *m = t_msg(ch, args, "job", "{\"i\": 1}", ordered);
+        pqmq_msg_set_retries(m, retries);
+        pqmq_msg_set_backoff(m, backoff);
+        pqmq_msg_set_delay(m, delay);
+        pqmq_msg_set_commit_interval(m, commit_interval);
+        CHECK_OK(q, pqmq_insert(q, &m, 1));
+        pqmq_msg_free(m);
+    }
+}
+
+static pqmq_batch *poll_ch(const char *ch, int max)
+{
+    pqmq_batch *b = NULL;
+    const char *chans[1] = {ch};
+    CHECK_OK(q, pqmq_poll(q, chans, 1, max, &b));
+    return b;
+}
+
+/* The states by a full scan, with the definitions of mq_metrics. */
+#define BRUTE                                                                                  \
+    "SELECT channel_name, count(*) FILTER (WHERE st = 'r') AS ready,"                          \
+    " count(*) FILTER (WHERE st = 'f') AS in_flight,"                                          \
+    " count(*) FILTER (WHERE st = 's') AS scheduled,"                                          \
+    " count(*) FILTER (WHERE st = 'u') AS uncommitted,"                                        \
+    " count(*) FILTER (WHERE st = 'w') AS waiting,"                                            \
+    " count(*) FILTER (WHERE st = 'd') AS dead,"                                               \
+    " count(*) FILTER (WHERE st = 'd' AND head) AS blocked_chains"                             \
+    " FROM (SELECT channel_name, after_message_id = "                                          \
+    "   '00000000-0000-0000-0000-000000000000' AS head, CASE"                                  \
+    "   WHEN dead_since IS NOT NULL OR (attempts = 0 AND attempt_at <= now()) THEN 'd'"        \
+    "   WHEN after_message_id <> '00000000-0000-0000-0000-000000000000' THEN 'w'"              \
+    "   WHEN attempt_at <= now() THEN 'r'"                                                     \
+    "   WHEN deliveries > 0 OR attempts = 0 THEN 'f'"                                          \
+    "   WHEN commit_interval IS NOT NULL THEN 'u' ELSE 's' END AS st"                          \
+    "   FROM mq_msgs) m GROUP BY channel_name"
+
+#define METRICS                                                                                \
+    "SELECT channel_name, ready, in_flight, scheduled, uncommitted, waiting, dead,"            \
+    " blocked_chains FROM mq_metrics() WHERE ready + in_flight + scheduled"                    \
+    " + uncommitted + waiting + dead > 0"
+
+/* mq_metrics and the full scan agree on every channel and state. */
+static void check_against_scan(const char *when)
+{
+    long long diff = t_sql_int(pg, "SELECT count(*) FROM ((" BRUTE " EXCEPT " METRICS
+                                   ") UNION ALL (" METRICS " EXCEPT " BRUTE ")) x");
+    if (diff != 0) {
+        PGresult *r = t_sql(pg, BRUTE);
+        fprintf(stderr, "%s: scan says:\n", when);
+        for (int i = 0; r && i < PQntuples(r); i++)
+            fprintf(stderr, "  %s r%s f%s s%s u%s w%s d%s b%s\n", PQgetvalue(r, i, 0),
+                    PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
+                    PQgetvalue(r, i, 4), PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
+                    PQgetvalue(r, i, 7));
+        PQclear(r);
+        r = t_sql(pg, METRICS);
+        fprintf(stderr, "%s: mq_metrics says:\n", when);
+        for (int i = 0; r && i < PQntuples(r); i++)
+            fprintf(stderr, "  %s r%s f%s s%s u%s w%s d%s b%s\n", PQgetvalue(r, i, 0),
+                    PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
+                    PQgetvalue(r, i, 4), PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
+                    PQgetvalue(r, i, 7));
+        PQclear(r);
+    }
+    CHECK_INT(diff, 0);
+}
+
+static long long metric(const char *channel, const char *column)
+{
+    const char *p[1] = {channel};
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT %s FROM mq_metrics(ARRAY[$1])", column);
+    PGresult *r = PQexecParams(pg, sql, 1, NULL, p, NULL, NULL, 0);
+    long long v = -1;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+        v = atoll(PQgetvalue(r, 0, 0));
+    else
+        t_fail(__FILE__, __LINE__, "mq_metrics(%s): %s", channel, PQresultErrorMessage(r));
+    PQclear(r);
+    return v;
+}
+
+/* A queue in every state, on channels whose names need escaping. */
+static void build_mixed_queue(void)
+{
+    t_truncate();
+    insert("plain", NULL, 5, 0, 4, 60000, 0, -1);
+    pqmq_batch *b = poll_ch("plain", 2); /* 2 in flight, leased for 60 s */
+    CHECK_INT(pqmq_batch_count(b), 2);
+    pqmq_batch_free(b);
+    insert("sched", NULL, 2, 0, 4, 1000, 60000, -1);
+    insert("twophase", NULL, 2, 0, 4, 1000, 0, 60000);
+    insert(odd_channel, "a", 4, 1, 4, 1000, 0, -1); /* 1 head + 3 waiting */
+    insert(odd_channel, "b", 2, 1, 4, 1000, 0, -1);
+    insert(spaced_channel, NULL, 1, 0, 4, 1000, 0, -1);
+    /* A dead unordered message and a dead chain head with one behind it. */
+    insert("deadch", NULL, 1, 0, 0, 60000, 0, -1);
+    insert("deadch", "c", 2, 1, 0, 60000, 0, -1);
+    b = poll_ch("deadch", 10);
+    CHECK_INT(pqmq_batch_count(b), 2);
+    for (size_t i = 0; i < pqmq_batch_count(b); i++) {
+        uuid_t id;
+        pqmq_job_id(pqmq_batch_job(b, i), id);
+        CHECK_OK(q, pqmq_fail(q, id, "boom"));
+    }
+    pqmq_batch_free(b);
+    /* Failed with retries left: in flight (waiting for its retry). */
+    insert("retrying", NULL, 1, 0, 2, 60000, 0, -1);
+    b = poll_ch("retrying", 1);
+    CHECK_INT(pqmq_batch_count(b), 1);
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    CHECK_OK(q, pqmq_fail(q, id, "later"));
+    pqmq_batch_free(b);
+}
+
+static void test_metrics_match_a_full_scan(void)
+{
+    build_mixed_queue();
+    check_against_scan("mixed queue");
+    CHECK_INT(metric("plain", "ready"), 3);
+    CHECK_INT(metric("plain", "in_flight"), 2);
+    CHECK_INT(metric("sched", "scheduled"), 2);
+    CHECK_INT(metric("twophase", "uncommitted"), 2);
+    CHECK_INT(metric(odd_channel, "waiting"), 4);
+    CHECK_INT(metric(odd_channel, "ready"), 2);
+    CHECK_INT(metric("deadch", "dead"), 2);
+    CHECK_INT(metric("deadch", "blocked_chains"), 1);
+    CHECK_INT(metric("deadch", "waiting"), 1);
+    CHECK_INT(metric("retrying", "in_flight"), 1);
+    CHECK(metric("plain", "oldest_ready_age") >= 0);
+
+    /* Completing a chain head relinks its successor: one fewer waiting. */
+    pqmq_batch *b = poll_ch(odd_channel, 10);
+    CHECK_INT(pqmq_batch_count(b), 2);
+    CHECK_OK(q, pqmq_complete_batch(q, b));
+    pqmq_batch_free(b);
+    check_against_scan("after completing two chain heads");
+    CHECK_INT(metric(odd_channel, "waiting"), 2);
+    CHECK_INT(metric(odd_channel, "removed"), 2);
+
+    /* Skipping the dead head releases the message behind it. */
+    PGresult *r = t_sql(pg, "SELECT id FROM mq_msgs WHERE channel_name = 'deadch'"
+                            " AND channel_args = 'c' AND dead_since IS NOT NULL");
+    uuid_t id;
+    CHECK(r && PQntuples(r) == 1 && uuid_parse(PQgetvalue(r, 0, 0), id) == 0);
+    PQclear(r);
+    size_t n = 0;
+    CHECK_OK(q, pqmq_skip(q, &id, 1, &n));
+    CHECK_INT(n, 1);
+    check_against_scan("after skip");
+    CHECK_INT(metric("deadch", "blocked_chains"), 0);
+    CHECK_INT(metric("deadch", "waiting"), 0);
+
+    /* Folding the deltas changes no figure, and empties the deltas. */
+    t_exec(pg, "SELECT mq_count_fold()");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_count_deltas"), 0);
+    check_against_scan("after a fold");
+
+    /* Purge deletes one channel only, counted as removed. */
+    r = t_sql(pg, "SELECT count(*) FROM mq_purge('sched')");
+    CHECK(r && atoi(PQgetvalue(r, 0, 0)) == 2);
+    PQclear(r);
+    CHECK_INT(metric("sched", "scheduled"), 0);
+    CHECK_INT(metric("sched", "removed"), 2);
+    check_against_scan("after purge");
+
+    /* TRUNCATE (which skips row triggers) resets the counters. */
+    t_truncate();
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_metrics()"), 0);
+    insert("plain", NULL, 1, 0, 4, 1000, 0, -1);
+    CHECK_INT(metric("plain", "ready"), 1);
+}
+
+/* A transaction that rolls back leaves the counters as they were. */
+static void test_rolled_back_insert_is_not_counted(void)
+{
+    t_truncate();
+    insert("rb", NULL, 1, 0, 4, 1000, 0, -1);
+    t_exec(pg, "BEGIN");
+    pqmq_client *w = NULL;
+    CHECK_OK(w, pqmq_wrap(pg, &w));
+    pqmq_msg *m = t_msg("rb", NULL, "job", NULL, 0);
+    CHECK_OK(w, pqmq_insert(w, &m, 1));
+    pqmq_msg_free(m);
+    pqmq_client_free(w);
+    t_exec(pg, "ROLLBACK");
+    CHECK_INT(metric("rb", "ready"), 1);
+    check_against_scan("after a rollback");
+}
+
+/* ---- a parser of the Prometheus text exposition format ------------------ */
+
+typedef struct {
+    char name[64];
+    char channel[128];
+    char state[32];
+    double value;
+} sample;
+
+typedef struct {
+    sample s[256];
+    int n;
+    char types[16][64]; /* families with a TYPE line */
+    int ntypes;
+    int errors;
+} exposition;
+
+static int is_name_char(int c, int first)
+{
+    return isalpha(c) || c == '_' || c == ':' || (!first && isdigit(c));
+}
+
+/* Reads a quoted label value at *p (after the opening quote) into out. */
+static int parse_label_value(const char **p, char *out, size_t size)
+{
+    size_t n = 0;
+    const char *s = *p;
+    for (; *s && *s != '"'; s++) {
+        char c = *s;
+        if (c == '\n')
+            return -1; /* a raw newline inside a value: not the format */
+        if (c == '\\') {
+            s++;
+            if (*s == 'n')
+                c = '\n';
+            else if (*s == '\\' || *s == '"')
+                c = *s;
+            else
+                return -1; /* no other escapes exist */
+        }
+        if (n + 1 >= size)
+            return -1;
+        out[n++] = c;
+    }
+    if (*s != '"')
+        return -1;
+    out[n] = '\0';
+    *p = s + 1;
+    return 0;
+}
+
+static int parse_sample(const char *line, sample *out)
+{
+    const char *p = line;
+    size_t n = 0;
+    memset(out, 0, sizeof *out);
+    if (!is_name_char((unsigned char)*p, 1))
+        return -1;
+    while (is_name_char((unsigned char)*p, 0) && n + 1 < sizeof out->name)
+        out->name[n++] = *p++;
+    if (*p == '{') {
+        p++;
+        while (*p != '}') {
+            char label[64], value[128];
+            size_t k = 0;
+            if (!is_name_char((unsigned char)*p, 1))
+                return -1;
+            while (is_name_char((unsigned char)*p, 0) && k + 1 < sizeof label)
+                label[k++] = *p++;
+            label[k] = '\0';
+            if (*p++ != '=' || *p++ != '"' || parse_label_value(&p, value, sizeof value))
+                return -1;
+            if (!strcmp(label, "channel"))
+                strcpy(out->channel, value);
+            else if (!strcmp(label, "state") && strlen(value) < sizeof out->state)
+                strcpy(out->state, value);
+            else
+                return -1; /* a label this test does not expect */
+            if (*p == ',')
+                p++;
+            else if (*p != '}')
+                return -1;
+        }
+        p++;
+    }
+    if (*p++ != ' ')
+        return -1;
+    char *end;
+    out->value = strtod(p, &end);
+    if (end == p || (*end && *end != ' '))
+        return -1;
+    return 0;
+}
+
+static void parse_exposition(const char *text, exposition *e)
+{
+    memset(e, 0, sizeof *e);
+    const char *line = text;
+    while (*line) {
+        const char *nl = strchr(line, '\n');
+        if (!nl) {
+            e->errors++; /* every line ends with a newline */
+            break;
+        }
+        char buf[512];
+        size_t len = (size_t)(nl - line);
+        if (len >= sizeof buf) {
+            e->errors++;
+            break;
+        }
+        memcpy(buf, line, len);
+        buf[len] = '\0';
+        line = nl + 1;
+        if (!strncmp(buf, "# TYPE ", 7)) {
+            char name[64], type[32];
+            if (sscanf(buf + 7, "%63s %31s", name, type) != 2 ||
+                (strcmp(type, "gauge") && strcmp(type, "counter")) || e->ntypes == 16)
+                e->errors++;
+            else
+                strcpy(e->types[e->ntypes++], name);
+        } else if (!strncmp(buf, "# HELP ", 7) || buf[0] == '\0') {
+            continue;
+        } else if (buf[0] == '#') {
+            continue;
+        } else if (e->n < 256 && parse_sample(buf, &e->s[e->n]) == 0) {
+            int declared = 0;
+            for (int i = 0; i < e->ntypes; i++)
+                declared |= !strcmp(e->types[i], e->s[e->n].name);
+            if (!declared)
+                e->errors++; /* a sample before its family's TYPE line */
+            e->n++;
+        } else {
+            fprintf(stderr, "unparsable line: %s\n", buf);
+            e->errors++;
+        }
+    }
+}
+
+static const sample *find(const exposition *e, const char *name, const char *channel,
+                          const char *state)
+{
+    for (int i = 0; i < e->n; i++)
+        if (!strcmp(e->s[i].name, name) && !strcmp(e->s[i].channel, channel) &&
+            !strcmp(e->s[i].state, state ? state : ""))
+            return &e->s[i];
+    return NULL;
+}
+
+/* Runs the pqmq command on the test schema; returns its stdout (caller
+ * frees) and sets *status to its exit status. */
+static char *run_pqmq(const char *args, int *status)
+{
+    const char *dir = getenv("PQMQ_TEST_BUILDDIR");
+    char *cmd = NULL, *out = NULL;
+    size_t len = 0;
+    if (asprintf(&cmd, "'%s/tools/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s", dir ? dir : ".",
+                 t_schema(), args) < 0)
+        return NULL;
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    if (!p)
+        return NULL;
+    FILE *m = open_memstream(&out, &len);
+    char buf[4096];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, p)) > 0)
+        fwrite(buf, 1, k, m);
+    fclose(m);
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void test_pqmq_metrics_parses_and_matches(void)
+{
+    build_mixed_queue();
+    int st = -1;
+    char *text = run_pqmq("metrics", &st);
+    CHECK_INT(st, 0);
+    CHECK(text != NULL);
+    if (!text)
+        return;
+    exposition e;
+    parse_exposition(text, &e);
+    CHECK_INT(e.errors, 0);
+    CHECK_INT(e.ntypes, 4);
+
+    static const char *const states[] = {"ready",       "in_flight", "scheduled",
+                                         "uncommitted", "waiting",   "dead"};
+    PGresult *r = t_sql(pg, "SELECT channel_name, ready, in_flight, scheduled, uncommitted,"
+                            " waiting, dead, blocked_chains, removed FROM mq_metrics()");
+    int channels = r ? PQntuples(r) : 0;
+    CHECK_INT(channels, 7);
+    int saw_odd = 0;
+    for (int i = 0; i < channels; i++) {
+        const char *ch = PQgetvalue(r, i, 0);
+        saw_odd |= !strcmp(ch, odd_channel);
+        for (int s = 0; s < 6; s++) {
+            const sample *x = find(&e, "pqmq_messages", ch, states[s]);
+            CHECK(x != NULL);
+            if (x && x->value != atof(PQgetvalue(r, i, s + 1)))
+                t_fail(__FILE__, __LINE__, "%s/%s: %g, mq_metrics %s", ch, states[s], x->value,
+                       PQgetvalue(r, i, s + 1));
+        }
+        const sample *b = find(&e, "pqmq_blocked_chains", ch, NULL);
+        CHECK(b && b->value == atof(PQgetvalue(r, i, 7)));
+        const sample *rm = find(&e, "pqmq_removed_total", ch, NULL);
+        CHECK(rm && rm->value == atof(PQgetvalue(r, i, 8)));
+        CHECK(find(&e, "pqmq_oldest_ready_age_seconds", ch, NULL) != NULL);
+    }
+    CHECK(saw_odd);
+    CHECK_INT(e.n, channels * 9);
+    PQclear(r);
+    const sample *x = find(&e, "pqmq_messages", odd_channel, "waiting");
+    CHECK(x && x->value == 4);
+    x = find(&e, "pqmq_messages", spaced_channel, "ready");
+    CHECK(x && x->value == 1);
+    free(text);
+
+    /* Only the named channels. */
+    text = run_pqmq("metrics plain", &st);
+    CHECK_INT(st, 0);
+    parse_exposition(text ? text : "", &e);
+    CHECK_INT(e.errors, 0);
+    CHECK_INT(e.n, 9);
+    x = find(&e, "pqmq_messages", "plain", "in_flight");
+    CHECK(x && x->value == 2);
+    free(text);
+}
+
+/* The parser itself rejects what the format forbids (so it can fail). */
+static void test_parser_rejects_bad_escapes(void)
+{
+    exposition e;
+    parse_exposition("# TYPE pqmq_messages gauge\n"
+                     "pqmq_messages{channel=\"a\\qb\",state=\"ready\"} 1\n",
+                     &e);
+    CHECK_INT(e.errors, 1);
+    parse_exposition("pqmq_messages{channel=\"a\",state=\"ready\"} 1\n", &e);
+    CHECK_INT(e.errors, 1); /* no TYPE line */
+    parse_exposition("# TYPE m gauge\nm{channel=\"a\"b\"} 1\n", &e);
+    CHECK_INT(e.errors, 1);
+    parse_exposition("# TYPE m gauge\nm{channel=\"a\\\"b\\\\c\\nd\"} 2\n", &e);
+    CHECK_INT(e.errors, 0);
+    CHECK(e.n == 1 && !strcmp(e.s[0].channel, "a\"b\\c\nd") && e.s[0].value == 2);
+}
+
+int main(void)
+{
+    t_init("metrics");
+    q = t_client();
+    pg = t_pg();
+    T_RUN(test_parser_rejects_bad_escapes);
+    T_RUN(test_metrics_match_a_full_scan);
+    T_RUN(test_rolled_back_insert_is_not_counted);
+    T_RUN(test_pqmq_metrics_parses_and_matches);
+    PQfinish(pg);
+    pqmq_client_free(q);
+    return t_done();
+}

@@ -1,0 +1,125 @@
+/*
+ * pqmq-tool.h: what the files of the pqmq command share (tools/pqmq.c holds
+ * main, the common options and the connection; one cmd_*.c per group of
+ * subcommands).
+ *
+ * Exit statuses: 0 success, 1 an error (one line on stderr says what), 2 a
+ * usage error (bad option or argument).
+ */
+#ifndef PQMQ_TOOL_H
+#define PQMQ_TOOL_H
+
+#include <stdio.h>
+#include <stddef.h>
+
+#include <getopt.h>
+
+#include "pqmq.h"
+
+enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
+
+/* The schema version the subcommands other than migrate need. */
+#define TOOL_MIN_VERSION 7
+
+typedef struct {
+    const char *cmd;     /* the subcommand's name, for messages */
+    const char *dsn;     /* --dsn, or NULL for libpq's environment */
+    const char *schema;  /* --schema, or NULL for the search_path's first */
+    pqmq_client *client; /* after tool_connect */
+    PGconn *conn;        /* borrowed from client */
+} tool;
+
+/* One line "pqmq CMD: message" on stderr. Return EXIT_ERR / EXIT_USAGE. */
+int tool_err(const tool *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int tool_usage(const tool *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The options every subcommand takes; add TOOL_COMMON_OPTS to a getopt_long
+ * table and pass unknown option characters to tool_common_opt, which
+ * returns 0 when it handled c, EXIT_USAGE otherwise (message printed). */
+#define TOOL_OPT_SCHEMA 0x100
+#define TOOL_COMMON_OPTS                                                                       \
+    {"dsn", required_argument, NULL, 'd'},                                                     \
+        {"schema", required_argument, NULL, TOOL_OPT_SCHEMA},                                  \
+    {                                                                                          \
+        "help", no_argument, NULL, 'h'                                                         \
+    }
+#define TOOL_COMMON_SHORT "d:h"
+int tool_common_opt(tool *t, int c, const char *arg);
+/* The lines of --help that describe the common options. */
+extern const char tool_common_help[];
+
+/* Connects and selects the schema (--schema); then, unless min_version is
+ * negative, checks that the schema holds a queue migrated at least to
+ * min_version. Returns 0, or EXIT_ERR with the reason printed. */
+int tool_connect(tool *t, int min_version);
+void tool_disconnect(tool *t);
+/* The schema the queue lives in (after tool_connect). Caller frees. */
+char *tool_current_schema(tool *t);
+
+/* Runs sql with nparams text parameters. Returns the result (caller
+ * PQclear's), or NULL with the server's message printed. */
+PGresult *tool_query(tool *t, const char *sql, int nparams, const char *const *params);
+/* The first line of a libpq or pqmq message, without its "ERROR:  "
+ * prefix. Borrowed; valid until the next call. */
+const char *tool_first_line(const char *msg);
+
+/* A PostgreSQL text[] literal for names[0..n) (a parameter value, never
+ * SQL text), or NULL for n == 0. Caller frees. */
+char *tool_text_array(char *const *names, size_t n);
+/* Parses a message id; returns 0 or EXIT_USAGE (message printed). */
+int tool_parse_id(const tool *t, const char *text, uuid_t out);
+/* Parses a non-negative integer option no larger than max. */
+int tool_parse_int(const tool *t, const char *opt, const char *text, long long max,
+                   long long *out);
+
+/* Output helpers (output.c). */
+void out_json_str(FILE *f, const char *s, size_t len);
+/* A label value as the Prometheus text format wants it. */
+void out_prom_label(FILE *f, const char *s);
+/* s for a terminal: control characters and backslashes escaped. */
+void out_display(FILE *f, const char *s);
+/* Number of display columns out_display uses for s. */
+size_t out_display_width(const char *s);
+int out_is_tty(FILE *f);
+
+/* Payloads (payload_out.c): prints a message's payload for people,
+ * indented by indent spaces: JSON pretty-printed (pretty is the server's
+ * jsonb_pretty text), msgpack decoded to JSON, other bytes as hex. */
+void out_payload(FILE *f, const char *pretty_json, const void *bytes, size_t len, int indent);
+/* Writes a msgpack object as JSON (pretty when indent >= 0). */
+void out_msgpack_json(FILE *f, const msgpack_object *o, int indent);
+
+/* The status figures of one channel (cmd_status.c), shared by status,
+ * metrics and watch. */
+typedef struct {
+    char *channel;
+    long long ready, in_flight, scheduled, uncommitted, waiting, dead, blocked;
+    double oldest_ready_age;
+    long long removed;
+} tool_figures;
+
+/* Reads mq_metrics for the channels (n == 0: all). *out (caller frees with
+ * tool_figures_free) holds *count rows. Returns 0 or EXIT_ERR. */
+int tool_figures_read(tool *t, char *const *channels, size_t n, tool_figures **out,
+                      size_t *count);
+void tool_figures_free(tool_figures *f, size_t count);
+/* Prints the table of status with a total row, and a REMOVED/S column
+ * when rates (one per row) is not NULL. */
+void tool_figures_table(FILE *f, const tool_figures *rows, size_t n, const double *rates);
+/* Fails (EXIT_ERR, printed) when a named channel is not among rows. */
+int tool_figures_check_named(const tool *t, char *const *channels, size_t n,
+                             const tool_figures *rows, size_t count);
+
+/* The subcommands: argv[0] is the subcommand's name. */
+int cmd_migrate(tool *t, int argc, char **argv);
+int cmd_status(tool *t, int argc, char **argv);
+int cmd_metrics(tool *t, int argc, char **argv);
+int cmd_watch(tool *t, int argc, char **argv);
+int cmd_peek(tool *t, int argc, char **argv);
+int cmd_dead(tool *t, int argc, char **argv);
+int cmd_retry(tool *t, int argc, char **argv);
+int cmd_skip(tool *t, int argc, char **argv);
+int cmd_purge(tool *t, int argc, char **argv);
+int cmd_send(tool *t, int argc, char **argv);
+
+#endif

@@ -1,0 +1,317 @@
+/*
+ * pqmq.c: the pqmq command: main, the options every subcommand shares, the
+ * connection and the checks that give one clear line per error.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pqmq-tool.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(tool *t, int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"migrate", cmd_migrate, "create or upgrade the queue's schema (--status, --sql)"},
+    {"status", cmd_status, "messages per channel and state"},
+    {"peek", cmd_peek, "the next messages of a channel, unclaimed"},
+    {"dead", cmd_dead, "list dead messages"},
+    {"retry", cmd_retry, "give dead messages more attempts"},
+    {"skip", cmd_skip, "move ordered messages out of their chains"},
+    {"purge", cmd_purge, "delete a channel's messages"},
+    {"send", cmd_send, "insert one message"},
+    {"watch", cmd_watch, "status, refreshed when the queue changes"},
+    {"metrics", cmd_metrics, "status in the Prometheus text format"},
+};
+
+const char tool_common_help[] =
+    "  -d, --dsn CONNINFO  the server (default: libpq's PG* environment and\n"
+    "                      service file)\n"
+    "      --schema NAME   the schema the queue lives in (default: the first\n"
+    "                      schema of the search_path)\n"
+    "  -h, --help          this help\n";
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pqmq [-d CONNINFO] [--schema NAME] COMMAND [ARG...]\n\n");
+    fprintf(f, "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-9s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n%s", tool_common_help);
+    fprintf(f, "      --version       pqmq's version and schema version\n");
+    fprintf(f, "\n'pqmq COMMAND --help' describes a command; see also pqmq(1).\n");
+}
+
+static void vsay(const tool *t, const char *fmt, va_list ap)
+{
+    if (t && t->cmd)
+        fprintf(stderr, "pqmq %s: ", t->cmd);
+    else
+        fprintf(stderr, "pqmq: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+int tool_err(const tool *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(t, fmt, ap);
+    va_end(ap);
+    return EXIT_ERR;
+}
+
+int tool_usage(const tool *t, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay(t, fmt, ap);
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+int tool_common_opt(tool *t, int c, const char *arg)
+{
+    switch (c) {
+    case 'd': t->dsn = arg; return 0;
+    case TOOL_OPT_SCHEMA:
+        if (!*arg)
+            return tool_usage(t, "--schema: empty schema name");
+        t->schema = arg;
+        return 0;
+    default:
+        /* getopt_long has printed what was wrong. */
+        fprintf(stderr, "try 'pqmq %s --help'\n", t->cmd ? t->cmd : "");
+        return EXIT_USAGE;
+    }
+}
+
+const char *tool_first_line(const char *msg)
+{
+    static char line[512];
+    if (!msg)
+        msg = "";
+    if (strncmp(msg, "ERROR:  ", 8) == 0)
+        msg += 8;
+    else if (strncmp(msg, "FATAL:  ", 8) == 0)
+        msg += 8;
+    size_t n = strcspn(msg, "\n");
+    if (n >= sizeof line)
+        n = sizeof line - 1;
+    memcpy(line, msg, n);
+    line[n] = '\0';
+    /* libpq puts the useful part of a refused connection on the second
+     * line ("connection to server ... failed:\n\tNo such file..."). */
+    if (n > 0 && line[n - 1] == ':' && msg[n] == '\n') {
+        const char *more = msg + n + 1;
+        while (*more == ' ' || *more == '\t')
+            more++;
+        size_t m = strcspn(more, "\n");
+        if (m > sizeof line - n - 2)
+            m = sizeof line - n - 2;
+        line[n] = ' ';
+        memcpy(line + n + 1, more, m);
+        line[n + 1 + m] = '\0';
+    }
+    return line;
+}
+
+PGresult *tool_query(tool *t, const char *sql, int nparams, const char *const *params)
+{
+    PGresult *r = PQexecParams(t->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+    ExecStatusType st = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+    if (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)
+        return r;
+    if (PQstatus(t->conn) != CONNECTION_OK)
+        tool_err(t, "lost the connection to the server: %s",
+                 tool_first_line(PQerrorMessage(t->conn)));
+    else
+        tool_err(t, "%s",
+                 tool_first_line(r ? PQresultErrorMessage(r) : PQerrorMessage(t->conn)));
+    PQclear(r);
+    return NULL;
+}
+
+char *tool_current_schema(tool *t)
+{
+    PGresult *r = tool_query(t, "SELECT pg_catalog.current_schema()", 0, NULL);
+    char *s = NULL;
+    if (r && !PQgetisnull(r, 0, 0))
+        s = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return s;
+}
+
+/* Is the queue in the current schema migrated to min_version? */
+static int check_schema(tool *t, int min_version)
+{
+    PGresult *r =
+        tool_query(t,
+                   "SELECT pg_catalog.current_schema(), "
+                   "pg_catalog.to_regclass(pg_catalog.quote_ident(pg_catalog.current_schema())"
+                   " OPERATOR(pg_catalog.||) '.mq_schema_migrations') IS NOT NULL",
+                   0, NULL);
+    if (!r)
+        return EXIT_ERR;
+    int rc = 0;
+    if (PQgetisnull(r, 0, 0)) {
+        rc = t->schema ? tool_err(t, "schema \"%s\" does not exist", t->schema)
+                       : tool_err(t, "no schema on the search_path (use --schema)");
+    } else if (PQgetvalue(r, 0, 1)[0] != 't') {
+        rc = tool_err(t, "no pqmq queue in schema \"%s\": run 'pqmq migrate'",
+                      PQgetvalue(r, 0, 0));
+    }
+    if (rc || min_version <= 0) {
+        PQclear(r);
+        return rc;
+    }
+    char *schema = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    r = tool_query(t, "SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations",
+                   0, NULL);
+    if (!r) {
+        free(schema);
+        return EXIT_ERR;
+    }
+    int have = atoi(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    if (have < min_version)
+        rc = tool_err(t,
+                      "the queue in schema \"%s\" is at version %d, this command needs "
+                      "%d: run 'pqmq migrate'",
+                      schema ? schema : "?", have, min_version);
+    free(schema);
+    return rc;
+}
+
+int tool_connect(tool *t, int min_version)
+{
+    int rc = pqmq_connect(t->dsn ? t->dsn : "", &t->client);
+    if (rc != PQMQ_OK) {
+        if (!t->client)
+            return tool_err(t, "out of memory");
+        return tool_err(t, "cannot connect to the server: %s",
+                        tool_first_line(pqmq_errmsg(t->client)));
+    }
+    t->conn = pqmq_conn(t->client);
+    if (t->schema) {
+        const char *p[1] = {t->schema};
+        PGresult *r = tool_query(
+            t, "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1), false)",
+            1, p);
+        if (!r)
+            return EXIT_ERR;
+        PQclear(r);
+    }
+    return min_version < 0 ? 0 : check_schema(t, min_version);
+}
+
+void tool_disconnect(tool *t)
+{
+    pqmq_client_free(t->client);
+    t->client = NULL;
+    t->conn = NULL;
+}
+
+char *tool_text_array(char *const *names, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    size_t cap = 3;
+    for (size_t i = 0; i < n; i++)
+        cap += 2 * strlen(names[i]) + 3;
+    char *s = malloc(cap), *p = s;
+    if (!s)
+        return NULL;
+    *p++ = '{';
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = ',';
+        *p++ = '"';
+        for (const char *c = names[i]; *c; c++) {
+            if (*c == '"' || *c == '\\')
+                *p++ = '\\';
+            *p++ = *c;
+        }
+        *p++ = '"';
+    }
+    *p++ = '}';
+    *p = '\0';
+    return s;
+}
+
+int tool_parse_id(const tool *t, const char *text, uuid_t out)
+{
+    if (strlen(text) != 36 || uuid_parse(text, out) != 0)
+        return tool_usage(t,
+                          "\"%s\" is not a message id (a UUID like "
+                          "0190c2a4-5b6e-7c3d-9e0f-123456789abc)",
+                          text);
+    return 0;
+}
+
+int tool_parse_int(const tool *t, const char *opt, const char *text, long long max,
+                   long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < 0 || v > max)
+        return tool_usage(t, "%s: \"%s\" is not a whole number in 0..%lld", opt, text, max);
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    tool t = {0};
+    static const struct option opts[] = {
+        TOOL_COMMON_OPTS,
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    opterr = 1;
+    /* "+": the options before the command; the command parses the rest. */
+    while ((c = getopt_long(argc, argv, "+" TOOL_COMMON_SHORT, opts, NULL)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return EXIT_OK;
+        }
+        if (c == 'V') {
+            printf("pqmq %s (schema version %d)\n", PACKAGE_VERSION, pqmq_schema_version());
+            return EXIT_OK;
+        }
+        if (tool_common_opt(&t, c, optarg))
+            return EXIT_USAGE;
+    }
+    if (optind >= argc) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *name = argv[optind];
+    if (strcmp(name, "help") == 0) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(name, commands[i].name) != 0)
+            continue;
+        t.cmd = commands[i].name;
+        int sub_argc = argc - optind;
+        char **sub_argv = argv + optind;
+        /* getopt_long names argv[0] in its messages. */
+        char prog[64];
+        snprintf(prog, sizeof prog, "pqmq %s", t.cmd);
+        sub_argv[0] = prog;
+        optind = 0; /* glibc: getopt_long starts over on the command's arguments */
+        int rc = commands[i].fn(&t, sub_argc, sub_argv);
+        tool_disconnect(&t);
+        if (fflush(stdout) != 0 && rc == EXIT_OK)
+            rc = tool_err(&t, "cannot write the output: %s", strerror(errno));
+        return rc;
+    }
+    return tool_usage(&t, "unknown command \"%s\" (try 'pqmq --help')", name);
+}
