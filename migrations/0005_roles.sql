@@ -2,11 +2,11 @@
 --
 -- Three duties, each a set of functions:
 --   produce     mq_insert, mq_commit
---   consume     mq_poll, mq_poll_jobs, mq_complete, mq_complete_poll,
---               mq_delete, mq_fail, mq_keep_alive(_count),
---               mq_checkpoint(_found), mq_release
---   administer  mq_dead_letters, mq_retry, mq_skip, mq_delete, mq_stats,
---               mq_reap_dead
+--   consume     mq_claim, mq_complete_claim, mq_poll, mq_poll_jobs,
+--               mq_complete, mq_complete_poll, mq_delete, mq_fail,
+--               mq_keep_alive(_count), mq_checkpoint(_found), mq_release
+--   administer  mq_dead_jobs, mq_dead_letters, mq_retry, mq_skip, mq_delete,
+--               mq_stats, mq_reap_dead
 -- A role gets a duty with mq_grant(duty, role) (run by the queue's owner)
 -- and needs no right on any table: the duty functions are SECURITY DEFINER,
 -- they run as the queue's owner. Nobody else may execute anything (EXECUTE
@@ -33,13 +33,15 @@ LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
     VALUES ('produce', 'mq_insert'), ('produce', 'mq_commit'),
+           ('consume', 'mq_claim'), ('consume', 'mq_complete_claim'),
            ('consume', 'mq_poll'), ('consume', 'mq_poll_jobs'),
            ('consume', 'mq_complete'), ('consume', 'mq_complete_poll'),
            ('consume', 'mq_delete'), ('consume', 'mq_fail'),
            ('consume', 'mq_keep_alive'), ('consume', 'mq_keep_alive_count'),
            ('consume', 'mq_checkpoint'), ('consume', 'mq_checkpoint_found'),
            ('consume', 'mq_release'),
-           ('administer', 'mq_dead_letters'), ('administer', 'mq_retry'),
+           ('administer', 'mq_dead_jobs'), ('administer', 'mq_dead_letters'),
+           ('administer', 'mq_retry'),
            ('administer', 'mq_skip'), ('administer', 'mq_delete'),
            ('administer', 'mq_stats'), ('administer', 'mq_reap_dead')
 $$;
@@ -112,7 +114,7 @@ END;
 $$;
 
 -- Grants each duty's functions again to every role that holds the duty
--- (a direct EXECUTE on its first function: mq_insert, mq_poll_jobs,
+-- (a direct EXECUTE on one of its functions: mq_insert, mq_claim,
 -- mq_stats). For migrations that add functions to a duty.
 CREATE OR REPLACE FUNCTION mq_regrant()
 RETURNS void
@@ -124,7 +126,7 @@ DECLARE
 BEGIN
     FOR h IN
         SELECT DISTINCT a.duty, acl.grantee::regrole AS grantee
-        FROM (VALUES ('produce', 'mq_insert'), ('consume', 'mq_poll_jobs'),
+        FROM (VALUES ('produce', 'mq_insert'), ('consume', 'mq_claim'),
                      ('administer', 'mq_stats')) AS a(duty, anchor)
         JOIN pg_catalog.pg_proc p
           ON p.proname::text OPERATOR(pg_catalog.=) a.anchor
@@ -195,7 +197,8 @@ BEGIN
               'mq_release', 'mq_keep_alive', 'mq_keep_alive_count',
               'mq_checkpoint', 'mq_checkpoint_found', 'mq_fail', 'mq_reap_dead',
               'mq_dead_letters', 'mq_retry', 'mq_skip', 'mq_stats',
-              'mq_complete_poll', 'mq_duties', 'mq_grant', 'mq_revoke',
+              'mq_complete_poll', 'mq_claim', 'mq_complete_claim', 'mq_dead_jobs',
+              'mq_duties', 'mq_grant', 'mq_revoke',
               'mq_regrant', 'mq_create_roles'])
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = %I, pg_temp',

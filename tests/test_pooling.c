@@ -13,14 +13,15 @@
 
 #include "harness.h"
 
-#define WAIT_UNTIL(cond, ms) \
-    for (int64_t until_ = t_now_ms() + (ms); !(cond) && t_now_ms() < until_;) \
-        t_sleep_ms(5)
+#define WAIT_UNTIL(cond, ms)                                                                   \
+    for (int64_t until_ = t_now_ms() + (ms); !(cond) && t_now_ms() < until_;)                  \
+    t_sleep_ms(5)
 
 /* Everything a session could keep, as one line (empty: nothing). */
 static char *session_state(PGconn *conn)
 {
-    PGresult *r = t_sql(conn,
+    PGresult *r = t_sql(
+        conn,
         "SELECT concat_ws(' ', "
         " (SELECT 'prepared:' || string_agg(name, ',') FROM pg_prepared_statements), "
         " (SELECT 'listening:' || string_agg(c, ',') FROM pg_listening_channels() c), "
@@ -107,8 +108,10 @@ static void *bg_main(void *p)
 static char *conninfo_with_app(const char *base, const char *app)
 {
     char *s = NULL;
-    if (asprintf(&s, "%s options='-c search_path=%s -c client_min_messages=warning' "
-                     "application_name=%s", base, t_schema(), app) < 0)
+    if (asprintf(&s,
+                 "%s options='-c search_path=%s -c client_min_messages=warning' "
+                 "application_name=%s",
+                 base, t_schema(), app) < 0)
         abort();
     return s;
 }
@@ -153,8 +156,10 @@ static void test_runner_listens_on_its_own_connection(void)
 
     /* The LISTEN lives on the second connection. */
     PGconn *pg = t_listener();
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'",
-                        lis_app), 1);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = '%s'",
+                        lis_app),
+              1);
     /* An idle runner is woken through it. */
     uint64_t polls = stats(r).polls;
     put(ch);
@@ -166,12 +171,18 @@ static void test_runner_listens_on_its_own_connection(void)
     /* It is re-established when lost, and LISTENs again. */
     t_sleep_ms(200);
     uint64_t wakeups = stats(r).wakeups;
-    CHECK_INT(t_sql_int(pg, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                            "WHERE application_name = '%s'", lis_app), 1);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE application_name = '%s'",
+                        lis_app),
+              1);
     WAIT_UNTIL(stats(r).reconnects >= 1, 10000);
     CHECK(stats(r).reconnects >= 1);
-    WAIT_UNTIL(t_sql_int(pg, "SELECT count(*) FROM pg_stat_activity "
-                             "WHERE application_name = '%s'", lis_app) == 1, 10000);
+    WAIT_UNTIL(t_sql_int(pg,
+                         "SELECT count(*) FROM pg_stat_activity "
+                         "WHERE application_name = '%s'",
+                         lis_app) == 1,
+               10000);
     t_sleep_ms(300);
     put(ch);
     WAIT_UNTIL(atomic_load(&handled) == 2, 10000);

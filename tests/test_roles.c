@@ -48,7 +48,10 @@ static const char *sql_state(PGconn *conn, const char *sql)
 
 #define DENIED(conn, sql) CHECK_STR(sql_state(conn, sql), "42501")
 
-static void uuid_of(const pqmq_msg *m, uuid_t out) { pqmq_msg_id(m, out); }
+static void uuid_of(const pqmq_msg *m, uuid_t out)
+{
+    pqmq_msg_id(m, out);
+}
 
 static void insert_as_owner(pqmq_msg **m, size_t n)
 {
@@ -89,8 +92,8 @@ static void setup(void)
     t_exec(su, "CREATE ROLE %s NOLOGIN", adm);
     t_exec(su, "CREATE ROLE %s NOLOGIN", other);
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 2);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 11);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 6);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 13);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 7);
 }
 
 /* ---- each duty does its own job ---------------------------------------- */
@@ -190,6 +193,8 @@ static void test_producer_cannot_consume_read_or_administer(void)
     DENIED(pc, "DELETE FROM mq_msgs");
     DENIED(pc, "DELETE FROM mq_payloads");
     DENIED(pc, "SELECT * FROM mq_poll_jobs(NULL, 10)");
+    DENIED(pc, "SELECT * FROM mq_claim(NULL, 10)");
+    DENIED(pc, "SELECT * FROM mq_dead_jobs(NULL, 10)");
     DENIED(pc, "SELECT mq_delete(ARRAY[gen_random_uuid()])");
     DENIED(pc, "SELECT * FROM mq_stats(NULL)");
     DENIED(pc, "SELECT mq_skip(ARRAY[gen_random_uuid()])");
@@ -222,6 +227,7 @@ static void test_consumer_has_no_table_rights(void)
     t_msgs_free(m, 1);
     DENIED(cc, "SELECT mq_retry(ARRAY[gen_random_uuid()], 1)");
     DENIED(cc, "SELECT * FROM mq_stats(NULL)");
+    DENIED(cc, "SELECT * FROM mq_dead_jobs(NULL, 10)");
     DENIED(cc, "SELECT mq_grant('administer', current_user::regrole)");
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_msgs"), 0);
     done_role(cc, c);
@@ -244,11 +250,17 @@ static void test_unknown_duty_and_revoke(void)
     CHECK_STR(sql_state(su, "SELECT mq_grant('drive', 'postgres')"), "22023");
     CHECK_STR(sql_state(su, "SELECT mq_grant(NULL, 'postgres')"), "22023");
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", other), 2);
-    CHECK_INT(t_sql_int(su, "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
-                            "'EXECUTE')::int", other), 1);
+    CHECK_INT(t_sql_int(su,
+                        "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
+                        "'EXECUTE')::int",
+                        other),
+              1);
     CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 2);
-    CHECK_INT(t_sql_int(su, "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
-                            "'EXECUTE')::int", other), 0);
+    CHECK_INT(t_sql_int(su,
+                        "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
+                        "'EXECUTE')::int",
+                        other),
+              0);
 }
 
 /* ---- escaping through search_path -------------------------------------- */
@@ -265,20 +277,26 @@ static void test_shadowing_functions_in_own_schema_are_not_run(void)
     const char *e = evil_schema;
     t_exec(cc, "CREATE TABLE %s.hits (who text, what text)", e);
     t_exec(cc, "GRANT INSERT ON %s.hits TO PUBLIC", e);
-    t_exec(cc, "CREATE FUNCTION %s.cardinality(uuid[]) RETURNS int LANGUAGE sql AS "
-               "$$ INSERT INTO %s.hits VALUES (current_user, 'cardinality') RETURNING 0 $$",
+    t_exec(cc,
+           "CREATE FUNCTION %s.cardinality(uuid[]) RETURNS int LANGUAGE sql AS "
+           "$$ INSERT INTO %s.hits VALUES (current_user, 'cardinality') RETURNING 0 $$",
            e, e);
-    t_exec(cc, "CREATE FUNCTION %s.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS "
-               "$$ INSERT INTO %s.hits VALUES (current_user, 'clock') RETURNING now() $$",
+    t_exec(cc,
+           "CREATE FUNCTION %s.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS "
+           "$$ INSERT INTO %s.hits VALUES (current_user, 'clock') RETURNING now() $$",
            e, e);
-    t_exec(cc, "CREATE FUNCTION %s.hashtext(text) RETURNS int LANGUAGE sql AS "
-               "$$ INSERT INTO %s.hits VALUES (current_user, 'hashtext') RETURNING 0 $$",
+    t_exec(cc,
+           "CREATE FUNCTION %s.hashtext(text) RETURNS int LANGUAGE sql AS "
+           "$$ INSERT INTO %s.hits VALUES (current_user, 'hashtext') RETURNING 0 $$",
            e, e);
-    t_exec(cc, "CREATE FUNCTION %s.uuid_eq_spy(uuid, uuid) RETURNS boolean LANGUAGE sql AS "
-               "$$ INSERT INTO %s.hits VALUES (current_user, '=') RETURNING $1::text = $2::text $$",
+    t_exec(cc,
+           "CREATE FUNCTION %s.uuid_eq_spy(uuid, uuid) RETURNS boolean LANGUAGE sql AS "
+           "$$ INSERT INTO %s.hits VALUES (current_user, '=') RETURNING $1::text = $2::text $$",
            e, e);
-    t_exec(cc, "CREATE OPERATOR %s.= (LEFTARG = uuid, RIGHTARG = uuid, "
-               "FUNCTION = %s.uuid_eq_spy)", e, e);
+    t_exec(cc,
+           "CREATE OPERATOR %s.= (LEFTARG = uuid, RIGHTARG = uuid, "
+           "FUNCTION = %s.uuid_eq_spy)",
+           e, e);
     t_exec(cc, "SET search_path = %s, %s", e, t_schema());
     /* The shadows work in the caller's own statements ... */
     t_exec(cc, "SELECT cardinality(ARRAY[gen_random_uuid()])");
@@ -308,7 +326,8 @@ static void test_shadowing_functions_in_own_schema_are_not_run(void)
     pqmq_batch_free(next);
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM %s.hits", e), 0);
     /* The consumer stayed what it was. */
-    CHECK_INT(t_sql_int(su, "SELECT rolsuper::int FROM pg_roles WHERE rolname = '%s'", cons), 0);
+    CHECK_INT(t_sql_int(su, "SELECT rolsuper::int FROM pg_roles WHERE rolname = '%s'", cons),
+              0);
     done_role(cc, c);
     t_exec(su, "DROP SCHEMA %s CASCADE", evil_schema);
 }
@@ -366,8 +385,8 @@ static void test_grant_refuses_a_role_that_can_create_in_the_schema(void)
     t_exec(su, "GRANT CREATE ON SCHEMA %s TO PUBLIC", t_schema());
     CHECK_STR(sql_state(su, sql), "42501");
     t_exec(su, "REVOKE CREATE ON SCHEMA %s FROM PUBLIC", t_schema());
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 11);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 11);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 13);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 13);
 }
 
 /* mq_create_roles makes NOLOGIN group roles; a login role that is a member
@@ -377,8 +396,8 @@ static void test_group_roles(void)
     t_truncate();
     char prefix[64];
     snprintf(prefix, sizeof prefix, "t_roles_%ld_g", (long)getpid());
-    PGresult *r = t_sql(su, "SELECT duty, role_name FROM mq_create_roles('%s') ORDER BY 1",
-                        prefix);
+    PGresult *r =
+        t_sql(su, "SELECT duty, role_name FROM mq_create_roles('%s') ORDER BY 1", prefix);
     CHECK(r && PQntuples(r) == 3);
     if (r && PQntuples(r) == 3) {
         CHECK_STR(PQgetvalue(r, 0, 0), "administer");
