@@ -9,6 +9,7 @@
  * so the test needs no extra authentication setup. They are cluster-wide:
  * named after this process and dropped at the end.
  */
+#include <glob.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -428,6 +429,66 @@ static void test_group_roles(void)
                sfx[i]);
 }
 
+/* The roles migration's text, from $PQMQ_MIGRATIONS_DIR (make check sets
+ * it); NULL when it cannot be read. Caller frees. */
+static char *roles_migration(void)
+{
+    const char *dir = getenv("PQMQ_MIGRATIONS_DIR");
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s/*_roles.sql", dir ? dir : "../migrations");
+    glob_t g;
+    char *text = NULL;
+    if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1) {
+        FILE *f = fopen(g.gl_pathv[0], "rb");
+        size_t cap = 1 << 20, n = 0;
+        text = f ? malloc(cap) : NULL;
+        if (text)
+            n = fread(text, 1, cap - 1, f);
+        if (text)
+            text[n] = '\0';
+        if (f)
+            fclose(f);
+    }
+    globfree(&g);
+    return text;
+}
+
+/* A role that used the queue through table rights before the roles
+ * migration gets every duty when it is applied; one that can create in the
+ * schema gets none (a warning says why). */
+static void test_table_users_keep_working(void)
+{
+    char *sql = roles_migration();
+    CHECK(sql != NULL);
+    if (!sql)
+        return;
+    t_exec(su, "GRANT SELECT, INSERT, UPDATE, DELETE ON mq_msgs, mq_payloads, mq_chains TO %s",
+           other);
+    t_exec(su, "GRANT SELECT, UPDATE ON mq_msgs TO %s", member);
+    t_exec(su, "GRANT CREATE ON SCHEMA %s TO %s", t_schema(), member);
+    CHECK_INT(t_sql_int(su,
+                        "SELECT has_function_privilege('%s', 'mq_claim(text[], int)', "
+                        "'EXECUTE')::int",
+                        other),
+              0);
+    t_exec(su, "%s", sql); /* applying a migration again is harmless */
+    const char *fns[] = {"mq_insert(mq_new_t[])", "mq_claim(text[], int)", "mq_stats(text[])"};
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT(t_sql_int(su, "SELECT has_function_privilege('%s', '%s', 'EXECUTE')::int",
+                            other, fns[i]),
+                  1);
+        CHECK_INT(t_sql_int(su, "SELECT has_function_privilege('%s', '%s', 'EXECUTE')::int",
+                            member, fns[i]),
+                  0);
+    }
+    t_exec(su, "REVOKE CREATE ON SCHEMA %s FROM %s", t_schema(), member);
+    t_exec(su, "REVOKE ALL ON mq_msgs, mq_payloads, mq_chains FROM %s, %s", other, member);
+    const char *duties[] = {"produce", "consume", "administer"};
+    for (int i = 0; i < 3; i++)
+        PQclear(t_sql(su, "SELECT mq_revoke('%s', '%s')", duties[i], other));
+    free(sql);
+}
+
 int main(void)
 {
     t_init("roles");
@@ -441,6 +502,7 @@ int main(void)
     T_RUN(test_temporary_tables_do_not_shadow_the_queue);
     T_RUN(test_grant_refuses_a_role_that_can_create_in_the_schema);
     T_RUN(test_group_roles);
+    T_RUN(test_table_users_keep_working);
     drop_roles();
     PQfinish(su);
     return t_done();
