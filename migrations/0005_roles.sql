@@ -20,6 +20,8 @@
 -- found; pg_catalog is searched first, implicitly). A role that can create
 -- objects in the queue's schema could still plant an overload there; so
 -- mq_grant refuses such a role (and every role while PUBLIC can).
+-- mq_secure() sets all this on every function; CREATE OR REPLACE FUNCTION
+-- undoes all but the grants, so later migrations end by calling it.
 --
 -- Roles that had rights on mq_msgs before this version (they called the
 -- functions with their own table rights) get all three duties here, so they
@@ -176,30 +178,28 @@ BEGIN
 END;
 $$;
 
-DO $$
+-- Every function of the queue (every function of its schema named mq_*):
+-- a pinned path (the queue's schema, then pg_temp), no EXECUTE for PUBLIC,
+-- and the duty functions run as the owner. CREATE OR REPLACE FUNCTION
+-- resets the first and the last (not the grants), so a migration that
+-- replaces or adds functions ends with SELECT mq_secure().
+CREATE OR REPLACE FUNCTION mq_secure()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
 DECLARE
-    q   text := pg_catalog.current_schema();
-    f   record;
-    g   record;
+    q text := pg_catalog.current_schema();
+    f record;
 BEGIN
-    -- Every function of the queue: a pinned path (the queue's schema, then
-    -- pg_temp), no EXECUTE for PUBLIC; the duty functions run as the owner.
     FOR f IN
         SELECT p.oid::regprocedure AS sig,
                EXISTS (SELECT 1 FROM mq_duties() d
                        WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text) AS definer
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
-          AND p.proname::text OPERATOR(pg_catalog.=) ANY (ARRAY[
-              'mq_limits', 'mq_lock_new_chains', 'mq_record_tails', 'mq_insert',
-              'mq_wake', 'mq_poll_jobs', 'mq_pick', 'mq_poll', 'mq_commit',
-              'mq_delete', 'mq_complete', 'mq_lock_chains', 'mq_unlink',
-              'mq_release', 'mq_keep_alive', 'mq_keep_alive_count',
-              'mq_checkpoint', 'mq_checkpoint_found', 'mq_fail', 'mq_reap_dead',
-              'mq_dead_letters', 'mq_retry', 'mq_skip', 'mq_stats',
-              'mq_complete_poll', 'mq_claim', 'mq_complete_claim', 'mq_dead_jobs',
-              'mq_duties', 'mq_grant', 'mq_revoke',
-              'mq_regrant', 'mq_create_roles'])
+          AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
+          AND p.prokind OPERATOR(pg_catalog.=) 'f'
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = %I, pg_temp',
                                   f.sig,
@@ -208,7 +208,16 @@ BEGIN
                                   q);
         EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig);
     END LOOP;
+END;
+$$;
 
+SELECT mq_secure();
+
+DO $$
+DECLARE
+    q   text := pg_catalog.current_schema();
+    g   record;
+BEGIN
     -- Roles that used the queue through table rights keep working.
     FOR g IN
         SELECT DISTINCT acl.grantee

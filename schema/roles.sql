@@ -1,7 +1,7 @@
 -- schema/roles.sql: the duties (produce, consume, administer), granting them,
 -- and every function's security: the queue's schema then pg_temp pinned,
 -- no EXECUTE for PUBLIC, the duty functions SECURITY DEFINER. Applied after
--- every other file (the DO block alters the functions they define).
+-- every other file (mq_secure() alters the functions they define).
 -- Today's definitions; migrations/0005_roles.sql carries the same text.
 
 -- Which function belongs to which duty. Later migrations that add a
@@ -155,30 +155,28 @@ BEGIN
 END;
 $$;
 
-DO $$
+-- Every function of the queue (every function of its schema named mq_*):
+-- a pinned path (the queue's schema, then pg_temp), no EXECUTE for PUBLIC,
+-- and the duty functions run as the owner. CREATE OR REPLACE FUNCTION
+-- resets the first and the last (not the grants), so a migration that
+-- replaces or adds functions ends with SELECT mq_secure().
+CREATE OR REPLACE FUNCTION mq_secure()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
 DECLARE
-    q   text := pg_catalog.current_schema();
-    f   record;
-    g   record;
+    q text := pg_catalog.current_schema();
+    f record;
 BEGIN
-    -- Every function of the queue: a pinned path (the queue's schema, then
-    -- pg_temp), no EXECUTE for PUBLIC; the duty functions run as the owner.
     FOR f IN
         SELECT p.oid::regprocedure AS sig,
                EXISTS (SELECT 1 FROM mq_duties() d
                        WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text) AS definer
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
-          AND p.proname::text OPERATOR(pg_catalog.=) ANY (ARRAY[
-              'mq_limits', 'mq_lock_new_chains', 'mq_record_tails', 'mq_insert',
-              'mq_wake', 'mq_poll_jobs', 'mq_pick', 'mq_poll', 'mq_commit',
-              'mq_delete', 'mq_complete', 'mq_lock_chains', 'mq_unlink',
-              'mq_release', 'mq_keep_alive', 'mq_keep_alive_count',
-              'mq_checkpoint', 'mq_checkpoint_found', 'mq_fail', 'mq_reap_dead',
-              'mq_dead_letters', 'mq_retry', 'mq_skip', 'mq_stats',
-              'mq_complete_poll', 'mq_claim', 'mq_complete_claim', 'mq_dead_jobs',
-              'mq_duties', 'mq_grant', 'mq_revoke',
-              'mq_regrant', 'mq_create_roles'])
+          AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
+          AND p.prokind OPERATOR(pg_catalog.=) 'f'
     LOOP
         EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = %I, pg_temp',
                                   f.sig,
@@ -187,7 +185,16 @@ BEGIN
                                   q);
         EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig);
     END LOOP;
+END;
+$$;
 
+SELECT mq_secure();
+
+DO $$
+DECLARE
+    q   text := pg_catalog.current_schema();
+    g   record;
+BEGIN
     -- Roles that used the queue through table rights keep working.
     FOR g IN
         SELECT DISTINCT acl.grantee
