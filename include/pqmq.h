@@ -125,8 +125,9 @@ typedef struct pqmq_msg pqmq_msg;
 PQMQ_EXPORT pqmq_msg *pqmq_msg_new(void);
 PQMQ_EXPORT void pqmq_msg_free(pqmq_msg *msg);
 
-/* The channel and its arguments (args NULL means ""). Messages of one
- * (channel, args) that are ordered form one chain. */
+/* The channel and its arguments (args NULL means ""). "" is a channel like
+ * any other (sqlxmq's default). Messages of one (channel, args) that are
+ * ordered form one chain. */
 PQMQ_EXPORT int pqmq_msg_set_channel(pqmq_msg *msg, const char *channel,
                                      const char *args);
 /* The message name: the runner dispatches on it. NULL means "". */

@@ -253,6 +253,9 @@ size_t pqmq__claims_leases(pqmq__claims *q, int64_t period_ms, uuid_t **ids,
             duration = e->lease_ms;
     }
     pthread_mutex_unlock(&q->lock);
+    /* Other clients may lease for longer than the C API accepts. */
+    if (duration > PQMQ_MAX_DURATION_MS)
+        duration = PQMQ_MAX_DURATION_MS;
     *duration_ms = duration;
     return n;
 }

@@ -36,7 +36,7 @@ printf '#include "pqmq-int.h"\n\n'
 printf 'const pqmq_migration pqmq_migrations[] = {\n'
 
 count=0
-prev=0
+prev=-1
 while IFS= read -r f; do
     base=${f##*/}
     case $base in
@@ -61,7 +61,8 @@ while IFS= read -r f; do
             *) break ;;
         esac
     done
-    [ "$version" -ge 1 ] || die "$f: versions start at 1"
+    # Version 0 (0000_*) runs only on a database with no recorded version.
+    [ "$version" -ge 0 ] || die "$f: versions start at 0"
     [ "$version" -gt "$prev" ] || die "$f: version $version is used twice"
     prev=$version
     count=$((count + 1))

@@ -72,7 +72,8 @@ static int apply_all(pqmq_client *c)
     if (!rc)
         rc = applied_version(c, &have);
     for (size_t i = 0; !rc && i < pqmq_migration_count; i++) {
-        if (pqmq_migrations[i].version <= have)
+        /* Version 0 adopts an older schema: only before anything else. */
+        if (have > 0 && pqmq_migrations[i].version <= have)
             continue;
         char what[128];
         snprintf(what, sizeof what, "pqmq_migrate: %s", pqmq_migrations[i].name);

@@ -29,9 +29,9 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
 {
     if (!m)
         return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu] is NULL", i);
-    if (!m->channel || !*m->channel)
-        return pqmq__seterr(c, PQMQ_EINVAL,
-                            "pqmq_insert: msgs[%zu]: channel is NULL or empty", i);
+    /* "" is a channel like any other (sqlxmq's default). */
+    if (!m->channel)
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: channel is NULL", i);
     int rc = check_text(c, i, "channel", m->channel, utf8);
     if (!rc)
         rc = check_text(c, i, "channel args", m->args, utf8);
@@ -42,10 +42,6 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
     if (m->retries < 0)
         return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: retries is negative (%d)",
                             i, m->retries);
-    if (m->backoff_ms <= 0)
-        return pqmq__seterr(c, PQMQ_EINVAL,
-                            "pqmq_insert: msgs[%zu]: backoff must be positive (%lld ms)", i,
-                            (long long)m->backoff_ms);
     char what[64];
     snprintf(what, sizeof what, "pqmq_insert: msgs[%zu]: delay", i);
     if ((rc = pqmq__check_ms(c, m->delay_ms, what)))

@@ -105,11 +105,11 @@ PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *r, const char *const *chan
     if (n && !copy)
         return PQMQ_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        if (!channels[i] || !*channels[i] || !(copy[i] = strdup(channels[i]))) {
+        if (!channels[i] || !(copy[i] = strdup(channels[i]))) {
             for (size_t k = 0; k < i; k++)
                 free(copy[k]);
             free(copy);
-            return channels[i] && *channels[i] ? PQMQ_ENOMEM : PQMQ_EINVAL;
+            return channels[i] ? PQMQ_ENOMEM : PQMQ_EINVAL;
         }
     }
     for (size_t i = 0; i < r->nchannels; i++)

@@ -182,8 +182,8 @@ int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channe
         return pqmq__seterr(c, PQMQ_EINVAL, "%s: nchannels is 0 (pass channels NULL for all)",
                             what);
     for (size_t i = 0; i < n; i++)
-        if (!channels[i] || !*channels[i])
-            return pqmq__seterr(c, PQMQ_EINVAL, "%s: channels[%zu] is NULL or empty", what, i);
+        if (!channels[i]) /* "" is a channel like any other */
+            return pqmq__seterr(c, PQMQ_EINVAL, "%s: channels[%zu] is NULL", what, i);
     return pqmq__put_array(c, param, "%text[]", channels, n, put_text, what);
 }
 

@@ -171,11 +171,32 @@ static int commit_with_completion(pqmq_ctx *ctx)
     return 0;
 }
 
+/* Cuts s at its first byte that does not continue valid UTF-8: the error
+ * buffer truncates mid-character, and the server refuses invalid text, which
+ * would leave the failure unrecorded. */
+static void utf8_cut(char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (p[i]) {
+        size_t n = p[i] < 0x80 ? 1 : (p[i] & 0xE0) == 0xC0 ? 2 : (p[i] & 0xF0) == 0xE0 ? 3
+                 : (p[i] & 0xF8) == 0xF0 ? 4 : 0;
+        size_t k = 1;
+        while (n && k < n && (p[i + k] & 0xC0) == 0x80)
+            k++;
+        if (!n || k < n)
+            break;
+        i += n;
+    }
+    s[i] = 0;
+}
+
 /* Records a failure on the worker's connection; the backoff decides when
  * the job comes back. Errors here only delay that (the lease runs out). */
 static void record_failure(pqmq_ctx *ctx)
 {
     pqmq_client *c = ctx->slot->client;
+    utf8_cut(ctx->error);
     if (PQstatus(pqmq_conn(c)) != CONNECTION_OK)
         (void)try_reconnect(ctx->slot);
     (void)pqmq__fail(c, ctx->work->delivery.id, ctx->work->delivery.attempt,

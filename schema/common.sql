@@ -7,7 +7,7 @@ CREATE OR REPLACE FUNCTION mq_limits(
     OUT max_batch int, OUT max_payload bigint, OUT max_duration interval)
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
-AS $$ SELECT 10000, 16777216::bigint, interval '3650 days' $$;
+AS $$ SELECT 10000, 16777216::bigint, interval '36500000 days' $$;
 
 -- Wakes listeners of the given channels: one notification per channel on
 -- mq_<channel>, plus one on mq. A channel whose notify name would be longer
@@ -26,4 +26,20 @@ BEGIN
           WHERE n IS NOT NULL AND octet_length(n) <= 60) c;
     PERFORM pg_notify('mq', '');
 END;
+$$;
+
+-- An interval with its months taken as 30 days and its days as 24 hours:
+-- a fixed length, which compares and adds the same on every date.
+CREATE OR REPLACE FUNCTION mq_fixed_length(x interval)
+RETURNS interval
+LANGUAGE sql IMMUTABLE STRICT
+SET search_path FROM CURRENT
+AS $$
+    SELECT x OPERATOR(pg_catalog.-) pg_catalog.make_interval(0, f.m, 0, f.d)
+             OPERATOR(pg_catalog.+) pg_catalog.make_interval(hours => f.h)
+    FROM (SELECT g.m, g.d, (g.m OPERATOR(pg_catalog.*) 720)
+                           OPERATOR(pg_catalog.+) (g.d OPERATOR(pg_catalog.*) 24) AS h
+          FROM (SELECT (pg_catalog.date_part('year', x) OPERATOR(pg_catalog.*) 12
+                        OPERATOR(pg_catalog.+) pg_catalog.date_part('month', x))::int AS m,
+                       pg_catalog.date_part('day', x)::int AS d) g) f
 $$;

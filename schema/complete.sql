@@ -32,6 +32,12 @@ BEGIN
             cardinality(msg_ids), cardinality(msg_attempts)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A NULL attempt number would turn off the check for its id.
+    IF msg_attempts IS NOT NULL AND array_position(msg_attempts, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'mq_complete: attempt number % is NULL',
+            array_position(msg_attempts, NULL)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     -- Unordered messages need no chain lock: they go first, and usually
     -- that is all there is.
     WITH want AS (
@@ -141,6 +147,12 @@ DECLARE
     n     int;
     chans text[];
 BEGIN
+    IF cardinality(msg_ids) IS DISTINCT FROM cardinality(msg_attempts)
+       OR array_position(msg_attempts, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'mq_release: % ids but % attempt numbers (none may be NULL)',
+            cardinality(msg_ids), cardinality(msg_attempts)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     WITH r AS (
         UPDATE mq_msgs m SET
             attempt_at = ts,

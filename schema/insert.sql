@@ -22,6 +22,17 @@ BEGIN
         RETURN;
     END IF;
     lim := mq_limits();
+    -- Months count 30 days and days 24 hours, in the checks below and in
+    -- the timestamps computed from them alike (see mq_fixed_length).
+    IF cardinality(new_messages) <= lim.max_batch THEN
+        new_messages := ARRAY(
+            SELECT ROW(t.id, mq_fixed_length(t.delay), t.retries,
+                       mq_fixed_length(t.retry_backoff), t.channel_name,
+                       t.channel_args, mq_fixed_length(t.commit_interval), t.ordered,
+                       t.name, t.payload_json, t.payload_bytes)::mq_new_t
+            FROM unnest(new_messages) WITH ORDINALITY AS t
+            ORDER BY t.ordinality);
+    END IF;
     IF cardinality(new_messages) > lim.max_batch THEN
         RAISE EXCEPTION 'mq_insert: batch of % messages is over the limit of %',
             cardinality(new_messages), lim.max_batch
@@ -35,19 +46,20 @@ BEGIN
             WHEN t.id IS NULL THEN 'id is NULL'
             WHEN t.id = '00000000-0000-0000-0000-000000000000'::uuid
                 THEN 'id is the nil UUID'
-            WHEN t.channel_name IS NULL OR t.channel_name = ''
-                THEN 'channel_name is NULL or empty'
+            WHEN t.channel_name IS NULL THEN 'channel_name is NULL'
+            WHEN octet_length(t.channel_name) > 1024
+                THEN 'channel_name is over 1024 bytes'
             WHEN t.retries < 0 THEN 'retries is negative'
             WHEN t.delay < interval '0' THEN 'delay is negative'
-            WHEN t.delay > lim.max_duration THEN 'delay is over 3650 days'
-            WHEN t.retry_backoff <= interval '0'
-                THEN 'retry_backoff is not positive'
+            WHEN t.delay > lim.max_duration THEN 'delay is over 36500000 days'
+            WHEN t.retry_backoff < interval '0'
+                THEN 'retry_backoff is negative'
             WHEN t.retry_backoff > lim.max_duration
-                THEN 'retry_backoff is over 3650 days'
+                THEN 'retry_backoff is over 36500000 days'
             WHEN t.commit_interval < interval '0'
                 THEN 'commit_interval is negative'
             WHEN t.commit_interval > lim.max_duration
-                THEN 'commit_interval is over 3650 days'
+                THEN 'commit_interval is over 36500000 days'
             WHEN octet_length(t.payload_json) > lim.max_payload
                 THEN 'payload_json is over 16 MiB'
             WHEN octet_length(t.payload_bytes) > lim.max_payload

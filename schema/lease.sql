@@ -26,11 +26,14 @@ DECLARE
     ts timestamptz := clock_timestamp();
     n  int;
 BEGIN
-    IF duration IS NULL OR duration < interval '0'
-       OR duration > (mq_limits()).max_duration THEN
-        RAISE EXCEPTION 'mq_keep_alive: duration % is outside 0..3650 days', duration
+    duration := mq_fixed_length(duration);
+    IF duration IS NULL OR duration < interval '0' THEN
+        RAISE EXCEPTION 'mq_keep_alive: duration % is NULL or negative', duration
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A client that doubles its keep-alive (sqlxmq's runner does) reaches
+    -- any limit in time: longer durations are cut to the limit, not refused.
+    duration := LEAST(duration, (mq_limits()).max_duration);
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
     -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
     UPDATE mq_msgs m SET
@@ -78,11 +81,12 @@ AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
 BEGIN
-    IF duration IS NULL OR duration < interval '0'
-       OR duration > (mq_limits()).max_duration THEN
-        RAISE EXCEPTION 'mq_checkpoint: duration % is outside 0..3650 days', duration
+    duration := mq_fixed_length(duration);
+    IF duration IS NULL OR duration < interval '0' THEN
+        RAISE EXCEPTION 'mq_checkpoint: duration % is NULL or negative', duration
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    duration := LEAST(duration, (mq_limits()).max_duration);
     IF extra_retries < 0 THEN
         RAISE EXCEPTION 'mq_checkpoint: extra_retries % is negative', extra_retries
             USING ERRCODE = 'invalid_parameter_value';

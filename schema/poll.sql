@@ -84,7 +84,11 @@ BEGIN
         RETURN QUERY
         WITH claimed AS (
             UPDATE mq_msgs m SET
-                attempt_at = ts + m.retry_backoff,
+                -- A zero backoff retries at once (mq_fail), but a delivery
+                -- is still leased: one second, extended by keep-alives.
+                attempt_at = ts + CASE WHEN m.retry_backoff > interval '0'
+                                       THEN m.retry_backoff
+                                       ELSE interval '1 second' END,
                 attempts = m.attempts - 1,
                 -- Doubling stops at the duration limit so it never overflows.
                 retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur

@@ -1,8 +1,21 @@
 -- schema/roles.sql: the duties (produce, consume, administer), granting them,
--- and every function's security: the queue's schema then pg_temp pinned,
--- no EXECUTE for PUBLIC, the duty functions SECURITY DEFINER. Applied after
--- every other file (mq_secure() alters the functions they define).
--- Today's definitions; migrations/0005_roles.sql carries the same text.
+-- and every function's security: pg_catalog, the queue's schema and pg_temp
+-- pinned, no EXECUTE for PUBLIC, the duty functions SECURITY DEFINER. Applied
+-- after every other file (mq_secure() alters the functions they define).
+-- Today's definitions; migrations/0007_roles.sql carries the same text.
+
+-- The queue's schema: where mq_msgs is. (Not current_schema(), which is
+-- pg_catalog inside the functions, whose path starts with it.)
+CREATE OR REPLACE FUNCTION mq_queue_schema()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT n.nspname::text
+    FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+    WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')
+$$;
 
 -- Which function belongs to which duty. Later migrations that add a
 -- function to a duty replace this and call mq_regrant().
@@ -22,6 +35,8 @@ AS $$
            ('administer', 'mq_dead_jobs'), ('administer', 'mq_dead_letters'),
            ('administer', 'mq_retry'),
            ('administer', 'mq_skip'), ('administer', 'mq_delete'),
+           ('administer', 'mq_clear'), ('administer', 'mq_clear_all'),
+           ('administer', 'mq_clear_count'),
            ('administer', 'mq_stats'), ('administer', 'mq_reap_dead')
 $$;
 
@@ -35,7 +50,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    q  text := pg_catalog.current_schema();
+    q  text := mq_queue_schema();
     fn regprocedure;
     n  int := 0;
 BEGIN
@@ -82,7 +97,7 @@ BEGIN
         SELECT p.oid::regprocedure
         FROM pg_catalog.pg_proc p
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(pg_catalog.current_schema())::regnamespace
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_revoke.duty
     LOOP
         EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn, grantee);
@@ -109,7 +124,7 @@ BEGIN
                      ('administer', 'mq_stats')) AS a(duty, anchor)
         JOIN pg_catalog.pg_proc p
           ON p.proname::text OPERATOR(pg_catalog.=) a.anchor
-         AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(pg_catalog.current_schema())::regnamespace
+         AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) acl
         WHERE acl.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
           AND acl.grantee OPERATOR(pg_catalog.<>) p.proowner
@@ -132,7 +147,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     p text := COALESCE(prefix, pg_catalog.current_database()::text OPERATOR(pg_catalog.||) '_'
-                               OPERATOR(pg_catalog.||) pg_catalog.current_schema()::text);
+                               OPERATOR(pg_catalog.||) mq_queue_schema()::text);
     r record;
 BEGIN
     IF p OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(p) OPERATOR(pg_catalog.>) 54 THEN
@@ -156,7 +171,8 @@ END;
 $$;
 
 -- Every function of the queue (every function of its schema named mq_*):
--- a pinned path (the queue's schema, then pg_temp), no EXECUTE for PUBLIC,
+-- a pinned path (pg_catalog, the queue's schema, pg_temp), no EXECUTE for
+-- PUBLIC,
 -- and the duty functions run as the owner. CREATE OR REPLACE FUNCTION
 -- resets the first and the last (not the grants), so a migration that
 -- replaces or adds functions ends with SELECT mq_secure().
@@ -166,7 +182,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    q text := pg_catalog.current_schema();
+    q text := mq_queue_schema();
     f record;
 BEGIN
     FOR f IN
@@ -178,7 +194,7 @@ BEGIN
           AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
           AND p.prokind OPERATOR(pg_catalog.=) 'f'
     LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = %I, pg_temp',
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.sig,
                                   CASE WHEN f.definer THEN 'SECURITY DEFINER'
                                        ELSE 'SECURITY INVOKER' END,
@@ -192,7 +208,7 @@ SELECT mq_secure();
 
 DO $$
 DECLARE
-    q   text := pg_catalog.current_schema();
+    q   text := mq_queue_schema();
     g   record;
 BEGIN
     -- Roles that used the queue through table rights keep working.

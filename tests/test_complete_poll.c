@@ -175,8 +175,8 @@ static void test_bad_arguments_complete_nothing(void)
     CHECK_ERR(q, pqmq_complete_and_poll(q, b, NULL, 0, 0, &out), PQMQ_EINVAL,
               "batch_size 0 is outside");
     CHECK(out == NULL);
-    CHECK_ERR(q, pqmq_complete_and_poll(q, b, (const char *[]){""}, 1, 5, &out), PQMQ_EINVAL,
-              "channels[0] is NULL or empty");
+    CHECK_ERR(q, pqmq_complete_and_poll(q, b, (const char *[]){NULL}, 1, 5, &out), PQMQ_EINVAL,
+              "channels[0] is NULL");
     CHECK_ERR(q, pqmq_complete_and_poll(q, b, NULL, 0, 5, NULL), PQMQ_EINVAL, "out is NULL");
     CHECK_INT(pqmq_complete_and_poll(NULL, b, NULL, 0, 5, &out), PQMQ_EINVAL);
     CHECK_INT(present(b), 1);

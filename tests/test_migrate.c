@@ -294,7 +294,7 @@ static void test_one_row_per_migration(void)
     size_t n = migration_files(&g);
     CHECK(n >= 1);
     CHECK(pqmq_schema_version() >= 1);
-    int newest = 0;
+    int newest = -1; /* 0000 adopts an original sqlxmq schema */
     for (size_t i = 0; i < n; i++) {
         char name[256];
         int v = migration_name(g.gl_pathv[i], name, sizeof name);
@@ -320,7 +320,7 @@ static void test_migrate_again_changes_nothing(void)
     CHECK(strstr(before, "fn CREATE OR REPLACE FUNCTION @S.mq_insert(") != NULL);
     CHECK(strstr(before, "idx CREATE UNIQUE INDEX mq_msgs_pkey ON @S.mq_msgs") != NULL);
     CHECK(strstr(before, "col mq_msgs.id #1 uuid not null") != NULL);
-    CHECK(strstr(before, "SET search_path TO '@S'") != NULL);
+    CHECK(strstr(before, "SET search_path TO 'pg_catalog', '@S', 'pg_temp'") != NULL);
     char *stamps = sql_text(pg, "SELECT string_agg(version || '@' || applied_at, ',') "
                                 "FROM mq_schema_migrations");
     CHECK_OK(q, pqmq_migrate(q));
@@ -548,7 +548,8 @@ static void test_every_function_pins_search_path(void)
                  "SELECT COALESCE(string_agg(p.oid::regprocedure::text || ' ' "
                  "                           || COALESCE(p.proconfig::text, '(none)'), '; '), '') "
                  "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
-                 "AND NOT COALESCE('search_path=%s, pg_temp' = ANY (p.proconfig), false)",
+                 "AND NOT COALESCE('search_path=pg_catalog, %s, pg_temp' = ANY (p.proconfig), "
+                 "false)",
                  t_schema(), t_schema()) < 0)
         abort();
     char *unpinned = sql_text(cat, sql);
@@ -576,7 +577,8 @@ static void test_pin_is_only_the_queue_schema(void)
                  "SELECT COALESCE(string_agg(p.proname || ' ' "
                  "                           || COALESCE(p.proconfig::text, '(none)'), '; '), '') "
                  "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
-                 "AND NOT COALESCE('search_path=%s, pg_temp' = ANY (p.proconfig), false)",
+                 "AND NOT COALESCE('search_path=pg_catalog, %s, pg_temp' = ANY (p.proconfig), "
+                 "false)",
                  wide, wide) < 0)
         abort();
     char *unpinned = sql_text(cat, sql);
@@ -766,12 +768,13 @@ static void test_schema_name_needing_quotes(void)
     pqmq_batch_free(b);
     CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", ident),
               pqmq_schema_version());
-    /* Its functions pin exactly that schema, quoted. */
+    /* Its functions pin pg_catalog, exactly that schema (quoted) and pg_temp. */
     CHECK(t_sql_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
                         "ON n.oid = p.pronamespace WHERE n.nspname = '%s'", odd) >= 6);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
                             "ON n.oid = p.pronamespace WHERE n.nspname = '%s' "
-                            "AND NOT COALESCE(('search_path=' || quote_ident(n.nspname) || ', pg_temp') "
+                            "AND NOT COALESCE(('search_path=pg_catalog, ' "
+                            "|| quote_ident(n.nspname) || ', pg_temp') "
                             "= ANY (p.proconfig), false)", odd), 0);
     pqmq_msg_free(m);
     pqmq_client_free(w);

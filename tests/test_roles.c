@@ -94,7 +94,7 @@ static void setup(void)
     t_exec(su, "CREATE ROLE %s NOLOGIN", other);
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 2);
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 13);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 7);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 10);
 }
 
 /* ---- each duty does its own job ---------------------------------------- */

@@ -993,8 +993,8 @@ static void test_bad_arguments(void)
                                               "the_63_bytes_postgres_allows"), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_keep_alive(r, 0), 0);
     CHECK_INT(pqmq_runner_handle(r, "x", NULL, NULL), PQMQ_EINVAL);
-    const char *empty[] = {""};
-    CHECK_INT(pqmq_runner_set_channels(r, empty, 1), PQMQ_EINVAL);
+    const char *null_name[] = {NULL};
+    CHECK_INT(pqmq_runner_set_channels(r, null_name, 1), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_channels(r, NULL, 1), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_concurrency(NULL, 4), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_run(NULL), PQMQ_EINVAL);

@@ -1,4 +1,4 @@
--- pqmq schema, version 5: least privilege.
+-- pqmq schema, version 7: least privilege.
 --
 -- Three duties, each a set of functions:
 --   produce     mq_insert, mq_commit
@@ -6,7 +6,8 @@
 --               mq_complete, mq_complete_poll, mq_delete, mq_fail,
 --               mq_keep_alive(_count), mq_checkpoint(_found), mq_release
 --   administer  mq_dead_jobs, mq_dead_letters, mq_retry, mq_skip, mq_delete,
---               mq_stats, mq_reap_dead
+--               mq_clear, mq_clear_all, mq_clear_count, mq_stats,
+--               mq_reap_dead
 -- A role gets a duty with mq_grant(duty, role) (run by the queue's owner)
 -- and needs no right on any table: the duty functions are SECURITY DEFINER,
 -- they run as the queue's owner. Nobody else may execute anything (EXECUTE
@@ -15,9 +16,9 @@
 --
 -- A SECURITY DEFINER function runs the owner's rights with the caller's
 -- inputs, so nothing it resolves by name may come from the caller: every
--- function pins search_path to the queue's schema alone, then pg_temp
+-- function pins search_path to pg_catalog, the queue's schema, then pg_temp
 -- (written last so that a caller's temporary table named mq_msgs is never
--- found; pg_catalog is searched first, implicitly). A role that can create
+-- found), as migration 6 set it. A role that can create
 -- objects in the queue's schema could still plant an overload there; so
 -- mq_grant refuses such a role (and every role while PUBLIC can).
 -- mq_secure() sets all this on every function; CREATE OR REPLACE FUNCTION
@@ -26,6 +27,19 @@
 -- Roles that had rights on mq_msgs before this version (they called the
 -- functions with their own table rights) get all three duties here, so they
 -- keep working; revoke their table rights once they use the duties.
+
+-- The queue's schema: where mq_msgs is. (Not current_schema(), which is
+-- pg_catalog inside the functions, whose path starts with it.)
+CREATE OR REPLACE FUNCTION mq_queue_schema()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT n.nspname::text
+    FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+    WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')
+$$;
 
 -- Which function belongs to which duty. Later migrations that add a
 -- function to a duty replace this and call mq_regrant().
@@ -45,6 +59,8 @@ AS $$
            ('administer', 'mq_dead_jobs'), ('administer', 'mq_dead_letters'),
            ('administer', 'mq_retry'),
            ('administer', 'mq_skip'), ('administer', 'mq_delete'),
+           ('administer', 'mq_clear'), ('administer', 'mq_clear_all'),
+           ('administer', 'mq_clear_count'),
            ('administer', 'mq_stats'), ('administer', 'mq_reap_dead')
 $$;
 
@@ -58,7 +74,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    q  text := pg_catalog.current_schema();
+    q  text := mq_queue_schema();
     fn regprocedure;
     n  int := 0;
 BEGIN
@@ -105,7 +121,7 @@ BEGIN
         SELECT p.oid::regprocedure
         FROM pg_catalog.pg_proc p
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(pg_catalog.current_schema())::regnamespace
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_revoke.duty
     LOOP
         EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn, grantee);
@@ -132,7 +148,7 @@ BEGIN
                      ('administer', 'mq_stats')) AS a(duty, anchor)
         JOIN pg_catalog.pg_proc p
           ON p.proname::text OPERATOR(pg_catalog.=) a.anchor
-         AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(pg_catalog.current_schema())::regnamespace
+         AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) acl
         WHERE acl.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
           AND acl.grantee OPERATOR(pg_catalog.<>) p.proowner
@@ -155,7 +171,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     p text := COALESCE(prefix, pg_catalog.current_database()::text OPERATOR(pg_catalog.||) '_'
-                               OPERATOR(pg_catalog.||) pg_catalog.current_schema()::text);
+                               OPERATOR(pg_catalog.||) mq_queue_schema()::text);
     r record;
 BEGIN
     IF p OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(p) OPERATOR(pg_catalog.>) 54 THEN
@@ -179,7 +195,8 @@ END;
 $$;
 
 -- Every function of the queue (every function of its schema named mq_*):
--- a pinned path (the queue's schema, then pg_temp), no EXECUTE for PUBLIC,
+-- a pinned path (pg_catalog, the queue's schema, pg_temp), no EXECUTE for
+-- PUBLIC,
 -- and the duty functions run as the owner. CREATE OR REPLACE FUNCTION
 -- resets the first and the last (not the grants), so a migration that
 -- replaces or adds functions ends with SELECT mq_secure().
@@ -189,7 +206,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    q text := pg_catalog.current_schema();
+    q text := mq_queue_schema();
     f record;
 BEGIN
     FOR f IN
@@ -201,7 +218,7 @@ BEGIN
           AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
           AND p.prokind OPERATOR(pg_catalog.=) 'f'
     LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = %I, pg_temp',
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.sig,
                                   CASE WHEN f.definer THEN 'SECURITY DEFINER'
                                        ELSE 'SECURITY INVOKER' END,
@@ -215,7 +232,7 @@ SELECT mq_secure();
 
 DO $$
 DECLARE
-    q   text := pg_catalog.current_schema();
+    q   text := mq_queue_schema();
     g   record;
 BEGIN
     -- Roles that used the queue through table rights keep working.
@@ -244,5 +261,5 @@ END
 $$;
 
 INSERT INTO mq_schema_migrations (version, name)
-VALUES (5, '0005_roles')
+VALUES (7, '0007_roles')
 ON CONFLICT (version) DO NOTHING;

@@ -1,0 +1,54 @@
+-- schema/trust.sql: what every function trusts and who may call what.
+-- Applied after the other schema/ files (name order); the migration that
+-- introduced it (0006_hardening) carries the same statements.
+
+-- Refuse a schema others can create in, before changing anything.
+DO $$
+DECLARE
+    nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
+    owner oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
+    who text;
+BEGIN
+    SELECT r.rolname INTO who
+    FROM pg_catalog.pg_roles r
+    WHERE NOT r.rolsuper
+      AND NOT pg_catalog.pg_has_role(r.oid, owner, 'USAGE')
+      AND pg_catalog.has_schema_privilege(r.oid, nsp, 'CREATE')
+    ORDER BY r.rolname
+    LIMIT 1;
+    IF who IS NOT NULL THEN
+        RAISE EXCEPTION 'pqmq: role % may create objects in the queue schema %',
+            who, nsp::regnamespace
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Revoke CREATE on that schema from every role but its owner '
+                         '(REVOKE CREATE ON SCHEMA ... FROM PUBLIC), or install into '
+                         'a schema of its own.';
+    END IF;
+END
+$$;
+
+-- Every function pins pg_catalog, the queue's schema and pg_temp, by name;
+-- internal helpers are not for PUBLIC. (Later migrations that create
+-- functions repeat this block.)
+DO $$
+DECLARE
+    nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
+    nm  text := (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
+    f   regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%' LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
+                                  f, nm);
+    END LOOP;
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+             WHERE p.pronamespace = nsp
+               AND p.proname IN ('mq_lock_new_chains', 'mq_record_tails', 'mq_wake',
+                                 'mq_pick', 'mq_lock_chains', 'mq_unlink',
+                                 'mq_fixed_length') LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$$;

@@ -1,0 +1,1028 @@
+/*
+ * test_sqlxmq.c: clients of the original (sqlxmq) schema share the queue.
+ *
+ * The "crate" below speaks only the original client's SQL: each statement
+ * as the sqlxmq crate sends it, prepared with the parameter types it binds
+ * (uuid, interval, int4, text, bytea, uuid[], text[]), rows read by column
+ * name, and its runner's logic: delete the uncommitted rows a poll returns,
+ * sleep the poll's wait_time, keep a job alive with a doubling interval,
+ * retry statements on the error codes it treats as transient. It runs next
+ * to C consumers on the same channels, and on a database created by the
+ * original schema and adopted in place by pqmq's migrations.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* asprintf */
+#endif
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <uuid/uuid.h>
+
+#include "harness.h"
+
+#define OID_BOOL 16
+#define OID_BYTEA 17
+#define OID_INT4 23
+#define OID_TEXT 25
+#define OID_TEXT_ARRAY 1009
+#define OID_INTERVAL 1186
+#define OID_UUID 2950
+#define OID_UUID_ARRAY 2951
+
+#define NIL_UUID "00000000-0000-0000-0000-000000000000"
+
+static pqmq_client *q;
+static PGconn *pg;
+
+/* ---- the crate's statements --------------------------------------------- */
+
+static const struct {
+    const char *name, *sql;
+    int n;
+    Oid types[11];
+} crate_sql[] = {
+    {"spawn",
+     "SELECT mq_insert(ARRAY[($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)::mq_new_t])", 11,
+     {OID_UUID, OID_INTERVAL, OID_INT4, OID_INTERVAL, OID_TEXT, OID_TEXT, OID_INTERVAL,
+      OID_BOOL, OID_TEXT, OID_TEXT, OID_BYTEA}},
+    {"commit", "SELECT mq_commit($1)", 1, {OID_UUID_ARRAY}},
+    {"poll", "SELECT * FROM mq_poll($1, $2)", 2, {OID_TEXT_ARRAY, OID_INT4}},
+    {"delete_many", "SELECT mq_delete($1)", 1, {OID_UUID_ARRAY}},
+    {"delete_one", "SELECT mq_delete(ARRAY[$1])", 1, {OID_UUID}},
+    {"keep_alive", "SELECT mq_keep_alive(ARRAY[$1], $2)", 2, {OID_UUID, OID_INTERVAL}},
+    {"checkpoint", "SELECT mq_checkpoint($1, $2, $3, $4, $5)", 5,
+     {OID_UUID, OID_INTERVAL, OID_TEXT, OID_BYTEA, OID_INT4}},
+    {"clear", "SELECT mq_clear($1)", 1, {OID_TEXT_ARRAY}},
+    {"clear_all", "SELECT mq_clear_all()", 0, {0}},
+    {"exists", "SELECT EXISTS(SELECT id FROM mq_msgs WHERE id = $1)", 1, {OID_UUID}},
+};
+
+/* A connection of the crate on schema (NULL: the test schema), its
+ * statements prepared. Caller owns; PQfinish. */
+static PGconn *crate_connect(const char *schema)
+{
+    char *opts = NULL;
+    if (asprintf(&opts, "-c search_path=%s -c client_min_messages=warning",
+                 schema ? schema : t_schema()) < 0)
+        abort();
+    const char *keys[] = {"dbname", "options", NULL};
+    const char *vals[] = {t_dsn(), opts, NULL};
+    PGconn *c = PQconnectdbParams(keys, vals, 1);
+    free(opts);
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "cannot connect: %s", PQerrorMessage(c));
+        exit(1);
+    }
+    return c;
+}
+
+static int crate_prepare(PGconn *c)
+{
+    int ok = 1;
+    for (size_t i = 0; i < sizeof crate_sql / sizeof crate_sql[0]; i++) {
+        PGresult *r = PQprepare(c, crate_sql[i].name, crate_sql[i].sql, crate_sql[i].n,
+                                crate_sql[i].types);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+            fprintf(stderr, "prepare %s: %s", crate_sql[i].name, PQerrorMessage(c));
+            ok = 0;
+        }
+        PQclear(r);
+    }
+    return ok;
+}
+
+/* sqlxmq::should_retry: the codes the crate treats as transient. */
+static int transient(const PGresult *r)
+{
+    const char *st = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    const char *con = PQresultErrorField(r, PG_DIAG_CONSTRAINT_NAME);
+    if (!st)
+        return 0;
+    return !strcmp(st, "40001") || !strcmp(st, "40P01") ||
+           (!strcmp(st, "23505") && con &&
+            !strcmp(con, "mq_msgs_channel_name_channel_args_after_message_id_idx"));
+}
+
+/* Runs a prepared statement, again while it fails transiently. Caller
+ * PQclear's. */
+static PGresult *crate_exec(PGconn *c, const char *stmt, int n, const char *const *vals)
+{
+    for (;;) {
+        PGresult *r = PQexecPrepared(c, stmt, n, vals, NULL, NULL, 0);
+        if (!transient(r))
+            return r;
+        PQclear(r);
+    }
+}
+
+static int ok(const PGresult *r)
+{
+    ExecStatusType s = PQresultStatus(r);
+    return s == PGRES_TUPLES_OK || s == PGRES_COMMAND_OK;
+}
+
+/* An interval parameter as sqlx binds a Duration: microseconds only. */
+static void micros(char *buf, size_t len, long long us)
+{
+    snprintf(buf, len, "%lld microseconds", us);
+}
+
+typedef struct {
+    const char *channel, *args, *name, *json;
+    long long delay_us, backoff_us, commit_us; /* commit_us < 0: NULL */
+    int retries, ordered;
+} spawn_t;
+
+/* JobBuilder::new(name): the crate's defaults. */
+static spawn_t job(const char *name)
+{
+    return (spawn_t){.channel = "", .args = "", .name = name, .json = NULL, .delay_us = 0,
+                     .backoff_us = 1000000, .commit_us = -1, .retries = 4, .ordered = 0};
+}
+
+static void new_id(char out[37])
+{
+    uuid_t u;
+    uuid_generate_random(u);
+    uuid_unparse_lower(u, out);
+}
+
+/* JobBuilder::spawn; id gets the new id. Returns the result's SQLSTATE
+ * ("" on success) in state (at least 6 bytes). */
+static void spawn_state(PGconn *c, const spawn_t *s, char id[37], char *state)
+{
+    char delay[40], backoff[40], commit[40], retries[16];
+    new_id(id);
+    micros(delay, sizeof delay, s->delay_us);
+    micros(backoff, sizeof backoff, s->backoff_us);
+    micros(commit, sizeof commit, s->commit_us);
+    snprintf(retries, sizeof retries, "%d", s->retries);
+    const char *vals[11] = {id, delay, retries, backoff, s->channel, s->args,
+                            s->commit_us < 0 ? NULL : commit, s->ordered ? "t" : "f",
+                            s->name, s->json, NULL};
+    PGresult *r = crate_exec(c, "spawn", 11, vals);
+    const char *st = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    snprintf(state, 6, "%s", ok(r) ? "" : st ? st : "?");
+    if (!ok(r))
+        fprintf(stderr, "    spawn: %s", PQerrorMessage(c));
+    PQclear(r);
+}
+
+static void spawn(PGconn *c, const spawn_t *s, char id[37])
+{
+    char st[6];
+    spawn_state(c, s, id, st);
+    CHECK_STR(st, "");
+}
+
+static void crate_ids(PGconn *c, const char *stmt, const char *array)
+{
+    PGresult *r = crate_exec(c, stmt, 1, &array);
+    if (!ok(r))
+        t_fail(__FILE__, __LINE__, "%s: %s", stmt, PQerrorMessage(c));
+    PQclear(r);
+}
+
+/* Parses an interval in the postgres output style into microseconds (days
+ * and months as the crate's to_duration reads them: 30-day months). */
+static long long interval_us(const char *s)
+{
+    long long total = 0;
+    while (s && *s) {
+        while (*s == ' ')
+            s++;
+        char *end;
+        long long v = strtoll(s, &end, 10);
+        if (*end == ':') { /* [-]HH:MM:SS[.ffffff] */
+            int neg = *s == '-';
+            long long h = llabs(v), m = 0;
+            double sec = 0;
+            sscanf(end + 1, "%lld:%lf", &m, &sec);
+            long long us = (h * 3600 + m * 60) * 1000000LL + (long long)(sec * 1e6 + 0.5);
+            total += neg ? -us : us;
+            break;
+        }
+        s = end;
+        while (*s == ' ')
+            s++;
+        if (!strncmp(s, "year", 4))
+            total += v * 360 * 86400000000LL;
+        else if (!strncmp(s, "mon", 3))
+            total += v * 30 * 86400000000LL;
+        else if (!strncmp(s, "day", 3))
+            total += v * 86400000000LL;
+        while (*s && *s != ' ')
+            s++;
+    }
+    return total;
+}
+
+/* One row of mq_poll, read by column name. */
+typedef struct {
+    char id[37];
+    int has_id, committed;
+    char name[64];
+    char json[256];
+    long long lease_us, wait_us; /* -1: NULL */
+} polled_t;
+
+static const char *col(const PGresult *r, int row, const char *name)
+{
+    int f = PQfnumber(r, name);
+    if (f < 0 || PQgetisnull(r, row, f))
+        return NULL;
+    return PQgetvalue(r, row, f);
+}
+
+/* mq_poll(channels, batch): channels is a text[] literal or NULL. Returns
+ * the row count (-1 on error); rows go to out (at most max). */
+static int crate_poll(PGconn *c, const char *channels, int batch, polled_t *out, int max)
+{
+    char n[16];
+    snprintf(n, sizeof n, "%d", batch);
+    const char *vals[2] = {channels, n};
+    PGresult *r = crate_exec(c, "poll", 2, vals);
+    if (!ok(r)) {
+        fprintf(stderr, "    poll: %s", PQerrorMessage(c));
+        PQclear(r);
+        return -1;
+    }
+    int rows = PQntuples(r) < max ? PQntuples(r) : max;
+    for (int i = 0; i < rows; i++) {
+        polled_t *p = &out[i];
+        memset(p, 0, sizeof *p);
+        const char *v = col(r, i, "id");
+        p->has_id = v != NULL;
+        snprintf(p->id, sizeof p->id, "%s", v ? v : "");
+        v = col(r, i, "is_committed");
+        p->committed = v ? v[0] == 't' : -1;
+        v = col(r, i, "name");
+        snprintf(p->name, sizeof p->name, "%s", v ? v : "");
+        v = col(r, i, "payload_json");
+        snprintf(p->json, sizeof p->json, "%.255s", v ? v : "");
+        v = col(r, i, "retry_backoff");
+        p->lease_us = v ? interval_us(v) : -1;
+        v = col(r, i, "wait_time");
+        p->wait_us = v ? interval_us(v) : -1;
+    }
+    PQclear(r);
+    return rows;
+}
+
+/* ---- consumers, both kinds, on the same channels ------------------------ */
+
+#define MAX_DELIVERIES 4096
+
+/* Every delivery, in the order the consumers got them. */
+static struct {
+    pthread_mutex_t lock;
+    int n;
+    char id[MAX_DELIVERIES][37];
+    char json[MAX_DELIVERIES][96];
+    int by[MAX_DELIVERIES];
+    int errors;
+    int stop;
+} seen = {PTHREAD_MUTEX_INITIALIZER, 0, {{0}}, {{0}}, {0}, 0, 0};
+
+static void seen_reset(void)
+{
+    pthread_mutex_lock(&seen.lock);
+    seen.n = 0;
+    seen.errors = 0;
+    seen.stop = 0;
+    pthread_mutex_unlock(&seen.lock);
+}
+
+static void seen_add(const char *id, const char *json, int by)
+{
+    pthread_mutex_lock(&seen.lock);
+    if (seen.n < MAX_DELIVERIES) {
+        snprintf(seen.id[seen.n], 37, "%s", id);
+        snprintf(seen.json[seen.n], 96, "%.95s", json ? json : "");
+        seen.by[seen.n] = by;
+        seen.n++;
+    }
+    pthread_mutex_unlock(&seen.lock);
+}
+
+static void seen_error(const char *what, const char *msg)
+{
+    fprintf(stderr, "    consumer: %s: %s", what, msg);
+    pthread_mutex_lock(&seen.lock);
+    seen.errors++;
+    pthread_mutex_unlock(&seen.lock);
+}
+
+static int stopping(void)
+{
+    pthread_mutex_lock(&seen.lock);
+    int s = seen.stop;
+    pthread_mutex_unlock(&seen.lock);
+    return s;
+}
+
+typedef struct {
+    const char *schema;
+    const char *channels; /* text[] literal, NULL: all */
+    int index;
+} consumer_arg;
+
+/* The crate's runner: poll, delete what is uncommitted, keep each job alive
+ * once (as its loop does after half a lease, with twice the lease), complete
+ * it inside the handler's own transaction, which also records the work. */
+static void *crate_consumer(void *p)
+{
+    const consumer_arg *a = p;
+    PGconn *c = crate_connect(a->schema);
+    if (!crate_prepare(c)) {
+        seen_error("prepare", "");
+        PQfinish(c);
+        return NULL;
+    }
+    polled_t rows[8];
+    while (!stopping()) {
+        int n = crate_poll(c, a->channels, 8, rows, 8);
+        if (n < 0) {
+            seen_error("poll", PQerrorMessage(c));
+            break;
+        }
+        long long wait_us = 60000000; /* MAX_WAIT */
+        int got = 0;
+        for (int i = 0; i < n; i++) {
+            if (rows[i].wait_us >= 0 && rows[i].wait_us < wait_us)
+                wait_us = rows[i].wait_us;
+            if (rows[i].has_id && rows[i].committed == 0) {
+                char arr[64];
+                snprintf(arr, sizeof arr, "{%.36s}", rows[i].id);
+                const char *v = arr;
+                PQclear(crate_exec(c, "delete_many", 1, &v));
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            if (!rows[i].has_id || rows[i].committed != 1)
+                continue;
+            got++;
+            char dur[40];
+            micros(dur, sizeof dur, 2 * rows[i].lease_us);
+            const char *ka[2] = {rows[i].id, dur};
+            PGresult *r = crate_exec(c, "keep_alive", 2, ka);
+            if (!ok(r))
+                seen_error("keep_alive", PQerrorMessage(c));
+            PQclear(r);
+            seen_add(rows[i].id, rows[i].json, a->index);
+            /* complete_with_transaction */
+            PQclear(PQexec(c, "BEGIN"));
+            const char *vals[2] = {rows[i].id, "crate"};
+            r = PQexecParams(c, "INSERT INTO app_done (id, by) VALUES ($1, $2)", 2, NULL, vals,
+                             NULL, NULL, 0);
+            if (!ok(r))
+                seen_error("app insert", PQerrorMessage(c));
+            PQclear(r);
+            const char *one = rows[i].id;
+            r = crate_exec(c, "delete_one", 1, &one);
+            if (!ok(r))
+                seen_error("delete", PQerrorMessage(c));
+            PQclear(r);
+            r = PQexec(c, "COMMIT");
+            if (!ok(r))
+                seen_error("commit", PQerrorMessage(c));
+            PQclear(r);
+        }
+        if (!got) /* the crate sleeps wait_time; a test need not wait long */
+            t_sleep_ms(wait_us / 1000 < 20 ? wait_us / 1000 : 20);
+    }
+    PQfinish(c);
+    return NULL;
+}
+
+/* A C consumer: pqmq_poll, records the work and completes in its own
+ * transaction. */
+static void *c_consumer(void *p)
+{
+    const consumer_arg *a = p;
+    PGconn *conn = crate_connect(a->schema);
+    pqmq_client *c = NULL;
+    if (pqmq_wrap(conn, &c) != 0) {
+        seen_error("wrap", "");
+        PQfinish(conn);
+        return NULL;
+    }
+    const char *chans[] = {"", "alpha", "beta", "jobs"};
+    while (!stopping()) {
+        pqmq_batch *b = NULL;
+        int rc = pqmq_poll(c, a->channels ? chans : NULL, a->channels ? 4 : 0, 8, &b);
+        if (rc) {
+            seen_error("pqmq_poll", pqmq_errmsg(c));
+            break;
+        }
+        size_t n = pqmq_batch_count(b);
+        if (n) {
+            PQclear(PQexec(conn, "BEGIN"));
+            for (size_t i = 0; i < n; i++) {
+                const pqmq_job *j = pqmq_batch_job(b, i);
+                uuid_t u;
+                char id[37];
+                pqmq_job_id(j, u);
+                uuid_unparse_lower(u, id);
+                seen_add(id, pqmq_job_json(j), a->index);
+                const char *vals[2] = {id, "c"};
+                PGresult *r = PQexecParams(conn, "INSERT INTO app_done (id, by) VALUES ($1, $2)",
+                                           2, NULL, vals, NULL, NULL, 0);
+                if (!ok(r))
+                    seen_error("app insert", PQerrorMessage(conn));
+                PQclear(r);
+            }
+            if (pqmq_complete_batch(c, b) != 0)
+                seen_error("complete", pqmq_errmsg(c));
+            PGresult *r = PQexec(conn, "COMMIT");
+            if (!ok(r))
+                seen_error("commit", PQerrorMessage(conn));
+            PQclear(r);
+        } else {
+            t_sleep_ms(10);
+        }
+        pqmq_batch_free(b);
+    }
+    pqmq_client_free(c);
+    PQfinish(conn); /* borrowed by the client */
+    return NULL;
+}
+
+/* Starts two crate consumers (one serving named channels, one all) and two
+ * C consumers (the same), waits until want deliveries or the safety limit,
+ * stops them. Returns the delivery count. */
+static int run_consumers(const char *schema, int want)
+{
+    pthread_t th[4];
+    consumer_arg args[4] = {{schema, "{\"\",alpha,beta,jobs}", 0},
+                            {schema, NULL, 1},
+                            {schema, "named", 2},
+                            {schema, NULL, 3}};
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, i < 2 ? crate_consumer : c_consumer, &args[i]);
+    int64_t until = t_now_ms() + 60000;
+    int n = 0;
+    while (t_now_ms() < until) {
+        pthread_mutex_lock(&seen.lock);
+        n = seen.n;
+        int errs = seen.errors;
+        pthread_mutex_unlock(&seen.lock);
+        if (n >= want || errs)
+            break;
+        t_sleep_ms(20);
+    }
+    t_sleep_ms(200); /* a duplicate would show up now */
+    pthread_mutex_lock(&seen.lock);
+    seen.stop = 1;
+    pthread_mutex_unlock(&seen.lock);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    return seen.n;
+}
+
+/* Nothing twice; every chain (json {"chain": name, "seq": k}) in order. */
+static void check_deliveries(int want)
+{
+    CHECK_INT(seen.errors, 0);
+    CHECK_INT(seen.n, want);
+    for (int i = 0; i < seen.n; i++)
+        for (int k = i + 1; k < seen.n; k++)
+            if (!strcmp(seen.id[i], seen.id[k]))
+                t_fail(__FILE__, __LINE__, "%s delivered twice", seen.id[i]);
+    for (int i = 0; i < seen.n; i++) {
+        char chain[32];
+        int seq;
+        if (sscanf(seen.json[i], "{\"seq\": %d, \"chain\": \"%31[^\"]\"}", &seq, chain) != 2)
+            continue;
+        int before = 0;
+        for (int k = 0; k < i; k++) {
+            char c2[32];
+            int s2;
+            if (sscanf(seen.json[k], "{\"seq\": %d, \"chain\": \"%31[^\"]\"}", &s2, c2) == 2 &&
+                !strcmp(c2, chain))
+                before++;
+        }
+        if (before != seq)
+            t_fail(__FILE__, __LINE__, "chain %s: seq %d delivered as number %d", chain, seq,
+                   before);
+    }
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM app_done"), want);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE dead_since IS NULL"), 0);
+}
+
+/* ---- the crate's defaults and the empty channel ------------------------- */
+
+static void test_default_channel_and_listen(void)
+{
+    t_truncate();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    PGconn *l = crate_connect(NULL);
+    t_exec(l, "LISTEN \"mq_\"");
+    t_exec(l, "LISTEN mq");
+
+    spawn_t s = job("plain"); /* JobBuilder::new("plain").spawn(&pool) */
+    char id[37];
+    spawn(c, &s, id);
+    int on_empty = 0, on_all = 0;
+    /* Delivered after the commit, so wait for them (a safety limit only). */
+    for (int64_t until = t_now_ms() + 10000; (!on_empty || !on_all) && t_now_ms() < until;) {
+        struct pollfd pfd = {.fd = PQsocket(l), .events = POLLIN};
+        poll(&pfd, 1, 100);
+        PQconsumeInput(l);
+        PGnotify *n;
+        while ((n = PQnotifies(l))) {
+            on_empty += !strcmp(n->relname, "mq_");
+            on_all += !strcmp(n->relname, "mq");
+            PQfreemem(n);
+        }
+    }
+    CHECK_INT(on_empty, 1);
+    CHECK_INT(on_all, 1);
+
+    /* A runner serving only the channel "" gets it, by column name. */
+    polled_t rows[4];
+    CHECK_INT(crate_poll(c, "{\"\"}", 4, rows, 4), 1);
+    CHECK_STR(rows[0].id, id);
+    CHECK_INT(rows[0].committed, 1);
+    CHECK_STR(rows[0].name, "plain");
+    CHECK(rows[0].lease_us == 1000000); /* the default backoff, as the lease */
+    CHECK(rows[0].wait_us == 0);
+    crate_ids(c, "delete_one", id);
+
+    /* And a C runner's channel filter and producer accept "" too. */
+    pqmq_msg *m = t_msg("", NULL, "from-c", "{}", 0);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    const char *chans[] = {""};
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, chans, 1, 4, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    if (pqmq_batch_count(b))
+        CHECK_STR(pqmq_job_channel(pqmq_batch_job(b, 0)), "");
+    CHECK_OK(q, pqmq_complete_batch(q, b));
+    pqmq_batch_free(b);
+    pqmq_runner *rn = pqmq_runner_new(t_dsn());
+    CHECK_INT(pqmq_runner_set_channels(rn, chans, 1), 0);
+    pqmq_runner_free(rn);
+
+    /* Nothing is waiting now: wait_time is NULL, never negative. */
+    CHECK_INT(crate_poll(c, NULL, 4, rows, 4), 1);
+    CHECK(!rows[0].has_id);
+    CHECK(rows[0].wait_us == -1);
+    PQfinish(l);
+    PQfinish(c);
+}
+
+/* set_retry_backoff(Duration::ZERO): accepted; a failure retries at once,
+ * and a running delivery is still leased (one second), so it is not handed
+ * to another consumer meanwhile. */
+static void test_zero_backoff(void)
+{
+    t_truncate();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    spawn_t s = job("zero");
+    s.backoff_us = 0;
+    s.retries = 3;
+    char id[37];
+    spawn(c, &s, id);
+
+    polled_t rows[4];
+    CHECK_INT(crate_poll(c, NULL, 4, rows, 4), 1);
+    CHECK_STR(rows[0].id, id);
+    CHECK(rows[0].lease_us == 1000000);
+    CHECK_INT(crate_poll(c, NULL, 4, rows, 4), 1);
+    CHECK(!rows[0].has_id); /* held: not delivered twice */
+    CHECK(rows[0].wait_us > 0);
+
+    /* A C consumer's failure report brings it back at once. */
+    uuid_t u;
+    uuid_parse(id, u);
+    t_exec(pg, "SELECT mq_fail('%s', 'boom')", id);
+    CHECK_INT(crate_poll(c, NULL, 4, rows, 4), 1);
+    CHECK_STR(rows[0].id, id);
+    (void)u;
+    /* A job dropped without a word comes back when its lease runs out. */
+    t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() WHERE id = '%s'", id);
+    CHECK_INT(crate_poll(c, NULL, 4, rows, 4), 1);
+    CHECK_STR(rows[0].id, id);
+    crate_ids(c, "delete_one", id);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+
+    /* The C API takes a zero backoff too. */
+    pqmq_msg *m = t_msg("c", NULL, "zero", NULL, 0);
+    CHECK_OK(q, pqmq_msg_set_backoff(m, 0));
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    PQfinish(c);
+}
+
+/* Durations the original accepts are accepted; the crate's doubling
+ * keep-alive never fails however long the job runs; only what would carry
+ * a timestamp out of PostgreSQL's range is refused. */
+static void test_long_durations(void)
+{
+    t_truncate();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    spawn_t s = job("long");
+    s.channel = "long";
+    s.delay_us = 5000LL * 86400000000LL;   /* 5000 days */
+    s.backoff_us = 4000LL * 86400000000LL; /* 4000 days */
+    char id[37];
+    spawn(c, &s, id);
+    s.delay_us = 0;
+    s.commit_us = 9000LL * 86400000000LL;
+    char id2[37];
+    spawn(c, &s, id2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 2);
+
+    /* Too far: refused by name, nothing written. */
+    s.commit_us = -1;
+    s.delay_us = 40000000LL * 86400000000LL;
+    char id3[37], st[6];
+    spawn_state(c, &s, id3, st);
+    CHECK_STR(st, "22023");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 2);
+
+    /* A delivered job kept alive the crate's way: the interval doubles
+     * after every sleep, up to what a Duration can hold. Every call
+     * succeeds and the lease only grows. */
+    t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() WHERE id = '%s'", id);
+    polled_t rows[2];
+    CHECK_INT(crate_poll(c, "{long}", 1, rows, 2), 1);
+    CHECK_STR(rows[0].id, id);
+    long long interval = rows[0].lease_us;
+    CHECK(interval == 4000LL * 86400000000LL);
+    char prev[64] = "";
+    for (int k = 0; k < 16 && interval < (1LL << 62); k++) {
+        interval *= 2;
+        char dur[40];
+        micros(dur, sizeof dur, interval);
+        const char *vals[2] = {id, dur};
+        PGresult *r = crate_exec(c, "keep_alive", 2, vals);
+        if (!ok(r))
+            t_fail(__FILE__, __LINE__, "keep_alive(%s): %s", dur, PQerrorMessage(c));
+        PQclear(r);
+        PGresult *at = t_sql(pg, "SELECT attempt_at::text FROM mq_msgs WHERE id = '%s'", id);
+        if (at && PQntuples(at) == 1) {
+            CHECK(t_sql_int(pg, "SELECT (attempt_at >= '%s'::timestamptz OR '%s' = '')::int "
+                                "FROM mq_msgs WHERE id = '%s'",
+                            prev[0] ? prev : "-infinity", prev, id) == 1);
+            snprintf(prev, sizeof prev, "%s", PQgetvalue(at, 0, 0));
+        }
+        PQclear(at);
+    }
+    /* Cut to the limit, not refused; and a checkpoint the same way. */
+    CHECK_INT(t_sql_int(pg, "SELECT (attempt_at <= now() + interval '36500001 days')::int "
+                            "FROM mq_msgs WHERE id = '%s'", id), 1);
+    char big[40];
+    micros(big, sizeof big, 1LL << 62);
+    const char *cp[5] = {id, big, "{\"step\": 2}", NULL, "1"};
+    PGresult *r = crate_exec(c, "checkpoint", 5, cp);
+    CHECK(ok(r));
+    PQclear(r);
+    PQfinish(c);
+}
+
+/* ---- clear --------------------------------------------------------------- */
+
+static void test_clear(void)
+{
+    t_truncate();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    const char *chans[] = {"foo", "foo", "bar", "bar", "baz", "baz"};
+    char ids[6][37];
+    for (int i = 0; i < 6; i++) {
+        spawn_t s = job("x");
+        s.channel = chans[i];
+        s.ordered = i % 2; /* each channel: one unordered, one chain head */
+        spawn(c, &s, ids[i]);
+    }
+    /* A held message of foo (its lease running) and a dead one of baz. */
+    polled_t rows[8];
+    CHECK_INT(crate_poll(c, "{foo}", 1, rows, 8), 1);
+    char held[37];
+    snprintf(held, sizeof held, "%s", rows[0].id);
+    t_exec(pg, "UPDATE mq_msgs SET attempts = 0, dead_since = now() WHERE id = '%s'", ids[4]);
+
+    crate_ids(c, "clear", "{foo,baz}"); /* sqlxmq::clear(&pool, &["foo", "baz"]) */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'bar'"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains WHERE channel_name <> 'bar'"), 0);
+    /* The holder of a cleared message completes nothing, and no error. */
+    crate_ids(c, "delete_one", held);
+    uuid_t u;
+    uuid_parse(held, u);
+    int n = -1;
+    n = t_sql_int(pg, "SELECT mq_complete(ARRAY['%s'::uuid])", held);
+    CHECK_INT(n, 0);
+    /* A chain of a cleared channel starts again at the head. */
+    spawn_t s = job("again");
+    s.channel = "foo";
+    s.ordered = 1;
+    char again[37];
+    spawn(c, &s, again);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = '%s' "
+                            "AND after_message_id = '" NIL_UUID "'", again), 1);
+    /* mq_clear of NULL or of no channel clears nothing. */
+    crate_ids(c, "clear", "{}");
+    CHECK_INT(t_sql_int(pg, "SELECT mq_clear_count(NULL)"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 3);
+
+    /* Ordered chains go whole; another channel's chain is untouched. */
+    for (int i = 0; i < 3; i++) {
+        s = job("o");
+        s.channel = i < 2 ? "bar" : "keep";
+        s.args = "a";
+        s.ordered = 1;
+        char tmp[37];
+        spawn(c, &s, tmp);
+    }
+    crate_ids(c, "clear", "{bar}");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'bar'"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains WHERE channel_name = 'keep'"), 1);
+
+    /* clear_all: nothing left, not even chain records; the nil UUID stays
+     * what it was (a chain's head marker), so ordered inserts go on. */
+    PGresult *r = crate_exec(c, "clear_all", 0, NULL);
+    CHECK(ok(r));
+    PQclear(r);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 0);
+    char first[37], second[37];
+    s = job("1");
+    s.ordered = 1;
+    spawn(c, &s, first);
+    s.name = "2";
+    spawn(c, &s, second);
+    CHECK_INT(crate_poll(c, NULL, 4, rows, 8), 1);
+    CHECK_STR(rows[0].id, first);
+    crate_ids(c, "delete_one", first);
+    CHECK_INT(crate_poll(c, NULL, 4, rows, 8), 1);
+    CHECK_STR(rows[0].id, second);
+    crate_ids(c, "delete_one", second);
+    PQfinish(c);
+}
+
+/* ---- the whole life cycle, one step at a time --------------------------- */
+
+static void test_life_cycle(void)
+{
+    t_truncate();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    polled_t rows[8];
+
+    /* Two-phase: invisible until committed, then ready. */
+    spawn_t s = job("tp");
+    s.channel = "life";
+    s.commit_us = 3600000000LL;
+    char tp[37];
+    spawn(c, &s, tp);
+    CHECK_INT(crate_poll(c, "{life}", 4, rows, 8), 1);
+    CHECK(!rows[0].has_id);
+    CHECK(rows[0].wait_us > 3000000000LL); /* an hour away */
+    char arr[64];
+    snprintf(arr, sizeof arr, "{%s}", tp);
+    crate_ids(c, "commit", arr);
+    CHECK_INT(crate_poll(c, "{life}", 4, rows, 8), 1);
+    CHECK_STR(rows[0].id, tp);
+    CHECK_INT(rows[0].committed, 1);
+
+    /* Checkpoint: a new payload and an extra retry for the next attempt. */
+    const char *cp[5] = {tp, "1000000 microseconds", "{\"step\": 2}", NULL, "1"};
+    PGresult *r = crate_exec(c, "checkpoint", 5, cp);
+    CHECK(ok(r));
+    PQclear(r);
+    CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs WHERE id = '%s'", tp), 5);
+    /* The handler fails silently: its lease runs out, the retry sees the
+     * checkpoint. */
+    t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() WHERE id = '%s'", tp);
+    CHECK_INT(crate_poll(c, "{life}", 4, rows, 8), 1);
+    CHECK_STR(rows[0].id, tp);
+    CHECK_STR(rows[0].json, "{\"step\": 2}");
+    CHECK(rows[0].lease_us == 2000000); /* the backoff doubled */
+
+    /* Completion inside the handler's transaction: rolled back, the job
+     * stays; committed, the job and the work go together. */
+    PQclear(PQexec(c, "BEGIN"));
+    t_exec(c, "INSERT INTO app_done (id, by) VALUES ('%s', 'rollback')", tp);
+    crate_ids(c, "delete_one", tp);
+    PQclear(PQexec(c, "ROLLBACK"));
+    const char *one = tp;
+    r = crate_exec(c, "exists", 1, &one);
+    CHECK(ok(r) && PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't');
+    PQclear(r);
+    PQclear(PQexec(c, "BEGIN"));
+    t_exec(c, "INSERT INTO app_done (id, by) VALUES ('%s', 'commit')", tp);
+    crate_ids(c, "delete_one", tp);
+    PQclear(PQexec(c, "COMMIT"));
+    r = crate_exec(c, "exists", 1, &one);
+    CHECK(ok(r) && PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 'f');
+    PQclear(r);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM app_done WHERE id = '%s'", tp), 1);
+
+    /* A commit interval that runs out uncommitted: the poll hands it over
+     * as not committed and the crate deletes it. */
+    s = job("lapsed");
+    s.channel = "life";
+    s.commit_us = 0;
+    char lapsed[37];
+    spawn(c, &s, lapsed);
+    CHECK_INT(crate_poll(c, "{life}", 4, rows, 8), 1);
+    CHECK_STR(rows[0].id, lapsed);
+    CHECK_INT(rows[0].committed, 0);
+    snprintf(arr, sizeof arr, "{%s}", lapsed);
+    crate_ids(c, "delete_many", arr);
+
+    /* Delay: not before its time; wait_time says how long. */
+    s = job("later");
+    s.channel = "life";
+    s.delay_us = 30000000;
+    char later[37];
+    spawn(c, &s, later);
+    CHECK_INT(crate_poll(c, "{life}", 4, rows, 8), 1);
+    CHECK(!rows[0].has_id);
+    CHECK(rows[0].wait_us > 20000000 && rows[0].wait_us <= 30000000);
+
+    /* Retries: a job that keeps failing silently ends as a dead letter
+     * instead of lingering. */
+    t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() WHERE id = '%s'", later);
+    for (int i = 0; i < 5; i++) {
+        CHECK_INT(crate_poll(c, "{life}", 4, rows, 8), 1);
+        CHECK_STR(rows[0].id, later);
+        t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() WHERE id = '%s'", later);
+    }
+    CHECK_INT(crate_poll(c, "{life}", 4, rows, 8), 1);
+    CHECK(!rows[0].has_id);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_dead_letters(ARRAY['life'])"), 1);
+    PQfinish(c);
+}
+
+/* ---- both kinds of consumer at once ------------------------------------- */
+
+static void test_shared_channels(void)
+{
+    t_truncate();
+    t_exec(pg, "TRUNCATE app_done");
+    seen_reset();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    const char *channels[] = {"", "alpha", "beta"};
+    const char *chain_args[] = {"", "x", "y"};
+    int want = 0, seq[3][3] = {{0}};
+    /* Producers alternate: the crate's SQL and the C API, on the same
+     * chains, while nothing consumes yet (then all at once). */
+    for (int round = 0; round < 20; round++) {
+        for (int ch = 0; ch < 3; ch++) {
+            for (int a = 0; a < 3; a++) {
+                char json[96], tmp[37];
+                snprintf(json, sizeof json, "{\"seq\": %d, \"chain\": \"%s/%s\"}",
+                         seq[ch][a]++, channels[ch][0] ? channels[ch] : "-", chain_args[a]);
+                if ((round + a) % 2) {
+                    spawn_t s = job("shared");
+                    s.channel = channels[ch];
+                    s.args = chain_args[a];
+                    s.ordered = 1;
+                    s.json = json;
+                    s.backoff_us = 60000000;
+                    spawn(c, &s, tmp);
+                } else {
+                    pqmq_msg *m = t_msg(channels[ch], chain_args[a], "shared", json, 1);
+                    pqmq_msg_set_backoff(m, 60000);
+                    CHECK_OK(q, pqmq_insert(q, &m, 1));
+                    pqmq_msg_free(m);
+                }
+                want++;
+            }
+            spawn_t u = job("unordered");
+            u.channel = channels[ch];
+            u.backoff_us = 60000000;
+            char tmp[37];
+            spawn(c, &u, tmp);
+            want++;
+        }
+    }
+    int got = run_consumers(NULL, want);
+    CHECK_INT(got, want);
+    check_deliveries(want);
+    int by[4] = {0};
+    for (int i = 0; i < seen.n; i++)
+        by[seen.by[i]]++;
+    printf("# deliveries by consumer: crate %d + %d, C %d + %d\n", by[0], by[1], by[2], by[3]);
+    CHECK(by[0] + by[1] > 0);
+    CHECK(by[2] + by[3] > 0);
+    PQfinish(c);
+}
+
+/* ---- a database created by the original schema, adopted in place -------- */
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    if (s)
+        s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static void test_adopt_original_database(void)
+{
+    const char *dir = getenv("PQMQ_MIGRATIONS_DIR");
+    char *path = NULL;
+    if (asprintf(&path, "%s/../tests/fixtures/sqlxmq_original.sql", dir ? dir : "migrations") < 0)
+        abort();
+    char *fixture = read_file(path);
+    if (!fixture) {
+        t_fail(__FILE__, __LINE__, "cannot read %s (set PQMQ_MIGRATIONS_DIR)", path);
+        free(path);
+        return;
+    }
+    free(path);
+    char schema[80];
+    snprintf(schema, sizeof schema, "%s_orig", t_schema());
+    t_exec(pg, "DROP SCHEMA IF EXISTS %s CASCADE", schema);
+    t_exec(pg, "CREATE SCHEMA %s", schema);
+    PGconn *orig = crate_connect(schema);
+    t_exec(orig, "%s", fixture);
+    free(fixture);
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs"), 11);
+
+    pqmq_client *mc = NULL;
+    CHECK_INT(pqmq_wrap(orig, &mc), 0);
+    CHECK_OK(mc, pqmq_migrate(mc));
+    CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", schema),
+              pqmq_schema_version());
+    /* The sentinel row is gone; the last-attempt message is a dead letter;
+     * each chain's tail is recorded. */
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs"), 10);
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_dead_letters(NULL)"), 1);
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_chains"), 3);
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_chains WHERE tail_id = "
+                              "'b0000000-0000-4000-8000-000000000003'"), 1);
+    CHECK_OK(mc, pqmq_migrate(mc)); /* again: nothing to do */
+
+    /* The crate goes on where it was: a new ordered job joins the end of
+     * its chain, and the reserved (uncommitted) head is committed. */
+    PGconn *c = crate_connect(schema);
+    CHECK(crate_prepare(c));
+    spawn_t s = job("b4");
+    s.channel = "jobs";
+    s.args = "acct-1";
+    s.ordered = 1;
+    s.json = "{\"seq\": 3, \"chain\": \"jobs/acct-1\"}";
+    char b4[37];
+    spawn(c, &s, b4);
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs WHERE id = '%s' AND "
+                              "after_message_id = 'b0000000-0000-4000-8000-000000000003'", b4),
+              1);
+    crate_ids(c, "commit", "{d0000000-0000-4000-8000-000000000001}");
+    t_exec(orig, "CREATE TABLE app_done (id uuid PRIMARY KEY, by text NOT NULL)");
+    /* The delayed one is due in two seconds; both kinds of consumer take
+     * everything. */
+    seen_reset();
+    PGconn *saved = pg;
+    pg = orig;
+    int got = run_consumers(schema, 10);
+    CHECK_INT(got, 10);
+    check_deliveries(10);
+    pg = saved;
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_dead_letters(NULL)"), 1);
+    PQfinish(c);
+    pqmq_client_free(mc);
+    PQfinish(orig);
+    t_exec(pg, "DROP SCHEMA %s CASCADE", schema);
+}
+
+int main(void)
+{
+    t_init("sqlxmq");
+    q = t_client();
+    pg = t_pg();
+    t_exec(pg, "CREATE TABLE app_done (id uuid PRIMARY KEY, by text NOT NULL)");
+    T_RUN(test_default_channel_and_listen);
+    T_RUN(test_zero_backoff);
+    T_RUN(test_long_durations);
+    T_RUN(test_clear);
+    T_RUN(test_life_cycle);
+    T_RUN(test_shared_channels);
+    T_RUN(test_adopt_original_database);
+    PQfinish(pg);
+    pqmq_client_free(q);
+    return t_done();
+}
