@@ -24,6 +24,8 @@ bench=./bench/pqmq-bench
 [[ -x $bench ]] || { echo "no $bench (run from the build directory after make)" >&2; exit 1; }
 
 trap 'pgb_stop; pgtmp_stop' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 pgtmp_start "$PWD" >/dev/null || exit 1
 pgb_start "$PGTMP_DSN" || exit 1
 psql "$PGTMP_DSN" -X -Atq -v ON_ERROR_STOP=1 \

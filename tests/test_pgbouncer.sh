@@ -36,6 +36,9 @@ tests=("$@")
                              ./tests/test_pooling)
 
 trap 'pgb_stop' EXIT
+# A timeout's TERM (run-tests.sh) must stop the daemon too: exit through EXIT.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 pgb_start "$PQMQ_TEST_DSN" strict || { echo "FAIL: cannot start pgbouncer"; exit 1; }
 echo "pgbouncer: $PGB_DSN (transaction pooling, DISCARD ALL after each transaction)"
 
