@@ -52,6 +52,8 @@ static void usage(FILE *f, const char *argv0)
     fprintf(f,
             "usage: %s [options]\n"
             "  --dsn CONNINFO        the server (default: libpq's environment)\n"
+            "  --listen-dsn CONNINFO runners LISTEN there (behind PgBouncer in\n"
+            "                        transaction mode: straight to the server)\n"
             "  --messages N          messages per phase (20000)\n"
             "  --producers N         producer threads, one client each (2)\n"
             "  --consumers N         runners / poll-API consumer threads (2)\n"
@@ -275,10 +277,11 @@ int main(int argc, char **argv)
     enum {
         O_DSN = 256, O_MESSAGES, O_PRODUCERS, O_CONSUMERS, O_BATCH, O_CHANNELS, O_CHAINS,
         O_ORDERED, O_PAYLOAD, O_THREADS, O_SAMPLES, O_GAP, O_FLOOR, O_JSON, O_SWEEP,
-        O_SWEEP_OUT, O_BACKLOG, O_PROFILE, O_SPLIT, O_HELP
+        O_SWEEP_OUT, O_BACKLOG, O_PROFILE, O_SPLIT, O_LISTEN, O_HELP
     };
     static const struct option longs[] = {
         {"dsn", required_argument, 0, O_DSN},
+        {"listen-dsn", required_argument, 0, O_LISTEN},
         {"messages", required_argument, 0, O_MESSAGES},
         {"producers", required_argument, 0, O_PRODUCERS},
         {"consumers", required_argument, 0, O_CONSUMERS},
@@ -304,6 +307,7 @@ int main(int argc, char **argv)
     while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (ch) {
         case O_DSN: o.dsn = optarg; break;
+        case O_LISTEN: o.listen_dsn = optarg; break;
         case O_MESSAGES: o.messages = int_arg("messages", optarg, 1, 1000000000); break;
         case O_PRODUCERS: o.producers = int_arg("producers", optarg, 1, 256); break;
         case O_CONSUMERS: o.consumers = int_arg("consumers", optarg, 1, 256); break;

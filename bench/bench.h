@@ -27,6 +27,7 @@
 struct opts {
     const char *dsn;       /* as given; NULL: libpq's environment */
     char *conninfo;        /* dsn plus search_path: every connection uses it */
+    const char *listen_dsn; /* runners LISTEN here (pqmq_runner_set_listen_dsn) */
     int messages, producers, consumers, batch, channels, chains;
     double ordered;        /* fraction of messages on ordered chains */
     int payload_bytes;

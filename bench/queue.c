@@ -145,7 +145,8 @@ static void start_runner(struct runner_thread *t, const struct opts *o, int thre
                          int batch, pqmq_handler fn, void *arg)
 {
     t->r = pqmq_runner_new(o->conninfo);
-    if (!t->r || pqmq_runner_handle(t->r, NULL, fn, arg))
+    if (!t->r || pqmq_runner_handle(t->r, NULL, fn, arg) ||
+        pqmq_runner_set_listen_dsn(t->r, o->listen_dsn))
         die("out of memory");
     if (threads && pqmq_runner_set_concurrency(t->r, threads))
         die("runner threads %d out of range", threads);

@@ -354,6 +354,13 @@ PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *runner, int64_t period_m
  * copied; NULL: no stop channel). E.g. SELECT pg_notify('my_stop', '').
  * Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM. */
 PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *runner, const char *channel);
+/* LISTEN on a connection of its own to conninfo (copied; NULL: on the
+ * control connection, the default). For a pooler in transaction mode
+ * (PgBouncer): the runner's conninfo goes through the pooler, this one
+ * straight to the server, since a pooled connection cannot keep a LISTEN.
+ * It only ever LISTENs. Returns 0, PQMQ_EINVAL (runner NULL) or
+ * PQMQ_ENOMEM. */
+PQMQ_EXPORT int pqmq_runner_set_listen_dsn(pqmq_runner *runner, const char *conninfo);
 
 /*
  * Runs until pqmq_runner_stop (or the stop notification): then stops

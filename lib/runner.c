@@ -30,6 +30,7 @@ struct pqmq_runner {
     int threads, batch;
     int64_t keep_alive_ms;
     char *stop_channel;
+    char *listen_conninfo;   /* NULL: the control connection LISTENs */
     char errmsg[512];
 
     atomic_int stop;
@@ -73,6 +74,7 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
         free(r->channels[i]);
     free(r->channels);
     free(r->stop_channel);
+    free(r->listen_conninfo);
     free(r->conninfo);
     close(r->wake_pipe[0]);
     close(r->wake_pipe[1]);
@@ -158,6 +160,18 @@ PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *r, const char *channel
     return 0;
 }
 
+PQMQ_EXPORT int pqmq_runner_set_listen_dsn(pqmq_runner *r, const char *conninfo)
+{
+    if (!r)
+        return PQMQ_EINVAL;
+    char *copy = NULL;
+    if (conninfo && !(copy = strdup(conninfo)))
+        return PQMQ_ENOMEM;
+    free(r->listen_conninfo);
+    r->listen_conninfo = copy;
+    return 0;
+}
+
 PQMQ_EXPORT const char *pqmq_runner_errmsg(const pqmq_runner *r)
 {
     return r ? r->errmsg : "";
@@ -206,6 +220,7 @@ struct loop {
     pqmq_runner *r;
     pqmq__claims *q;
     pqmq_client *ctl;
+    pqmq_client *lis;  /* LISTENs: ctl, or its own (pqmq_runner_set_listen_dsn) */
     int poll_due;      /* something may be ready now */
     int64_t poll_at;   /* or: when the earliest message becomes ready */
     uint64_t settled;  /* processed + failed when the loop last looked */
@@ -213,15 +228,16 @@ struct loop {
 
 /* Whether the server notifies mq_<channel> for this channel (mq_wake: a
  * name of at most 60 bytes). The server counts bytes in its own encoding,
- * which a client in another encoding cannot: ask it. */
+ * which a client in another encoding cannot: ask it, on the connection
+ * that LISTENs (whose encoding the name is in). */
 static int own_notify_name(struct loop *L, const char *channel, int *fits)
 {
     PGparam *param;
-    int rc = pqmq__begin(L->ctl, &param);
+    int rc = pqmq__begin(L->lis, &param);
     if (!rc && !PQputf(param, "%text", channel))
-        rc = pqmq__seterr(L->ctl, PQMQ_ENOMEM, "LISTEN: %s", PQgeterror());
+        rc = pqmq__seterr(L->lis, PQMQ_ENOMEM, "LISTEN: %s", PQgeterror());
     if (!rc)
-        rc = pqmq__exec_scalar(L->ctl, param, "SELECT pg_catalog.octet_length($1) <= 60",
+        rc = pqmq__exec_scalar(L->lis, param, "SELECT pg_catalog.octet_length($1) <= 60",
                                "LISTEN", "%bool", fits);
     PQparamClear(param);
     /* A name the server measures as short is short here too, in any
@@ -236,7 +252,7 @@ static int own_notify_name(struct loop *L, const char *channel, int *fits)
 static int listen_all(struct loop *L)
 {
     pqmq_runner *r = L->r;
-    PGconn *conn = pqmq_conn(L->ctl);
+    PGconn *conn = pqmq_conn(L->lis);
     int generic = r->nchannels == 0;
     size_t n = r->nchannels + 2;
     for (size_t i = 0; i < n; i++) {
@@ -264,11 +280,11 @@ static int listen_all(struct loop *L)
         char *ident = PQescapeIdentifier(conn, ch, strlen(ch));
         if (!ident)
             return PQMQ_ECONN;
-        char sql[200];
+        char sql[16 + 2 * sizeof name];
         snprintf(sql, sizeof sql, "LISTEN %s", ident);
         PQfreemem(ident);
         int rc;
-        PQclear(pqmq__exec_text(L->ctl, sql, "LISTEN", &rc));
+        PQclear(pqmq__exec_text(L->lis, sql, "LISTEN", &rc));
         if (rc)
             return rc;
     }
@@ -281,7 +297,8 @@ static int listen_all(struct loop *L)
 static void reconnect(struct loop *L)
 {
     for (int64_t delay = 50; !atomic_load(&L->r->stop); delay = delay < 2000 ? delay * 2 : delay) {
-        if (pqmq__reset_conn(L->ctl) == 0 && listen_all(L) == 0) {
+        if (pqmq__reset_conn(L->ctl) == 0 &&
+            (L->lis == L->ctl || pqmq__reset_conn(L->lis) == 0) && listen_all(L) == 0) {
             atomic_fetch_add(&L->r->counters.reconnects, 1);
             L->poll_due = 1;
             return;
@@ -405,7 +422,7 @@ static int handle_notifications(struct loop *L)
 {
     PGnotify *n;
     int count = 0;
-    while ((n = PQnotifies(pqmq_conn(L->ctl))) != NULL) {
+    while ((n = PQnotifies(pqmq_conn(L->lis))) != NULL) {
         if (L->r->stop_channel && !strcmp(n->relname, L->r->stop_channel))
             atomic_store(&L->r->stop, 1);
         else
@@ -420,7 +437,7 @@ static int handle_notifications(struct loop *L)
 /* Reads what the socket holds, then handles the notifications in it. */
 static void take_notifications(struct loop *L)
 {
-    if (!PQconsumeInput(pqmq_conn(L->ctl))) {
+    if (!PQconsumeInput(pqmq_conn(L->lis))) {
         reconnect(L);
         return;
     }
@@ -434,7 +451,7 @@ static void wait_events(struct loop *L, int64_t deadline)
      * in libpq's buffer, not in the socket: poll(2) would sleep on it. */
     if (handle_notifications(L))
         return;
-    struct pollfd fds[2] = {{PQsocket(pqmq_conn(L->ctl)), POLLIN, 0},
+    struct pollfd fds[2] = {{PQsocket(pqmq_conn(L->lis)), POLLIN, 0},
                             {L->r->wake_pipe[0], POLLIN, 0}};
     int64_t left = deadline == FOREVER ? -1 : deadline - pqmq__now_ms();
     if (deadline != FOREVER && left < 0)
@@ -453,7 +470,8 @@ static void wait_events(struct loop *L, int64_t deadline)
     }
     if (fds[0].revents)
         take_notifications(L);
-    else if (PQstatus(pqmq_conn(L->ctl)) != CONNECTION_OK)
+    else if (PQstatus(pqmq_conn(L->ctl)) != CONNECTION_OK ||
+             PQstatus(pqmq_conn(L->lis)) != CONNECTION_OK)
         reconnect(L);
 }
 
@@ -503,6 +521,13 @@ static void loop_run(struct loop *L)
     flush_done(L);
 }
 
+static void loop_close(struct loop *L)
+{
+    if (L->lis != L->ctl)
+        pqmq_client_free(L->lis);
+    pqmq_client_free(L->ctl);
+}
+
 PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
 {
     if (!r)
@@ -512,14 +537,19 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: no handler registered");
         return PQMQ_EINVAL;
     }
-    struct loop L = {r, NULL, NULL, 1, 0, 0};
+    struct loop L = {.r = r, .poll_due = 1};
     int rc = pqmq_connect(r->conninfo, &L.ctl);
+    L.lis = L.ctl;
+    if (!rc && r->listen_conninfo)
+        rc = pqmq_connect(r->listen_conninfo, &L.lis);
     if (!rc)
         rc = listen_all(&L);
     if (rc) {
-        snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: %s",
-                 L.ctl ? pqmq_errmsg(L.ctl) : pqmq_strerror(rc));
-        pqmq_client_free(L.ctl);
+        pqmq_client *bad = L.lis != L.ctl ? L.lis : L.ctl; /* NULL: no memory */
+        snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: %s%s",
+                 bad == L.ctl ? "" : "listen connection: ",
+                 bad ? pqmq_errmsg(bad) : pqmq_strerror(rc));
+        loop_close(&L);
         return rc;
     }
     int capacity = r->batch > r->threads ? r->batch : r->threads;
@@ -531,13 +561,13 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
     if (rc) {
         snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: %s", why);
         pqmq__claims_free(L.q);
-        pqmq_client_free(L.ctl);
+        loop_close(&L);
         return rc;
     }
     loop_run(&L);
     pqmq__workers_join(workers);
     flush_done(&L); /* results of the last handlers */
-    pqmq_client_free(L.ctl);
+    loop_close(&L);
     pqmq__claims_free(L.q);
     return 0;
 }

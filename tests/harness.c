@@ -13,6 +13,10 @@ int t_failed_checks;
 static int t_failed_funcs, t_ran_funcs, t_fn_failed;
 static char t_schema_name[64];
 static const char *t_dsn_value;
+/* Pooled mode (PQMQ_TEST_POOLED=1, tests/test_pgbouncer.sh): the DSN as
+ * given; t_dsn_value then adds user=<a role of this test>. */
+static const char *t_dsn_given;
+static char *t_dsn_pooled;
 
 void t_fail(const char *file, int line, const char *fmt, ...)
 {
@@ -59,6 +63,21 @@ static PGconn *t_connect_raw(const char *schema)
 }
 
 PGconn *t_pg(void) { return t_connect_raw(t_schema_name); }
+
+int t_pooled(void) { return t_dsn_pooled != NULL; }
+
+PGconn *t_listener(void)
+{
+    const char *direct = getenv("PQMQ_TEST_LISTEN_DSN");
+    if (!t_pooled() || !direct || !*direct)
+        return t_pg();
+    PGconn *c = PQconnectdb(direct);
+    if (PQstatus(c) != CONNECTION_OK) {
+        fprintf(stderr, "cannot connect to %s: %s", direct, PQerrorMessage(c));
+        exit(1);
+    }
+    return c;
+}
 
 pqmq_client *t_client(void)
 {
@@ -135,9 +154,24 @@ void t_init(const char *test_name)
     }
     snprintf(t_schema_name, sizeof t_schema_name, "t_%.30s_%ld", test_name,
              (long)getpid());
+    t_dsn_given = t_dsn_value;
     PGconn *c = t_connect_raw(NULL);
     t_exec(c, "DROP SCHEMA IF EXISTS %s CASCADE", t_schema_name);
     t_exec(c, "CREATE SCHEMA %s", t_schema_name);
+    const char *pooled = getenv("PQMQ_TEST_POOLED");
+    if (pooled && !strcmp(pooled, "1")) {
+        /* Behind a pooler in transaction mode nothing set per session
+         * lasts (the options above are ignored): the schema comes from a
+         * role of this test whose default search_path it is, the one way
+         * a pooled deployment gets it too. */
+        t_exec(c, "DROP ROLE IF EXISTS %s", t_schema_name);
+        t_exec(c, "CREATE ROLE %s LOGIN SUPERUSER", t_schema_name);
+        t_exec(c, "ALTER ROLE %s SET search_path = %s", t_schema_name, t_schema_name);
+        t_exec(c, "ALTER ROLE %s SET client_min_messages = warning", t_schema_name);
+        if (asprintf(&t_dsn_pooled, "%s user=%s", t_dsn_given, t_schema_name) < 0)
+            abort();
+        t_dsn_value = t_dsn_pooled;
+    }
     PQfinish(c);
     pqmq_client *q = t_client();
     if (pqmq_migrate(q) != 0) {
@@ -149,9 +183,15 @@ void t_init(const char *test_name)
 
 int t_done(void)
 {
+    t_dsn_value = t_dsn_given; /* a role cannot drop itself */
     PGconn *c = t_connect_raw(NULL);
     PQclear(PQexec(c, "SET client_min_messages = warning"));
     t_exec(c, "DROP SCHEMA IF EXISTS %s CASCADE", t_schema_name);
+    if (t_dsn_pooled) {
+        t_exec(c, "DROP ROLE IF EXISTS %s", t_schema_name);
+        free(t_dsn_pooled);
+        t_dsn_pooled = NULL;
+    }
     PQfinish(c);
     printf("%d passed, %d failed\n", t_ran_funcs - t_failed_funcs, t_failed_funcs);
     return t_failed_funcs ? 1 : 0;

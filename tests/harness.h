@@ -67,6 +67,12 @@ const char *t_schema(void);
 pqmq_client *t_client(void);
 /* A new raw libpq connection on the test schema. Caller owns; PQfinish. */
 PGconn *t_pg(void);
+/* A connection for LISTEN: straight to the server ($PQMQ_TEST_LISTEN_DSN)
+ * when the tests run behind a pooler, else t_pg(). Caller owns; PQfinish. */
+PGconn *t_listener(void);
+/* 1 when the tests run behind a pooler in transaction mode
+ * (PQMQ_TEST_POOLED=1, tests/test_pgbouncer.sh). */
+int t_pooled(void);
 
 /* Runs SQL (printf-formatted; only for trusted test text) and fails the
  * check on error. Returns the result (caller PQclear's) or NULL. */

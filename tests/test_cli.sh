@@ -86,7 +86,7 @@ psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema; CREATE SCHEMA $old; CR
 "$pqmq_bin" --help >"$work/out" || fail "pqmq --help failed"
 has out "usage: pqmq" "migrate" "metrics"
 "$pqmq_bin" --version >"$work/out" || fail "pqmq --version failed"
-has out "schema version 7"
+has out "schema version 8"
 run 2 nosuchcommand
 has err "unknown command"
 for c in migrate status peek dead retry skip purge send watch metrics; do
@@ -122,7 +122,7 @@ grep -q pending "$work/out" && fail "migrate --sql then psql left pending migrat
 [[ -s $work/out ]] && fail "migrate --sql of an up-to-date schema printed SQL"
 has err "up to date"
 run 0 migrate
-has out "is at version 7"
+has out "is at version 8"
 run 0 migrate
 run 0 migrate --status
 has out "applied"
@@ -131,7 +131,7 @@ run 2 migrate --status --sql
 # A queue at version 6 is refused with a clear message.
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" migrate >/dev/null 2>&1
 PGOPTIONS="-c search_path=$old" psql -X -q -d "$PQMQ_TEST_DSN" \
-    -c "DELETE FROM mq_schema_migrations WHERE version = 7" >/dev/null
+    -c "DELETE FROM mq_schema_migrations WHERE version >= 7" >/dev/null
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" status >/dev/null 2>"$work/err"
 [[ $? == 1 ]] || fail "status on a version 6 queue: not exit 1"
 has err "is at version 6, this command needs 7: run 'pqmq migrate'"

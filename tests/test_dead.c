@@ -52,7 +52,7 @@ static int got_dead_notice(PGconn *l, int ms)
 static void test_failed_final_attempt_is_a_dead_letter(void)
 {
     t_truncate();
-    PGconn *l = t_pg();
+    PGconn *l = t_listener();
     t_exec(l, "LISTEN mq_dead");
     pqmq_msg *m[] = {one("d", NULL, "{\"x\": 1}", 0, 0, 60000)};
     insert(m, 1);
@@ -86,7 +86,7 @@ static void test_failed_final_attempt_is_a_dead_letter(void)
 static void test_expired_final_lease_is_announced(void)
 {
     t_truncate();
-    PGconn *l = t_pg();
+    PGconn *l = t_listener();
     t_exec(l, "LISTEN mq_dead");
     pqmq_msg *m[] = {one("d", NULL, "{}", 0, 1, 100)};
     insert(m, 1);

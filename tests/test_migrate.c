@@ -109,6 +109,10 @@ static char *fingerprint(const char *schema)
         "  SELECT 'fn ' || pg_get_functiondef(p.oid) "
         "  FROM pg_proc p WHERE p.pronamespace = ns.oid AND p.prokind IN ('f', 'p', 'w') "
         "  UNION ALL "
+        "  SELECT 'acl ' || p.oid::regprocedure::text || ' ' "
+        "         || COALESCE(p.proacl::text, '(default)') "
+        "  FROM pg_proc p WHERE p.pronamespace = ns.oid "
+        "  UNION ALL "
         "  SELECT 'agg ' || p.oid::regprocedure::text "
         "  FROM pg_proc p WHERE p.pronamespace = ns.oid AND p.prokind = 'a' "
         "  UNION ALL "
@@ -500,6 +504,17 @@ static void test_schema_files_match_the_migrations(void)
         }
     }
     CHECK(strstr(g.gl_pathv[0], "/tables.sql") != NULL);
+    /* Privileges last: roles.sql alters every function the others define. */
+    for (size_t i = 0; i + 1 < g.gl_pathc; i++) {
+        const char *base = strrchr(g.gl_pathv[i], '/');
+        if (base && !strcmp(base, "/roles.sql")) {
+            char *t = g.gl_pathv[i];
+            memmove(g.gl_pathv + i, g.gl_pathv + i + 1, (g.gl_pathc - 1 - i) * sizeof *g.gl_pathv);
+            g.gl_pathv[g.gl_pathc - 1] = t;
+            break;
+        }
+    }
+    CHECK(strstr(g.gl_pathv[g.gl_pathc - 1], "/roles.sql") != NULL);
 
     char schema[96];
     fresh_schema(schema, sizeof schema, "mirror");
@@ -521,6 +536,8 @@ static void test_schema_files_match_the_migrations(void)
 
 /* ---- pinned search_path ------------------------------------------------ */
 
+/* The queue's schema, then pg_temp: written last, a caller's temporary
+ * table cannot stand in for a queue table (migration 0004). */
 static void test_every_function_pins_search_path(void)
 {
     long long n = t_sql_int(cat, "SELECT count(*) FROM pg_proc p "

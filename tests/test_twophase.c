@@ -236,6 +236,12 @@ static int collect(PGconn *l, PGconn *sender, const char *chan, int *on_chan, in
 
 static void test_commit_wakes_listeners(void)
 {
+    if (t_pooled()) {
+        /* collect() tells this test's notifications by the sender's backend
+         * pid, which a pooler hides (test_runner covers wake-ups there). */
+        printf("    skipped behind a pooler\n");
+        return;
+    }
     t_truncate();
     const char *chans[] = {"mq", "mq_tp wake"};
     PGconn *l = listener(chans, 2);

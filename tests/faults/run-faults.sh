@@ -715,10 +715,10 @@ scenario_refused() {
     psql -X -q -v ON_ERROR_STOP=1 -d "$base_dsn" \
         -c "DROP ROLE IF EXISTS $role" \
         -c "CREATE ROLE $role LOGIN CONNECTION LIMIT 5" \
-        -c "GRANT USAGE ON SCHEMA f_refused TO $role" \
-        -c "GRANT ALL ON ALL TABLES IN SCHEMA f_refused TO $role" \
+        -c "GRANT ALL ON f_refused.fault_effects TO $role" \
         -c "GRANT ALL ON ALL SEQUENCES IN SCHEMA f_refused TO $role" \
-        -c "GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA f_refused TO $role" \
+        -c "SET search_path = f_refused" \
+        -c "SELECT mq_grant('consume', '$role')" \
         >/dev/null 2>>"$logdir/psql.err" || { note "cannot create role $role"; return; }
     local limited="user=$role application_name=fault_runner"
     # ctl + 4 workers = the role's 5 connections.

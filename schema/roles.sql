@@ -1,0 +1,239 @@
+-- schema/roles.sql: the duties (produce, consume, administer), granting them,
+-- and every function's security: pg_catalog, the queue's schema and pg_temp
+-- pinned, no EXECUTE for PUBLIC, the duty functions SECURITY DEFINER. Applied
+-- after every other file (mq_secure() alters the functions they define).
+-- Today's definitions; migrations/0008_roles.sql carries the same text.
+
+-- The queue's schema: where mq_msgs is. (Not current_schema(), which is
+-- pg_catalog inside the functions, whose path starts with it.)
+CREATE OR REPLACE FUNCTION mq_queue_schema()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT n.nspname::text
+    FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+    WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')
+$$;
+
+-- Which function belongs to which duty. Later migrations that add a
+-- function to a duty replace this and call mq_regrant().
+CREATE OR REPLACE FUNCTION mq_duties()
+RETURNS TABLE(duty text, function_name text)
+LANGUAGE sql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$
+    VALUES ('produce', 'mq_insert'), ('produce', 'mq_commit'),
+           ('consume', 'mq_claim'), ('consume', 'mq_complete_claim'),
+           ('consume', 'mq_poll'), ('consume', 'mq_poll_jobs'),
+           ('consume', 'mq_complete'), ('consume', 'mq_complete_poll'),
+           ('consume', 'mq_delete'), ('consume', 'mq_fail'),
+           ('consume', 'mq_keep_alive'), ('consume', 'mq_keep_alive_count'),
+           ('consume', 'mq_checkpoint'), ('consume', 'mq_checkpoint_found'),
+           ('consume', 'mq_release'),
+           ('administer', 'mq_dead_jobs'), ('administer', 'mq_dead_letters'),
+           ('administer', 'mq_retry'),
+           ('administer', 'mq_skip'), ('administer', 'mq_delete'),
+           ('administer', 'mq_clear'), ('administer', 'mq_clear_all'),
+           ('administer', 'mq_clear_count'),
+           ('administer', 'mq_stats'), ('administer', 'mq_reap_dead'),
+           ('administer', 'mq_metrics'), ('administer', 'mq_peek'),
+           ('administer', 'mq_purge')
+$$;
+
+-- Lets grantee do duty ('produce', 'consume' or 'administer') on this
+-- queue: USAGE on the schema and EXECUTE on the duty's functions, nothing
+-- on the tables. Refuses a role that can create objects in the queue's
+-- schema (see the top of this file). Returns how many functions it granted.
+CREATE OR REPLACE FUNCTION mq_grant(duty text, grantee regrole)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    q  text := mq_queue_schema();
+    fn regprocedure;
+    n  int := 0;
+BEGIN
+    IF grantee IS NULL OR NOT EXISTS (
+            SELECT 1 FROM mq_duties() d WHERE d.duty OPERATOR(pg_catalog.=) mq_grant.duty) THEN
+        RAISE EXCEPTION 'mq_grant: duty % is not one of produce, consume, administer (or role is NULL)',
+            pg_catalog.quote_nullable(duty)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_catalog.has_schema_privilege(grantee, q, 'CREATE') THEN
+        RAISE EXCEPTION 'mq_grant: role % can create objects in schema %', grantee, q
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'An object it creates there would run with the queue owner''s rights.',
+                  HINT = pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC (and from %s).',
+                                           q, grantee);
+    END IF;
+    EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA %I TO %s', q, grantee);
+    FOR fn IN
+        SELECT p.oid::regprocedure
+        FROM pg_catalog.pg_proc p
+        JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
+          AND d.duty OPERATOR(pg_catalog.=) mq_grant.duty
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, grantee);
+        n := n OPERATOR(pg_catalog.+) 1;
+    END LOOP;
+    RETURN n;
+END;
+$$;
+
+-- Takes duty away from grantee (its USAGE on the schema stays: other
+-- duties may need it). Returns how many functions it revoked.
+CREATE OR REPLACE FUNCTION mq_revoke(duty text, grantee regrole)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    fn regprocedure;
+    n  int := 0;
+BEGIN
+    FOR fn IN
+        SELECT p.oid::regprocedure
+        FROM pg_catalog.pg_proc p
+        JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
+          AND d.duty OPERATOR(pg_catalog.=) mq_revoke.duty
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn, grantee);
+        n := n OPERATOR(pg_catalog.+) 1;
+    END LOOP;
+    RETURN n;
+END;
+$$;
+
+-- Grants each duty's functions again to every role that holds the duty
+-- (a direct EXECUTE on one of its functions: mq_insert, mq_claim,
+-- mq_stats). For migrations that add functions to a duty.
+CREATE OR REPLACE FUNCTION mq_regrant()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    h record;
+BEGIN
+    FOR h IN
+        SELECT DISTINCT a.duty, acl.grantee::regrole AS grantee
+        FROM (VALUES ('produce', 'mq_insert'), ('consume', 'mq_claim'),
+                     ('administer', 'mq_stats')) AS a(duty, anchor)
+        JOIN pg_catalog.pg_proc p
+          ON p.proname::text OPERATOR(pg_catalog.=) a.anchor
+         AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
+        CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) acl
+        WHERE acl.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+          AND acl.grantee OPERATOR(pg_catalog.<>) p.proowner
+          AND acl.grantee OPERATOR(pg_catalog.<>) 0::oid
+    LOOP
+        PERFORM mq_grant(h.duty, h.grantee);
+    END LOOP;
+END;
+$$;
+
+-- Creates NOLOGIN group roles PREFIX_producer, PREFIX_consumer and
+-- PREFIX_admin (those that do not exist yet; needs CREATEROLE) and grants
+-- them their duties. Roles are cluster-wide, a queue is one schema of one
+-- database: the default prefix names both. Give login roles membership:
+-- GRANT PREFIX_consumer TO worker_app. Returns the three names.
+CREATE OR REPLACE FUNCTION mq_create_roles(prefix text DEFAULT NULL)
+RETURNS TABLE(duty text, role_name text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    p text := COALESCE(prefix, pg_catalog.current_database()::text OPERATOR(pg_catalog.||) '_'
+                               OPERATOR(pg_catalog.||) mq_queue_schema()::text);
+    r record;
+BEGIN
+    IF p OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(p) OPERATOR(pg_catalog.>) 54 THEN
+        RAISE EXCEPTION 'mq_create_roles: prefix % must be 1..54 bytes (role names: 63)',
+            pg_catalog.quote_literal(p)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR r IN SELECT * FROM (VALUES ('produce', '_producer'), ('consume', '_consumer'),
+                                   ('administer', '_admin')) AS v(duty, suffix)
+    LOOP
+        duty := r.duty;
+        role_name := p OPERATOR(pg_catalog.||) r.suffix;
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles o
+                       WHERE o.rolname OPERATOR(pg_catalog.=) role_name) THEN
+            EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', role_name);
+        END IF;
+        PERFORM mq_grant(r.duty, role_name::regrole);
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- Every function of the queue (every function of its schema named mq_*):
+-- a pinned path (pg_catalog, the queue's schema, pg_temp), no EXECUTE for
+-- PUBLIC,
+-- and the duty functions run as the owner. CREATE OR REPLACE FUNCTION
+-- resets the first and the last (not the grants), so a migration that
+-- replaces or adds functions ends with SELECT mq_secure().
+CREATE OR REPLACE FUNCTION mq_secure()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    q text := mq_queue_schema();
+    f record;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure AS sig,
+               EXISTS (SELECT 1 FROM mq_duties() d
+                       WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text) AS definer
+        FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
+          AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
+          AND p.prokind OPERATOR(pg_catalog.=) 'f'
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = pg_catalog, %I, pg_temp',
+                                  f.sig,
+                                  CASE WHEN f.definer THEN 'SECURITY DEFINER'
+                                       ELSE 'SECURITY INVOKER' END,
+                                  q);
+        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig);
+    END LOOP;
+END;
+$$;
+
+SELECT mq_secure();
+
+DO $$
+DECLARE
+    q   text := mq_queue_schema();
+    g   record;
+BEGIN
+    -- Roles that used the queue through table rights keep working.
+    FOR g IN
+        SELECT DISTINCT acl.grantee
+        FROM pg_catalog.pg_class c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) acl
+        WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
+          AND c.relname OPERATOR(pg_catalog.=) 'mq_msgs'
+          AND acl.grantee OPERATOR(pg_catalog.<>) c.relowner
+    LOOP
+        IF g.grantee OPERATOR(pg_catalog.=) 0::oid
+           OR pg_catalog.has_schema_privilege(g.grantee, q, 'CREATE') THEN
+            RAISE WARNING 'pqmq: % has rights on %.mq_msgs but gets no duty: %',
+                CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0::oid THEN 'PUBLIC'
+                     ELSE g.grantee::regrole::text END,
+                q,
+                CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0::oid THEN 'grant duties to roles, not to PUBLIC'
+                     ELSE 'it can create objects in the schema' END;
+            CONTINUE;
+        END IF;
+        PERFORM mq_grant(d.duty, g.grantee::regrole)
+        FROM (VALUES ('produce'), ('consume'), ('administer')) AS d(duty);
+    END LOOP;
+END
+$$;
