@@ -66,8 +66,8 @@ static void reset(PGconn *admin)
 
 /* Cost per message (µs) of poll+complete over `measure` messages drawn from
  * a backlog of `backlog` messages on `channels` channels. */
-static double cost_us(pqmq_client *c, PGconn *admin, int backlog, int channels,
-                      int measure, int batch)
+static double cost_us(pqmq_client *c, PGconn *admin, int backlog, int channels, int measure,
+                      int batch)
 {
     reset(admin);
     fill(c, backlog, 1000, channels, "k");
@@ -89,7 +89,8 @@ void run_backlog(const struct opts *o, PGconn *admin)
         large[r] = cost_us(c, admin, 300000, 20000, MEASURE, o->batch);
         if (!o->json)
             printf("  round %d: %.1f us/message (5,000 on 50 channels), "
-                   "%.1f us/message (300,000 on 20,000 channels)\n", r + 1, small[r], large[r]);
+                   "%.1f us/message (300,000 on 20,000 channels)\n",
+                   r + 1, small[r], large[r]);
     }
     double s = small[0], l = large[0];
     for (int r = 1; r < ROUNDS; r++) {
@@ -99,9 +100,10 @@ void run_backlog(const struct opts *o, PGconn *admin)
     reset(admin);
     pqmq_client_free(c);
     if (o->json)
-        printf("{\"small_us_per_msg\": %.2f, \"large_us_per_msg\": %.2f, \"ratio\": %.2f}\n",
-               s, l, l / s);
+        printf("{\"small_us_per_msg\": %.2f, \"large_us_per_msg\": %.2f, \"ratio\": %.2f}\n", s,
+               l, l / s);
     else
         printf("poll+complete cost, best of %d (batch %d): %.1f us vs %.1f us per message: "
-               "ratio %.2f (target < 2)\n", ROUNDS, o->batch, s, l, l / s);
+               "ratio %.2f (target < 2)\n",
+               ROUNDS, o->batch, s, l, l / s);
 }

@@ -107,8 +107,8 @@ static void expect_empty(PGconn *admin, const char *after)
 
 /* Steps 1-4 of the header comment for one shape; the floor too if asked
  * (floor_out non-NULL: insert, drain, drain by ctid). */
-static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s,
-                      int threads, const char *tag, struct rates *out, double *floor_out)
+static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s, int threads,
+                      const char *tag, struct rates *out, double *floor_out)
 {
     char label[96];
     queue_reset(admin);
@@ -275,33 +275,50 @@ int main(int argc, char **argv)
         .sweep_out = "bench-sweep",
     };
     enum {
-        O_DSN = 256, O_MESSAGES, O_PRODUCERS, O_CONSUMERS, O_BATCH, O_CHANNELS, O_CHAINS,
-        O_ORDERED, O_PAYLOAD, O_THREADS, O_SAMPLES, O_GAP, O_FLOOR, O_JSON, O_SWEEP,
-        O_SWEEP_OUT, O_BACKLOG, O_PROFILE, O_SPLIT, O_LISTEN, O_HELP
+        O_DSN = 256,
+        O_MESSAGES,
+        O_PRODUCERS,
+        O_CONSUMERS,
+        O_BATCH,
+        O_CHANNELS,
+        O_CHAINS,
+        O_ORDERED,
+        O_PAYLOAD,
+        O_THREADS,
+        O_SAMPLES,
+        O_GAP,
+        O_FLOOR,
+        O_JSON,
+        O_SWEEP,
+        O_SWEEP_OUT,
+        O_BACKLOG,
+        O_PROFILE,
+        O_SPLIT,
+        O_LISTEN,
+        O_HELP
     };
-    static const struct option longs[] = {
-        {"dsn", required_argument, 0, O_DSN},
-        {"listen-dsn", required_argument, 0, O_LISTEN},
-        {"messages", required_argument, 0, O_MESSAGES},
-        {"producers", required_argument, 0, O_PRODUCERS},
-        {"consumers", required_argument, 0, O_CONSUMERS},
-        {"batch", required_argument, 0, O_BATCH},
-        {"channels", required_argument, 0, O_CHANNELS},
-        {"chains", required_argument, 0, O_CHAINS},
-        {"ordered", required_argument, 0, O_ORDERED},
-        {"payload-bytes", required_argument, 0, O_PAYLOAD},
-        {"runner-threads", required_argument, 0, O_THREADS},
-        {"latency-samples", required_argument, 0, O_SAMPLES},
-        {"latency-gap-ms", required_argument, 0, O_GAP},
-        {"floor", no_argument, 0, O_FLOOR},
-        {"json", no_argument, 0, O_JSON},
-        {"sweep", required_argument, 0, O_SWEEP},
-        {"sweep-out", required_argument, 0, O_SWEEP_OUT},
-        {"backlog", no_argument, 0, O_BACKLOG},
-        {"profile", no_argument, 0, O_PROFILE},
-        {"split-complete", no_argument, 0, O_SPLIT},
-        {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"dsn", required_argument, 0, O_DSN},
+                                          {"listen-dsn", required_argument, 0, O_LISTEN},
+                                          {"messages", required_argument, 0, O_MESSAGES},
+                                          {"producers", required_argument, 0, O_PRODUCERS},
+                                          {"consumers", required_argument, 0, O_CONSUMERS},
+                                          {"batch", required_argument, 0, O_BATCH},
+                                          {"channels", required_argument, 0, O_CHANNELS},
+                                          {"chains", required_argument, 0, O_CHAINS},
+                                          {"ordered", required_argument, 0, O_ORDERED},
+                                          {"payload-bytes", required_argument, 0, O_PAYLOAD},
+                                          {"runner-threads", required_argument, 0, O_THREADS},
+                                          {"latency-samples", required_argument, 0, O_SAMPLES},
+                                          {"latency-gap-ms", required_argument, 0, O_GAP},
+                                          {"floor", no_argument, 0, O_FLOOR},
+                                          {"json", no_argument, 0, O_JSON},
+                                          {"sweep", required_argument, 0, O_SWEEP},
+                                          {"sweep-out", required_argument, 0, O_SWEEP_OUT},
+                                          {"backlog", no_argument, 0, O_BACKLOG},
+                                          {"profile", no_argument, 0, O_PROFILE},
+                                          {"split-complete", no_argument, 0, O_SPLIT},
+                                          {"help", no_argument, 0, O_HELP},
+                                          {0, 0, 0, 0}};
     int ch;
     char *end;
     while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
@@ -323,7 +340,9 @@ int main(int argc, char **argv)
             break;
         case O_PAYLOAD: o.payload_bytes = int_arg("payload-bytes", optarg, 0, 1 << 24); break;
         case O_THREADS: o.runner_threads = int_arg("runner-threads", optarg, 1, 256); break;
-        case O_SAMPLES: o.latency_samples = int_arg("latency-samples", optarg, 1, 100000); break;
+        case O_SAMPLES:
+            o.latency_samples = int_arg("latency-samples", optarg, 1, 100000);
+            break;
         case O_GAP: o.latency_gap_ms = int_arg("latency-gap-ms", optarg, 0, 10000); break;
         case O_FLOOR: o.floor = 1; break;
         case O_JSON: o.json = 1; break;

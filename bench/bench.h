@@ -21,17 +21,17 @@
 #include <pqmq.h>
 
 #define BENCH_SCHEMA "pqmq_bench"
-#define BENCH_CHANNEL "bench"    /* every message's channel; args tell chains apart */
-#define BENCH_LATENCY_WARMUP 5   /* latency messages sent before measuring */
+#define BENCH_CHANNEL "bench"  /* every message's channel; args tell chains apart */
+#define BENCH_LATENCY_WARMUP 5 /* latency messages sent before measuring */
 
 struct opts {
-    const char *dsn;       /* as given; NULL: libpq's environment */
-    char *conninfo;        /* dsn plus search_path: every connection uses it */
+    const char *dsn;        /* as given; NULL: libpq's environment */
+    char *conninfo;         /* dsn plus search_path: every connection uses it */
     const char *listen_dsn; /* runners LISTEN here (pqmq_runner_set_listen_dsn) */
     int messages, producers, consumers, batch, channels, chains;
-    double ordered;        /* fraction of messages on ordered chains */
+    double ordered; /* fraction of messages on ordered chains */
     int payload_bytes;
-    int runner_threads;    /* worker threads per runner; 0: derived */
+    int runner_threads; /* worker threads per runner; 0: derived */
     int latency_samples;
     int latency_gap_ms;
     int json, floor, backlog, profile;
@@ -48,8 +48,8 @@ struct shape {
 };
 
 struct latency {
-    int n;                 /* samples; 0: not measured */
-    double p50, p99, max;  /* milliseconds */
+    int n;                /* samples; 0: not measured */
+    double p50, p99, max; /* milliseconds */
 };
 
 /* One scenario's rates in messages/s (0: not measured). */
@@ -59,15 +59,15 @@ struct rates {
 
 struct results {
     int runner_threads;
-    struct rates main, ordered;  /* ordered: every message on --chains chains */
+    struct rates main, ordered; /* ordered: every message on --chains chains */
     double floor_insert, floor_drain, floor_drain_ctid;
     struct latency idle, idle_ordered;
     long maxrss_kb;
 };
 
 /* ---- util.c ---- */
-double now_s(void);                       /* monotonic seconds */
-int64_t realtime_us(void);                /* CLOCK_REALTIME microseconds */
+double now_s(void);        /* monotonic seconds */
+int64_t realtime_us(void); /* CLOCK_REALTIME microseconds */
 void sleep_s(double s);
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* fn runs first when die is called (the progress bar clears its line). */
@@ -141,7 +141,7 @@ struct sweep_row {
     struct rates rates;
     double floor_insert, floor_drain, floor_drain_ctid;
 };
-void report_sweep(const struct opts *o, const char *param, const struct sweep_row *rows,
-                  int n, long maxrss);
+void report_sweep(const struct opts *o, const char *param, const struct sweep_row *rows, int n,
+                  long maxrss);
 
 #endif

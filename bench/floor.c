@@ -92,8 +92,8 @@ static void *inserter_main(void *arg)
             vals[3 * i + 1] = ch;
             vals[3 * i + 2] = json;
         }
-        PGresult *r = PQexecPrepared(conn, k == o->batch ? "ins_full" : "ins_tail", 3 * k,
-                                     vals, NULL, NULL, 0);
+        PGresult *r = PQexecPrepared(conn, k == o->batch ? "ins_full" : "ins_tail", 3 * k, vals,
+                                     NULL, NULL, 0);
         if (PQresultStatus(r) != PGRES_COMMAND_OK)
             die("floor insert: %s", PQerrorMessage(conn));
         PQclear(r);

@@ -132,12 +132,12 @@ static void snapshot(PGconn *admin, struct fstat *f, int *nf)
 
 static void phys_snapshot(PGconn *admin, struct phys *p)
 {
-    PGresult *r = PQexec(admin,
-                         "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, t.ins, t.upd, t.hot, t.del"
-                         " FROM pg_stat_wal w, (SELECT COALESCE(sum(n_tup_ins), 0) AS ins,"
-                         " COALESCE(sum(n_tup_upd), 0) AS upd, COALESCE(sum(n_tup_hot_upd), 0)"
-                         " AS hot, COALESCE(sum(n_tup_del), 0) AS del FROM pg_stat_user_tables"
-                         " WHERE schemaname = '" BENCH_SCHEMA "') t");
+    PGresult *r =
+        PQexec(admin, "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, t.ins, t.upd, t.hot, t.del"
+                      " FROM pg_stat_wal w, (SELECT COALESCE(sum(n_tup_ins), 0) AS ins,"
+                      " COALESCE(sum(n_tup_upd), 0) AS upd, COALESCE(sum(n_tup_hot_upd), 0)"
+                      " AS hot, COALESCE(sum(n_tup_del), 0) AS del FROM pg_stat_user_tables"
+                      " WHERE schemaname = '" BENCH_SCHEMA "') t");
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
         die("profile: %s", PQerrorMessage(admin));
     p->wal_records = strtol(PQgetvalue(r, 0, 0), NULL, 10);
@@ -161,8 +161,8 @@ static void phys_report(const struct phys *a, const struct phys *b, long message
             "  per message: WAL %.0f bytes in %.1f records (%.2f full-page images); heap "
             "tuples inserted %.2f, updated %.2f (HOT %.0f%%), deleted %.2f\n",
             (b->wal_bytes - a->wal_bytes) / m, (double)(b->wal_records - a->wal_records) / m,
-            (double)(b->wal_fpi - a->wal_fpi) / m, (double)(b->ins - a->ins) / m, (double)upd / m,
-            upd > 0 ? 100.0 * (double)(b->hot - a->hot) / (double)upd : 0.0,
+            (double)(b->wal_fpi - a->wal_fpi) / m, (double)(b->ins - a->ins) / m,
+            (double)upd / m, upd > 0 ? 100.0 * (double)(b->hot - a->hot) / (double)upd : 0.0,
             (double)(b->del - a->del) / m);
 }
 
@@ -198,8 +198,10 @@ void profile_end(const struct opts *o, PGconn *admin, const char *label, long me
     struct phys phys;
     phys_snapshot(admin, &phys);
     double server = reaped_cpu();
-    fprintf(stderr, "profile: %s: wall %.3f s (with connecting), bench process CPU %.3f s "
-                    "(user %.3f, sys %.3f)", label, wall, user + sys, user, sys);
+    fprintf(stderr,
+            "profile: %s: wall %.3f s (with connecting), bench process CPU %.3f s "
+            "(user %.3f, sys %.3f)",
+            label, wall, user + sys, user, sys);
     if (server >= 0 && S.server_cpu >= 0)
         fprintf(stderr, ", exited backends CPU %.3f s", server - S.server_cpu);
     fputc('\n', stderr);

@@ -1,8 +1,8 @@
 /*
  * queue.c: the pqmq side of the benchmark. Producers insert batches with
  * pqmq_insert; consumers drain them either with pqmq_runner (a trivial
- * handler) or with the polling API (pqmq_complete_and_poll: each call completes the last batch and polls the next); an
- * idle runner receives single messages for the latency figures.
+ * handler) or with the polling API (pqmq_complete_and_poll: each call completes the last batch
+ * and polls the next); an idle runner receives single messages for the latency figures.
  *
  * Every phase connects first and starts its clock only when all its
  * clients are connected. Nothing here keeps per-message state beyond one
@@ -93,10 +93,10 @@ double queue_enqueue(const struct opts *o, const struct shape *s, const char *la
         die("out of memory");
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
     for (int i = 0; i < n; i++)
-        ps[i] = (struct producer){o, s, &start, &next_batch, &done,
-                                  (o->messages + o->batch - 1) / o->batch};
-    double t = bench_timed_threads(n, producer_main, ps, sizeof *ps, &start, label,
-                                   o->messages, &done);
+        ps[i] = (struct producer){o,           s,     &start,
+                                  &next_batch, &done, (o->messages + o->batch - 1) / o->batch};
+    double t = bench_timed_threads(n, producer_main, ps, sizeof *ps, &start, label, o->messages,
+                                   &done);
     pthread_barrier_destroy(&start);
     free(ps);
     return t;
@@ -141,8 +141,8 @@ static void *runner_main(void *arg)
     return NULL;
 }
 
-static void start_runner(struct runner_thread *t, const struct opts *o, int threads,
-                         int batch, pqmq_handler fn, void *arg)
+static void start_runner(struct runner_thread *t, const struct opts *o, int threads, int batch,
+                         pqmq_handler fn, void *arg)
 {
     t->r = pqmq_runner_new(o->conninfo);
     if (!t->r || pqmq_runner_handle(t->r, NULL, fn, arg) ||
@@ -289,8 +289,8 @@ double queue_drain_poll(const struct opts *o, const char *label)
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
     for (int i = 0; i < n; i++)
         ps[i] = (struct poller){o, &start, &done};
-    double t = bench_timed_threads(n, poller_main, ps, sizeof *ps, &start, label,
-                                   o->messages, &done);
+    double t =
+        bench_timed_threads(n, poller_main, ps, sizeof *ps, &start, label, o->messages, &done);
     pthread_barrier_destroy(&start);
     free(ps);
     return t;
@@ -299,7 +299,7 @@ double queue_drain_poll(const struct opts *o, const char *label)
 /* ---- latency ----------------------------------------------------------- */
 
 struct lat {
-    double *ms;      /* [n]: insert-to-handler time of message seq */
+    double *ms; /* [n]: insert-to-handler time of message seq */
     int n;
     atomic_long got; /* measured messages handled */
     atomic_int warm; /* warm-up messages handled */
@@ -336,8 +336,8 @@ static int latency_handler(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
     return 0;
 }
 
-static void send_one(pqmq_client *c, const struct opts *o, int ordered, long seq,
-                     char *json, size_t cap)
+static void send_one(pqmq_client *c, const struct opts *o, int ordered, long seq, char *json,
+                     size_t cap)
 {
     char args[24];
     if (ordered)
@@ -347,9 +347,9 @@ static void send_one(pqmq_client *c, const struct opts *o, int ordered, long seq
     pqmq_msg *m = pqmq_msg_new();
     int64_t ts = realtime_us();
     bench_payload(json, cap, seq, ts, o->payload_bytes);
-    if (!m || pqmq_msg_set_channel(m, BENCH_CHANNEL, args) ||
-        pqmq_msg_set_name(m, "latency") || pqmq_msg_set_json(m, json) ||
-        pqmq_msg_set_backoff(m, 600000) || pqmq_msg_set_ordered(m, ordered))
+    if (!m || pqmq_msg_set_channel(m, BENCH_CHANNEL, args) || pqmq_msg_set_name(m, "latency") ||
+        pqmq_msg_set_json(m, json) || pqmq_msg_set_backoff(m, 600000) ||
+        pqmq_msg_set_ordered(m, ordered))
         die("out of memory");
     if (pqmq_insert(c, &m, 1))
         die("pqmq_insert: %s", pqmq_errmsg(c));
@@ -375,8 +375,8 @@ static void wait_count(atomic_long *count, long want, const char *what)
  */
 void queue_latency(const struct opts *o, int ordered, struct latency *out)
 {
-    struct lat l = {calloc((size_t)o->latency_samples, sizeof(double)), o->latency_samples,
-                    0, 0};
+    struct lat l = {calloc((size_t)o->latency_samples, sizeof(double)), o->latency_samples, 0,
+                    0};
     size_t cap = bench_payload_cap(o->payload_bytes);
     char *json = malloc(cap);
     if (!l.ms || !json)

@@ -11,9 +11,9 @@
 
 /* The project's targets (2-core machine, server on the same box); the
  * README says which are reached, over several runs. */
-#define TARGET_ENQUEUE 0.8     /* enqueue / floor insert */
-#define TARGET_PROCESS 0.6     /* runner processing / floor drain */
-#define TARGET_ORDERED 0.5     /* ordered runner processing / unordered */
+#define TARGET_ENQUEUE 0.8 /* enqueue / floor insert */
+#define TARGET_PROCESS 0.6 /* runner processing / floor drain */
+#define TARGET_ORDERED 0.5 /* ordered runner processing / unordered */
 #define TARGET_P50_MS 1.5
 #define TARGET_P99_MS 5.0
 
@@ -57,10 +57,12 @@ static void latency_rows(const char *what, const struct latency *l)
         return;
     char figure[64], t[24];
     snprintf(figure, sizeof figure, "latency, %s: p50 (ms)", what);
-    snprintf(t, sizeof t, "<= %.1f  %s", TARGET_P50_MS, l->p50 <= TARGET_P50_MS ? "ok" : "MISSED");
+    snprintf(t, sizeof t, "<= %.1f  %s", TARGET_P50_MS,
+             l->p50 <= TARGET_P50_MS ? "ok" : "MISSED");
     printf("%-42s %12.2f %12s %7s  %s\n", figure, l->p50, "", "", t);
     snprintf(figure, sizeof figure, "latency, %s: p99 (ms)", what);
-    snprintf(t, sizeof t, "<= %.1f  %s", TARGET_P99_MS, l->p99 <= TARGET_P99_MS ? "ok" : "MISSED");
+    snprintf(t, sizeof t, "<= %.1f  %s", TARGET_P99_MS,
+             l->p99 <= TARGET_P99_MS ? "ok" : "MISSED");
     printf("%-42s %12.2f %12s %7s  %s\n", figure, l->p99, "", "", t);
     snprintf(figure, sizeof figure, "latency, %s: max (ms)", what);
     printf("%-42s %12.2f\n", figure, l->max);
@@ -76,8 +78,7 @@ void report_text(const struct opts *o, const struct results *r)
            o->ordered * 100, o->payload_bytes);
     printf("%-42s %12s %12s %7s  %s\n", "figure", "value", "floor", "ratio", "target");
     rate_row("enqueue (messages/s)", r->main.enqueue, r->floor_insert, TARGET_ENQUEUE);
-    rate_row("processing, runner (messages/s)", r->main.runner, r->floor_drain,
-             TARGET_PROCESS);
+    rate_row("processing, runner (messages/s)", r->main.runner, r->floor_drain, TARGET_PROCESS);
     rate_row("processing, poll API (messages/s)", r->main.poll, r->floor_drain, 0);
     if (r->floor_drain_ctid > 0) {
         rate_row("processing, runner, vs ctid floor", r->main.runner, r->floor_drain_ctid, 0);
@@ -125,8 +126,8 @@ static void jlatency(const char *key, const struct latency *l, int last)
 {
     printf("\"%s\": ", key);
     if (l->n)
-        printf("{\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f, \"samples\": %d}", l->p50,
-               l->p99, l->max, l->n);
+        printf("{\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f, \"samples\": %d}", l->p50, l->p99,
+               l->max, l->n);
     else
         printf("null");
     printf("%s", last ? "" : ", ");
@@ -139,8 +140,8 @@ static void jparams(const struct opts *o, int runner_threads)
            "\"runner_threads\": %d, \"chains\": %d, \"latency_samples\": %d, "
            "\"latency_gap_ms\": %d, \"floor\": %s}, ",
            o->messages, o->producers, o->consumers, o->batch, o->channels, o->ordered,
-           o->payload_bytes, runner_threads, o->chains, o->latency_samples,
-           o->latency_gap_ms, o->floor ? "true" : "false");
+           o->payload_bytes, runner_threads, o->chains, o->latency_samples, o->latency_gap_ms,
+           o->floor ? "true" : "false");
 }
 
 /* A scenario's rates, the floor's and the ratios, as JSON members. */
@@ -192,8 +193,9 @@ static int have_gnuplot(void)
 static void plot(const char *csv, const char *png, const char *param, int with_floor)
 {
     if (!have_gnuplot()) {
-        fprintf(stderr, "pqmq-bench: gnuplot is not installed, so no %s "
-                        "(Debian: apt-get install gnuplot-nox); the figures are in %s\n",
+        fprintf(stderr,
+                "pqmq-bench: gnuplot is not installed, so no %s "
+                "(Debian: apt-get install gnuplot-nox); the figures are in %s\n",
                 png, csv);
         return;
     }
@@ -222,16 +224,17 @@ static void plot(const char *csv, const char *png, const char *param, int with_f
             "     '' using 1:5 skip 1 with linespoints title 'poll API'",
             param, csv);
     if (with_floor)
-        fprintf(gp,
-                ", \\\n     '' using 1:6 skip 1 with linespoints dt 2 title 'floor insert', \\\n"
-                "     '' using 1:7 skip 1 with linespoints dt 2 title 'floor drain'\n"
-                "set title 'ratio to the SQL floor'\n"
-                "set ylabel 'pqmq / floor'\n"
-                "plot '%s' using 1:8 skip 1 with linespoints title 'enqueue / insert', \\\n"
-                "     '' using 1:9 skip 1 with linespoints title 'runner / drain', \\\n"
-                "     '' using 1:10 skip 1 with linespoints title 'poll API / drain'\n"
-                "unset multiplot\n",
-                csv);
+        fprintf(
+            gp,
+            ", \\\n     '' using 1:6 skip 1 with linespoints dt 2 title 'floor insert', \\\n"
+            "     '' using 1:7 skip 1 with linespoints dt 2 title 'floor drain'\n"
+            "set title 'ratio to the SQL floor'\n"
+            "set ylabel 'pqmq / floor'\n"
+            "plot '%s' using 1:8 skip 1 with linespoints title 'enqueue / insert', \\\n"
+            "     '' using 1:9 skip 1 with linespoints title 'runner / drain', \\\n"
+            "     '' using 1:10 skip 1 with linespoints title 'poll API / drain'\n"
+            "unset multiplot\n",
+            csv);
     else
         fprintf(gp, "\n");
     int rc = pclose(gp);
@@ -239,8 +242,8 @@ static void plot(const char *csv, const char *png, const char *param, int with_f
         fprintf(stderr, "pqmq-bench: gnuplot failed; the figures are in %s\n", csv);
 }
 
-void report_sweep(const struct opts *o, const char *param, const struct sweep_row *rows,
-                  int n, long maxrss)
+void report_sweep(const struct opts *o, const char *param, const struct sweep_row *rows, int n,
+                  long maxrss)
 {
     char csv[512], png[512];
     snprintf(csv, sizeof csv, "%s.csv", o->sweep_out);
@@ -248,9 +251,11 @@ void report_sweep(const struct opts *o, const char *param, const struct sweep_ro
     FILE *f = fopen(csv, "w");
     if (!f)
         die("cannot write %s", csv);
-    fprintf(f, "%s,runner_threads,enqueue_per_s,process_runner_per_s,process_poll_per_s,"
-               "floor_insert_per_s,floor_drain_per_s,ratio_enqueue,ratio_process_runner,"
-               "ratio_process_poll,floor_drain_ctid_per_s\n", param);
+    fprintf(f,
+            "%s,runner_threads,enqueue_per_s,process_runner_per_s,process_poll_per_s,"
+            "floor_insert_per_s,floor_drain_per_s,ratio_enqueue,ratio_process_runner,"
+            "ratio_process_poll,floor_drain_ctid_per_s\n",
+            param);
     for (int i = 0; i < n; i++) {
         const struct sweep_row *w = &rows[i];
         fprintf(f, "%d,%d,%.0f,%.0f,%.0f,%.0f,%.0f,%.3f,%.3f,%.3f,%.0f\n", w->value,

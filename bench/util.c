@@ -226,9 +226,10 @@ long maxrss_kb(void)
 int derive_runner_threads(PGconn *admin, int consumers, int batch)
 {
     long free_slots = bench_scalar(
-        admin, "SELECT current_setting('max_connections')::int"
-               " - current_setting('superuser_reserved_connections')::int"
-               " - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')");
+        admin,
+        "SELECT current_setting('max_connections')::int"
+        " - current_setting('superuser_reserved_connections')::int"
+        " - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')");
     /* Keep 10 for the bench's own connections and for other users; each
      * runner also has its control connection. */
     long per = (free_slots - 10) / consumers - 1;
@@ -239,6 +240,7 @@ int derive_runner_threads(PGconn *admin, int consumers, int batch)
         per = cap;
     if (per < 1)
         die("the server has too few free connections (%ld) for %d runners; "
-            "raise max_connections or lower --consumers", free_slots, consumers);
+            "raise max_connections or lower --consumers",
+            free_slots, consumers);
     return (int)per;
 }

@@ -59,10 +59,11 @@ static int record(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
      * payload (NULL when the message has none) goes in as text and is both
      * stored and mined for its "seq" field by the server. */
     const char *params[3] = {id_text, pqmq_job_channel(job), pqmq_job_json(job)};
-    PGresult *res = PQexecParams(conn,
-                                 "INSERT INTO example_ledger (msg_id, channel, seq, payload) "
-                                 "VALUES ($1::uuid, $2, ($3::jsonb ->> 'seq')::bigint, $3::jsonb)",
-                                 3, NULL, params, NULL, NULL, 0);
+    PGresult *res =
+        PQexecParams(conn,
+                     "INSERT INTO example_ledger (msg_id, channel, seq, payload) "
+                     "VALUES ($1::uuid, $2, ($3::jsonb ->> 'seq')::bigint, $3::jsonb)",
+                     3, NULL, params, NULL, NULL, 0);
     int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok) /* recorded as the message's last_error; retried after its backoff */
         pqmq_ctx_error(ctx, "ledger insert: %s", PQresultErrorMessage(res));
@@ -85,8 +86,7 @@ static int setup(const char *conninfo)
     PGresult *res = PQexec(pqmq_conn(client), ledger_sql);
     int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok)
-        fprintf(stderr, "exactly_once: creating example_ledger: %s",
-                PQresultErrorMessage(res));
+        fprintf(stderr, "exactly_once: creating example_ledger: %s", PQresultErrorMessage(res));
     PQclear(res);
     pqmq_client_free(client);
     return ok ? 0 : -1;

@@ -44,10 +44,10 @@ int main(int argc, char **argv)
         snprintf(json, sizeof json, "{\"seq\": %d}", i);
         msgs[i] = pqmq_msg_new();
         pqmq_msg_set_channel(msgs[i], "orders", chain); /* channel + args */
-        pqmq_msg_set_name(msgs[i], "ship");            /* what the consumer does */
+        pqmq_msg_set_name(msgs[i], "ship");             /* what the consumer does */
         pqmq_msg_set_json(msgs[i], json);
-        pqmq_msg_set_ordered(msgs[i], 1);  /* per chain, in this array's order */
-        pqmq_msg_set_retries(msgs[i], 5);  /* up to 6 deliveries */
+        pqmq_msg_set_ordered(msgs[i], 1);    /* per chain, in this array's order */
+        pqmq_msg_set_retries(msgs[i], 5);    /* up to 6 deliveries */
         pqmq_msg_set_backoff(msgs[i], 2000); /* 2 s lease, doubling per retry */
     }
 

@@ -14,9 +14,18 @@ static unsigned visit(const msgpack_object *o)
     const char *p = NULL;
     uint32_t n = 0;
     switch (o->type) {
-    case MSGPACK_OBJECT_STR: p = o->via.str.ptr; n = o->via.str.size; break;
-    case MSGPACK_OBJECT_BIN: p = o->via.bin.ptr; n = o->via.bin.size; break;
-    case MSGPACK_OBJECT_EXT: p = o->via.ext.ptr; n = o->via.ext.size; break;
+    case MSGPACK_OBJECT_STR:
+        p = o->via.str.ptr;
+        n = o->via.str.size;
+        break;
+    case MSGPACK_OBJECT_BIN:
+        p = o->via.bin.ptr;
+        n = o->via.bin.size;
+        break;
+    case MSGPACK_OBJECT_EXT:
+        p = o->via.ext.ptr;
+        n = o->via.ext.size;
+        break;
     case MSGPACK_OBJECT_ARRAY:
         for (uint32_t i = 0; i < o->via.array.size; i++)
             sum += visit(&o->via.array.ptr[i]);
@@ -25,8 +34,7 @@ static unsigned visit(const msgpack_object *o)
         for (uint32_t i = 0; i < o->via.map.size; i++)
             sum += visit(&o->via.map.ptr[i].key) + visit(&o->via.map.ptr[i].val);
         break;
-    default:
-        break;
+    default: break;
     }
     for (uint32_t i = 0; i < n; i++)
         sum += (unsigned char)p[i];

@@ -38,20 +38,20 @@ extern "C" {
 
 enum {
     PQMQ_OK = 0,
-    PQMQ_EINVAL = -1,    /* a bad argument; the message names it */
-    PQMQ_ENOMEM = -2,    /* out of memory */
-    PQMQ_ECONN = -3,     /* no usable connection (failed, broken or lost) */
-    PQMQ_ESERVER = -4,   /* the server refused; see pqmq_sqlstate() */
-    PQMQ_ETOOBIG = -5,   /* over a documented limit (batch or payload size) */
-    PQMQ_ENOTHELD = -6,  /* the message is gone or its lease ran out */
-    PQMQ_EPAYLOAD = -7,  /* a payload that does not decode */
-    PQMQ_ESCHEMA = -8,   /* the queue's schema is missing: run pqmq_migrate */
-    PQMQ_ESTALE = -9     /* the message was delivered again since: not yours */
+    PQMQ_EINVAL = -1,   /* a bad argument; the message names it */
+    PQMQ_ENOMEM = -2,   /* out of memory */
+    PQMQ_ECONN = -3,    /* no usable connection (failed, broken or lost) */
+    PQMQ_ESERVER = -4,  /* the server refused; see pqmq_sqlstate() */
+    PQMQ_ETOOBIG = -5,  /* over a documented limit (batch or payload size) */
+    PQMQ_ENOTHELD = -6, /* the message is gone or its lease ran out */
+    PQMQ_EPAYLOAD = -7, /* a payload that does not decode */
+    PQMQ_ESCHEMA = -8,  /* the queue's schema is missing: run pqmq_migrate */
+    PQMQ_ESTALE = -9    /* the message was delivered again since: not yours */
 };
 
 /* Limits; the server enforces the same ones (SQL function mq_limits). */
-#define PQMQ_MAX_BATCH 10000                     /* messages per insert/poll */
-#define PQMQ_MAX_PAYLOAD (16 * 1024 * 1024)      /* bytes, JSON and binary each */
+#define PQMQ_MAX_BATCH 10000                       /* messages per insert/poll */
+#define PQMQ_MAX_PAYLOAD (16 * 1024 * 1024)        /* bytes, JSON and binary each */
 #define PQMQ_MAX_DURATION_MS (3650LL * 86400000LL) /* ten years */
 
 /* A static description of an error code, e.g. "bad argument". Never NULL. */
@@ -135,8 +135,7 @@ PQMQ_EXPORT void pqmq_msg_free(pqmq_msg *msg);
 /* The channel and its arguments (args NULL means ""). "" is a channel like
  * any other (sqlxmq's default). Messages of one (channel, args) that are
  * ordered form one chain. */
-PQMQ_EXPORT int pqmq_msg_set_channel(pqmq_msg *msg, const char *channel,
-                                     const char *args);
+PQMQ_EXPORT int pqmq_msg_set_channel(pqmq_msg *msg, const char *channel, const char *args);
 /* The message name: the runner dispatches on it. NULL means "". */
 PQMQ_EXPORT int pqmq_msg_set_name(pqmq_msg *msg, const char *name);
 /* A JSON payload (NUL-terminated text; validated). NULL clears it. */
@@ -191,8 +190,8 @@ typedef struct pqmq_job pqmq_job;
  * Returns 0 or a negative code (*out is then NULL).
  * Caller owns *out; free with pqmq_batch_free.
  */
-PQMQ_EXPORT int pqmq_poll(pqmq_client *client, const char *const *channels,
-                          size_t nchannels, int batch_size, pqmq_batch **out);
+PQMQ_EXPORT int pqmq_poll(pqmq_client *client, const char *const *channels, size_t nchannels,
+                          int batch_size, pqmq_batch **out);
 
 /* ---- batches and jobs (job.c) ------------------------------------------ */
 
@@ -269,9 +268,9 @@ PQMQ_EXPORT int pqmq_keep_alive(pqmq_client *client, const uuid_t *ids, size_t n
  * PQMQ_ENOTHELD (lease ran out or message gone: nothing changed) or a
  * negative code.
  */
-PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *client, const uuid_t id,
-                                int64_t duration_ms, const char *json,
-                                const void *bytes, size_t len, int extra_retries);
+PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *client, const uuid_t id, int64_t duration_ms,
+                                const char *json, const void *bytes, size_t len,
+                                int extra_retries);
 
 /* ---- completing and polling at once (complete_poll.c) ------------------ */
 
@@ -337,11 +336,11 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *runner);
 /* Handles messages named name (NULL: the fallback for names without a
  * handler). A message with neither fails with "no handler". name is copied;
  * arg is passed through. Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM. */
-PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *runner, const char *name,
-                                   pqmq_handler fn, void *arg);
+PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *runner, const char *name, pqmq_handler fn,
+                                   void *arg);
 /* Serves only these channels (copied; default: all channels). */
-PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *runner,
-                                         const char *const *channels, size_t n);
+PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *runner, const char *const *channels,
+                                         size_t n);
 /* Worker threads = most jobs in flight at once (1..256; default 4). */
 PQMQ_EXPORT int pqmq_runner_set_concurrency(pqmq_runner *runner, int threads);
 /* Most jobs claimed per poll (1..PQMQ_MAX_BATCH; default 100). */
@@ -431,8 +430,7 @@ PQMQ_EXPORT int pqmq_job_unpack(const pqmq_job *job, msgpack_unpacked *out);
 
 /* Looks up key (a msgpack str) in a map object. Borrowed from obj; NULL when
  * obj is no map or has no such key. */
-PQMQ_EXPORT const msgpack_object *pqmq_map_get(const msgpack_object *obj,
-                                               const char *key);
+PQMQ_EXPORT const msgpack_object *pqmq_map_get(const msgpack_object *obj, const char *key);
 
 /* ---- ids (uuid.c) ------------------------------------------------------ */
 

@@ -19,8 +19,8 @@ typedef struct {
     const pqmq_job *job; /* NULL: the entry is free */
     held *from;
     pqmq__delivery delivery;
-    int running;            /* 0: queued */
-    uint64_t seq;           /* claim order: workers take the oldest */
+    int running;  /* 0: queued */
+    uint64_t seq; /* claim order: workers take the oldest */
     int64_t lease_ms;
     int64_t extended_at_ms; /* when its lease was last set (claim or keep-alive) */
 } entry;

@@ -179,8 +179,7 @@ int pqmq__need_composite(pqmq_client *c)
     if (!PQregisterTypes(c->conn, PQT_COMPOSITE, &t, 1, 0)) {
         const char *why = PQgeterror();
         if (PQstatus(c->conn) != CONNECTION_OK)
-            return pqmq__seterr(c, PQMQ_ECONN, "connection lost: %s",
-                                PQerrorMessage(c->conn));
+            return pqmq__seterr(c, PQMQ_ECONN, "connection lost: %s", PQerrorMessage(c->conn));
         if (PQtransactionStatus(c->conn) == PQTRANS_INERROR) {
             /* The lookup failed because the caller's transaction already
              * did, not because the schema is missing. */
@@ -192,7 +191,8 @@ int pqmq__need_composite(pqmq_client *c)
         }
         return pqmq__seterr(c, PQMQ_ESCHEMA,
                             "type mq_new_t not found on the search_path "
-                            "(run pqmq_migrate): %s", why);
+                            "(run pqmq_migrate): %s",
+                            why);
     }
     c->composite_ready = 1;
     return 0;

@@ -5,8 +5,8 @@
  */
 #include "pqmq-int.h"
 
-PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels,
-                                  size_t nchannels, int max, pqmq_batch **out)
+PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels, size_t nchannels,
+                                  int max, pqmq_batch **out)
 {
     return pqmq__query_jobs(c, "pqmq_dead_letters", "SELECT * FROM mq_dead_jobs($1, $2)",
                             channels, nchannels, "max", max, out);

@@ -14,8 +14,8 @@ struct pqmq_job {
     const char *name;        /* these point into the batch's PGresult */
     const char *channel;
     const char *args;
-    const char *json;       /* NULL: none */
-    const void *bytes;      /* NULL: none */
+    const char *json;  /* NULL: none */
+    const void *bytes; /* NULL: none */
     size_t bytes_len;
     const char *last_error; /* NULL: none */
     int committed;
@@ -33,10 +33,11 @@ struct pqmq_batch {
 
 /* mq_job_t's attributes, in order. A result whose first columns are not
  * these is refused (a schema older than the library), not misread. */
-static const char *const job_columns[] = {
-    "id",           "is_committed", "name",    "payload_json", "payload_bytes",
-    "retry_backoff", "wait_time",   "channel_name", "channel_args", "attempt",
-    "attempts_left", "last_error",  "blocking"};
+static const char *const job_columns[] = {"id",           "is_committed",  "name",
+                                          "payload_json", "payload_bytes", "retry_backoff",
+                                          "wait_time",    "channel_name",  "channel_args",
+                                          "attempt",      "attempts_left", "last_error",
+                                          "blocking"};
 enum { JOB_COLUMNS = sizeof job_columns / sizeof *job_columns, COL_WAIT = 6 };
 
 /* Their types, as two libpqtypes formats of at most 8 (client.c prepares
@@ -64,8 +65,8 @@ static int read_job(const pqmq_client *c, PGresult *r, int i, pqmq_job *j)
     PGinterval lease, wait;
     PGint4 attempt = 0, left = 0;
     memset(&lease, 0, sizeof lease);
-    if (!PQgetf(r, i, pqmq__spec(c, PQMQ__SPEC_JOB1), 0, &id, 1, &committed, 2, &name, 3,
-                &json, 4, &bytes, 5, &lease, 6, &wait) ||
+    if (!PQgetf(r, i, pqmq__spec(c, PQMQ__SPEC_JOB1), 0, &id, 1, &committed, 2, &name, 3, &json,
+                4, &bytes, 5, &lease, 6, &wait) ||
         !PQgetf(r, i, pqmq__spec(c, PQMQ__SPEC_JOB2), 7, &chan, 8, &args, 9, &attempt, 10,
                 &left, 11, &last_error, 12, &blocking))
         return -1;
@@ -174,7 +175,10 @@ int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, pqmq__delivery *
     return 0;
 }
 
-const pqmq__delivery *pqmq__job_delivery(const pqmq_job *j) { return &j->delivery; }
+const pqmq__delivery *pqmq__job_delivery(const pqmq_job *j)
+{
+    return &j->delivery;
+}
 
 PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *b)
 {
@@ -185,14 +189,20 @@ PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *b)
     free(b);
 }
 
-PQMQ_EXPORT size_t pqmq_batch_count(const pqmq_batch *b) { return b ? b->n : 0; }
+PQMQ_EXPORT size_t pqmq_batch_count(const pqmq_batch *b)
+{
+    return b ? b->n : 0;
+}
 
 PQMQ_EXPORT const pqmq_job *pqmq_batch_job(const pqmq_batch *b, size_t i)
 {
     return b && i < b->n ? &b->jobs[i] : NULL;
 }
 
-PQMQ_EXPORT int64_t pqmq_batch_wait_ms(const pqmq_batch *b) { return b ? b->wait_ms : -1; }
+PQMQ_EXPORT int64_t pqmq_batch_wait_ms(const pqmq_batch *b)
+{
+    return b ? b->wait_ms : -1;
+}
 
 PQMQ_EXPORT void pqmq_job_id(const pqmq_job *j, uuid_t out)
 {
@@ -202,10 +212,22 @@ PQMQ_EXPORT void pqmq_job_id(const pqmq_job *j, uuid_t out)
         uuid_clear(out);
 }
 
-PQMQ_EXPORT const char *pqmq_job_name(const pqmq_job *j) { return j ? j->name : NULL; }
-PQMQ_EXPORT const char *pqmq_job_channel(const pqmq_job *j) { return j ? j->channel : NULL; }
-PQMQ_EXPORT const char *pqmq_job_args(const pqmq_job *j) { return j ? j->args : NULL; }
-PQMQ_EXPORT const char *pqmq_job_json(const pqmq_job *j) { return j ? j->json : NULL; }
+PQMQ_EXPORT const char *pqmq_job_name(const pqmq_job *j)
+{
+    return j ? j->name : NULL;
+}
+PQMQ_EXPORT const char *pqmq_job_channel(const pqmq_job *j)
+{
+    return j ? j->channel : NULL;
+}
+PQMQ_EXPORT const char *pqmq_job_args(const pqmq_job *j)
+{
+    return j ? j->args : NULL;
+}
+PQMQ_EXPORT const char *pqmq_job_json(const pqmq_job *j)
+{
+    return j ? j->json : NULL;
+}
 
 PQMQ_EXPORT const void *pqmq_job_bytes(const pqmq_job *j, size_t *len)
 {
@@ -214,9 +236,27 @@ PQMQ_EXPORT const void *pqmq_job_bytes(const pqmq_job *j, size_t *len)
     return j ? j->bytes : NULL;
 }
 
-PQMQ_EXPORT int pqmq_job_is_committed(const pqmq_job *j) { return j ? j->committed : 0; }
-PQMQ_EXPORT int pqmq_job_attempt(const pqmq_job *j) { return j ? j->delivery.attempt : 0; }
-PQMQ_EXPORT int pqmq_job_retries_left(const pqmq_job *j) { return j ? j->retries_left : 0; }
-PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *j) { return j ? j->lease_ms : 0; }
-PQMQ_EXPORT const char *pqmq_job_last_error(const pqmq_job *j) { return j ? j->last_error : NULL; }
-PQMQ_EXPORT int pqmq_job_blocking(const pqmq_job *j) { return j ? j->blocking : 0; }
+PQMQ_EXPORT int pqmq_job_is_committed(const pqmq_job *j)
+{
+    return j ? j->committed : 0;
+}
+PQMQ_EXPORT int pqmq_job_attempt(const pqmq_job *j)
+{
+    return j ? j->delivery.attempt : 0;
+}
+PQMQ_EXPORT int pqmq_job_retries_left(const pqmq_job *j)
+{
+    return j ? j->retries_left : 0;
+}
+PQMQ_EXPORT int64_t pqmq_job_lease_ms(const pqmq_job *j)
+{
+    return j ? j->lease_ms : 0;
+}
+PQMQ_EXPORT const char *pqmq_job_last_error(const pqmq_job *j)
+{
+    return j ? j->last_error : NULL;
+}
+PQMQ_EXPORT int pqmq_job_blocking(const pqmq_job *j)
+{
+    return j ? j->blocking : 0;
+}

@@ -29,9 +29,9 @@ enum json_state {
 struct json_parser {
     const unsigned char *s;
     size_t len;
-    size_t pos;     /* the next byte to read */
-    size_t err;     /* 0, or the 1-based offset of the first bad byte */
-    size_t depth;   /* open containers */
+    size_t pos;                         /* the next byte to read */
+    size_t err;                         /* 0, or the 1-based offset of the first bad byte */
+    size_t depth;                       /* open containers */
     unsigned char open[JSON_MAX_DEPTH]; /* '[' or '{' per open container */
 };
 
@@ -53,7 +53,10 @@ static void skip_ws(struct json_parser *p)
     }
 }
 
-static bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static bool is_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9';
+}
 
 static int hex_value(unsigned char c)
 {
@@ -159,13 +162,16 @@ static bool scan_escape(struct json_parser *p)
     if (p->pos >= p->len)
         return fail_at(p, p->pos);
     switch (p->s[p->pos]) {
-    case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
-        p->pos++;
-        return true;
-    case 'u':
-        return scan_unicode_escape(p, start);
-    default:
-        return fail_at(p, p->pos);
+    case '"':
+    case '\\':
+    case '/':
+    case 'b':
+    case 'f':
+    case 'n':
+    case 'r':
+    case 't': p->pos++; return true;
+    case 'u': return scan_unicode_escape(p, start);
+    default: return fail_at(p, p->pos);
     }
 }
 
@@ -260,14 +266,10 @@ static bool scan_string(struct json_parser *p)
 static bool scan_scalar(struct json_parser *p, unsigned char c)
 {
     switch (c) {
-    case '"':
-        return scan_string(p);
-    case 't':
-        return scan_literal(p, "true");
-    case 'f':
-        return scan_literal(p, "false");
-    case 'n':
-        return scan_literal(p, "null");
+    case '"': return scan_string(p);
+    case 't': return scan_literal(p, "true");
+    case 'f': return scan_literal(p, "false");
+    case 'n': return scan_literal(p, "null");
     default:
         if (c == '-' || is_digit(c))
             return scan_number(p);
@@ -333,18 +335,15 @@ static bool step(struct json_parser *p, enum json_state *st)
         if (*st == ST_VALUE_OR_CLOSE)
             return on_value(p, c, st);
         return on_key(p, c, st);
-    case ST_KEY:
-        return on_key(p, c, st);
+    case ST_KEY: return on_key(p, c, st);
     case ST_COLON:
         if (c != ':')
             return fail_at(p, p->pos);
         p->pos++;
         *st = ST_VALUE;
         return true;
-    case ST_VALUE:
-        return on_value(p, c, st);
-    case ST_AFTER:
-        return on_after(p, c, st);
+    case ST_VALUE: return on_value(p, c, st);
+    case ST_AFTER: return on_after(p, c, st);
     }
     return fail_at(p, p->pos);
 }

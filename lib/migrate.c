@@ -13,8 +13,7 @@
 
 PQMQ_EXPORT int pqmq_schema_version(void)
 {
-    return pqmq_migration_count ? pqmq_migrations[pqmq_migration_count - 1].version
-                                : 0;
+    return pqmq_migration_count ? pqmq_migrations[pqmq_migration_count - 1].version : 0;
 }
 
 /* The highest recorded version in the client's current schema, 0 if none. */
@@ -62,8 +61,9 @@ static int apply_all(pqmq_client *c)
     int no_schema = PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
     if (no_schema)
-        return pqmq__seterr(c, PQMQ_ESCHEMA,
-                            "pqmq_migrate: no schema on the search_path to create the queue in");
+        return pqmq__seterr(
+            c, PQMQ_ESCHEMA,
+            "pqmq_migrate: no schema on the search_path to create the queue in");
     /* Functions pin the search_path they are created under: only the
      * target schema. */
     rc = run(c, "SELECT set_config('search_path', quote_ident(current_schema()), true)",

@@ -83,8 +83,7 @@ static bool mp_classify(unsigned char b, struct mp_head *h)
 
 /* Reads the header at *pos, leaving *pos after its fixed part; h->size
  * becomes the data bytes or the element count that follow. */
-static bool mp_header(const unsigned char *p, size_t len, size_t *pos,
-                      struct mp_head *h)
+static bool mp_header(const unsigned char *p, size_t len, size_t *pos, struct mp_head *h)
 {
     if (*pos >= len || !mp_classify(p[*pos], h))
         return false;
@@ -138,16 +137,14 @@ PQMQ_EXPORT int pqmq_unpack(const void *data, size_t len, msgpack_unpacked *out)
     if (!data || !mp_walk(data, len))
         return PQMQ_EPAYLOAD;
     size_t off = 0;
-    if (msgpack_unpack_next(out, data, len, &off) != MSGPACK_UNPACK_SUCCESS ||
-        off != len) {
+    if (msgpack_unpack_next(out, data, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
         msgpack_unpacked_destroy(out);
         return PQMQ_EPAYLOAD;
     }
     return 0;
 }
 
-PQMQ_EXPORT const msgpack_object *pqmq_map_get(const msgpack_object *obj,
-                                               const char *key)
+PQMQ_EXPORT const msgpack_object *pqmq_map_get(const msgpack_object *obj, const char *key)
 {
     if (!obj || !key || obj->type != MSGPACK_OBJECT_MAP)
         return NULL;

@@ -87,8 +87,8 @@ int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const cha
 /* Puts element i of items into an array's param; 0 on failure. */
 typedef int (*pqmq__put_element)(pqmq_client *c, PGparam *array, const void *items, size_t i);
 /* Puts n elements of items as one array parameter (array_format: "%uuid[]"). */
-int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format,
-                    const void *items, size_t n, pqmq__put_element put, const char *what);
+int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format, const void *items,
+                    size_t n, pqmq__put_element put, const char *what);
 /* Puts ids as one uuid[] parameter. */
 int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
                   const char *what);
@@ -109,8 +109,8 @@ int pqmq__put_duration(pqmq_client *c, PGparam *param, int64_t ms, const char *w
 int pqmq__begin(pqmq_client *c, PGparam **param);
 int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *what,
                     PGparam **param);
-int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n,
-                           const char *what, PGparam **param);
+int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n, const char *what,
+                           PGparam **param);
 int pqmq__begin_id(pqmq_client *c, const uuid_t id, const char *what, PGparam **param);
 /* Runs `sql` taking ids as $1 (and *extra, when not NULL, as $2); its int
  * result goes to *count when count is not NULL. pqmq_complete, pqmq_commit,
@@ -131,8 +131,10 @@ int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what);
 extern const char pqmq__job_format1[], pqmq__job_format2[];
 /* The prologue of calls that make a batch: *out = NULL, the error cleared,
  * PQMQ_EINVAL when c or out is NULL. */
-int pqmq__begin_batch(pqmq_client *c, pqmq_batch **out, const char *what);/* Runs sql taking channels (NULL: all) as $1 and a count (named arg) as $2,
- * whose rows are mq_job_t, into a new *out: pqmq_poll, pqmq_dead_letters. */
+int pqmq__begin_batch(pqmq_client *c, pqmq_batch **out,
+                      const char *what); /* Runs sql taking channels (NULL: all) as $1 and a
+                                          * count (named arg) as $2, whose rows are mq_job_t,
+                                          * into a new *out: pqmq_poll, pqmq_dead_letters. */
 int pqmq__query_jobs(pqmq_client *c, const char *what, const char *sql,
                      const char *const *channels, size_t nchannels, const char *arg, int value,
                      pqmq_batch **out);
@@ -177,9 +179,9 @@ extern const char pqmq__msg_format1[], pqmq__msg_format2[];
 struct pqmq_msg {
     uuid_t id;
     char *channel;
-    char *args; /* NULL means "" */
-    char *name; /* NULL means "" */
-    char *json; /* NULL: no JSON payload */
+    char *args;  /* NULL means "" */
+    char *name;  /* NULL means "" */
+    char *json;  /* NULL: no JSON payload */
     void *bytes; /* NULL: no binary payload */
     size_t bytes_len;
     int64_t delay_ms;

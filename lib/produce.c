@@ -15,12 +15,11 @@ static int is_utf8_client(pqmq_client *c)
     return strcmp(pg_encoding_to_char(PQclientEncoding(c->conn)), "UTF8") == 0;
 }
 
-static int check_text(pqmq_client *c, size_t i, const char *field, const char *s,
-                      int utf8)
+static int check_text(pqmq_client *c, size_t i, const char *field, const char *s, int utf8)
 {
     if (s && utf8 && !pqmq__utf8_ok(s))
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: %s is not valid UTF-8",
-                            i, field);
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: %s is not valid UTF-8", i,
+                            field);
     return 0;
 }
 
@@ -57,17 +56,20 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
         if (len > PQMQ_MAX_PAYLOAD)
             return pqmq__seterr(c, PQMQ_ETOOBIG,
                                 "pqmq_insert: msgs[%zu]: JSON payload of %zu bytes is over "
-                                "the limit of %d", i, len, PQMQ_MAX_PAYLOAD);
+                                "the limit of %d",
+                                i, len, PQMQ_MAX_PAYLOAD);
         size_t at = pqmq_json_check(m->json, len);
         if (at)
             return pqmq__seterr(c, PQMQ_EINVAL,
                                 "pqmq_insert: msgs[%zu]: payload is not valid JSON "
-                                "(at byte %zu)", i, at);
+                                "(at byte %zu)",
+                                i, at);
     }
     if (m->bytes && m->bytes_len > PQMQ_MAX_PAYLOAD)
         return pqmq__seterr(c, PQMQ_ETOOBIG,
                             "pqmq_insert: msgs[%zu]: binary payload of %zu bytes is over "
-                            "the limit of %d", i, m->bytes_len, PQMQ_MAX_PAYLOAD);
+                            "the limit of %d",
+                            i, m->bytes_len, PQMQ_MAX_PAYLOAD);
     return 0;
 }
 
@@ -90,7 +92,8 @@ static int check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
         if (total > MAX_BATCH_BYTES)
             return pqmq__seterr(c, PQMQ_ETOOBIG,
                                 "pqmq_insert: batch payloads exceed %zu MiB in all; "
-                                "split the batch", MAX_BATCH_BYTES >> 20);
+                                "split the batch",
+                                MAX_BATCH_BYTES >> 20);
     }
     return 0;
 }
@@ -118,12 +121,12 @@ static int put_msg(pqmq_client *c, PGparam *array, const void *items, size_t i)
     pqmq__ms_to_interval(m->backoff_ms, &backoff);
     pqmq__ms_to_interval(m->commit_interval_ms, &commit);
     PGbytea bytes = {(int)m->bytes_len, (char *)m->bytes};
-    int ok = PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG1), (PGuuid)m->id, &delay, m->retries,
-                    &backoff, m->channel, m->args ? m->args : "") &&
-             PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG2),
-                    m->commit_interval_ms >= 0 ? &commit : NULL, (PGbool)m->ordered,
-                    m->name ? m->name : "", m->json, m->bytes ? &bytes : NULL) &&
-             PQputf(array, "%mq_new_t", el);
+    int ok =
+        PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG1), (PGuuid)m->id, &delay, m->retries, &backoff,
+               m->channel, m->args ? m->args : "") &&
+        PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG2), m->commit_interval_ms >= 0 ? &commit : NULL,
+               (PGbool)m->ordered, m->name ? m->name : "", m->json, m->bytes ? &bytes : NULL) &&
+        PQputf(array, "%mq_new_t", el);
     return ok;
 }
 

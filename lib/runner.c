@@ -30,7 +30,7 @@ struct pqmq_runner {
     int threads, batch;
     int64_t keep_alive_ms;
     char *stop_channel;
-    char *listen_conninfo;   /* NULL: the control connection LISTENs */
+    char *listen_conninfo; /* NULL: the control connection LISTENs */
     char errmsg[512];
 
     atomic_int stop;
@@ -81,8 +81,7 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
     free(r);
 }
 
-PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *r, const char *name, pqmq_handler fn,
-                                   void *arg)
+PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *r, const char *name, pqmq_handler fn, void *arg)
 {
     if (!r || !fn)
         return PQMQ_EINVAL;
@@ -99,8 +98,7 @@ PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *r, const char *name, pqmq_handle
     return 0;
 }
 
-PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *r, const char *const *channels,
-                                         size_t n)
+PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *r, const char *const *channels, size_t n)
 {
     if (!r || (n && !channels))
         return PQMQ_EINVAL;
@@ -220,10 +218,10 @@ struct loop {
     pqmq_runner *r;
     pqmq__claims *q;
     pqmq_client *ctl;
-    pqmq_client *lis;  /* LISTENs: ctl, or its own (pqmq_runner_set_listen_dsn) */
-    int poll_due;      /* something may be ready now */
-    int64_t poll_at;   /* or: when the earliest message becomes ready */
-    uint64_t settled;  /* processed + failed when the loop last looked */
+    pqmq_client *lis; /* LISTENs: ctl, or its own (pqmq_runner_set_listen_dsn) */
+    int poll_due;     /* something may be ready now */
+    int64_t poll_at;  /* or: when the earliest message becomes ready */
+    uint64_t settled; /* processed + failed when the loop last looked */
 };
 
 /* Whether the server notifies mq_<channel> for this channel (mq_wake: a
@@ -296,7 +294,8 @@ static int listen_all(struct loop *L)
  * we were away are lost, the messages are not. */
 static void reconnect(struct loop *L)
 {
-    for (int64_t delay = 50; !atomic_load(&L->r->stop); delay = delay < 2000 ? delay * 2 : delay) {
+    for (int64_t delay = 50; !atomic_load(&L->r->stop);
+         delay = delay < 2000 ? delay * 2 : delay) {
         if (pqmq__reset_conn(L->ctl) == 0 &&
             (L->lis == L->ctl || pqmq__reset_conn(L->lis) == 0) && listen_all(L) == 0) {
             atomic_fetch_add(&L->r->counters.reconnects, 1);

@@ -32,8 +32,8 @@ static int fail_from(pqmq_client *c, const char *what, const char *msg, const ch
         return rc;
     }
     int code = PQMQ_ESERVER;
-    if (state && (!strcmp(state, "42883") || !strcmp(state, "42P01") ||
-                  !strcmp(state, "42704")))
+    if (state &&
+        (!strcmp(state, "42883") || !strcmp(state, "42P01") || !strcmp(state, "42704")))
         code = PQMQ_ESCHEMA; /* undefined function, table or type */
     else if (state && !strcmp(state, "22023"))
         code = PQMQ_EINVAL; /* invalid_parameter_value from our checks */
@@ -66,14 +66,14 @@ static PGresult *outcome(pqmq_client *c, PGresult *r, const char *what, int *rc)
     if (!r)
         *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL, NULL);
     else
-        *rc = fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL),
-                        PQresultErrorField(r, PG_DIAG_SQLSTATE));
+        *rc =
+            fail_from(c, what, result_message(r), PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL),
+                      PQresultErrorField(r, PG_DIAG_SQLSTATE));
     PQclear(r);
     return NULL;
 }
 
-PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char *what,
-                     int *rc)
+PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char *what, int *rc)
 {
     /* Send with libpqtypes, but read the outcome from the PGresult: the
      * error text libpqtypes keeps (PQgeterror) is one per process, which
@@ -119,8 +119,8 @@ PGparam *pqmq__param(pqmq_client *c)
     return p;
 }
 
-int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format,
-                    const void *items, size_t n, pqmq__put_element put, const char *what)
+int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format, const void *items,
+                    size_t n, pqmq__put_element put, const char *what)
 {
     PGarray arr;
     memset(&arr, 0, sizeof arr);
@@ -162,8 +162,7 @@ static int put_text(pqmq_client *c, PGparam *array, const void *items, size_t i)
     return PQputf(array, "%text*", texts[i]);
 }
 
-int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
-                  const char *what)
+int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n, const char *what)
 {
     return pqmq__put_array(c, param, "%uuid[]", ids, n, put_id, what);
 }
@@ -246,8 +245,8 @@ int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *wha
     return rc ? rc : pqmq__put_ids(c, *param, ids, n, what);
 }
 
-int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n,
-                           const char *what, PGparam **param)
+int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n, const char *what,
+                           PGparam **param)
 {
     int rc = pqmq__begin(c, param);
     if (!rc)
@@ -312,7 +311,7 @@ int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what)
     if (ms < 0)
         return pqmq__seterr(c, PQMQ_EINVAL, "%s is negative (%lld ms)", what, (long long)ms);
     if (ms > PQMQ_MAX_DURATION_MS)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s of %lld ms is over the limit of 3650 days", what,
-                            (long long)ms);
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s of %lld ms is over the limit of 3650 days",
+                            what, (long long)ms);
     return 0;
 }

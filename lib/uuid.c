@@ -47,9 +47,8 @@ static uint64_t next_stamp(void)
         /* Ahead of the clock (a burst, or the clock stepped back): count
          * on from the last one; the clock catches up. */
         next = now > prev ? now : prev + 1;
-    } while (!atomic_compare_exchange_weak_explicit(&last_stamp, &prev, next,
-                                                    memory_order_relaxed,
-                                                    memory_order_relaxed));
+    } while (!atomic_compare_exchange_weak_explicit(
+        &last_stamp, &prev, next, memory_order_relaxed, memory_order_relaxed));
     return next;
 }
 
@@ -58,8 +57,8 @@ static uint64_t next_stamp(void)
 /* Random bytes not handed out yet, per thread. */
 static _Thread_local struct {
     unsigned char bytes[POOL_IDS * 8];
-    unsigned left;      /* ids' worth still unused */
-    unsigned fork_gen;  /* fork_gen when filled */
+    unsigned left;     /* ids' worth still unused */
+    unsigned fork_gen; /* fork_gen when filled */
 } pool;
 
 /* Bumped in a forked child, so that it never reuses its parent's bytes. */

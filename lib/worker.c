@@ -179,8 +179,11 @@ static void utf8_cut(char *s)
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     while (p[i]) {
-        size_t n = p[i] < 0x80 ? 1 : (p[i] & 0xE0) == 0xC0 ? 2 : (p[i] & 0xF0) == 0xE0 ? 3
-                 : (p[i] & 0xF8) == 0xF0 ? 4 : 0;
+        size_t n = p[i] < 0x80             ? 1
+                   : (p[i] & 0xE0) == 0xC0 ? 2
+                   : (p[i] & 0xF0) == 0xE0 ? 3
+                   : (p[i] & 0xF8) == 0xF0 ? 4
+                                           : 0;
         size_t k = 1;
         while (n && k < n && (p[i + k] & 0xC0) == 0x80)
             k++;

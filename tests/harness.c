@@ -44,8 +44,14 @@ void t_run(const char *name, void (*fn)(void))
     fflush(stdout);
 }
 
-const char *t_dsn(void) { return t_dsn_value; }
-const char *t_schema(void) { return t_schema_name; }
+const char *t_dsn(void)
+{
+    return t_dsn_value;
+}
+const char *t_schema(void)
+{
+    return t_schema_name;
+}
 
 static PGconn *t_connect_raw(const char *schema)
 {
@@ -62,9 +68,15 @@ static PGconn *t_connect_raw(const char *schema)
     return c;
 }
 
-PGconn *t_pg(void) { return t_connect_raw(t_schema_name); }
+PGconn *t_pg(void)
+{
+    return t_connect_raw(t_schema_name);
+}
 
-int t_pooled(void) { return t_dsn_pooled != NULL; }
+int t_pooled(void)
+{
+    return t_dsn_pooled != NULL;
+}
 
 PGconn *t_listener(void)
 {
@@ -103,8 +115,7 @@ static PGresult *t_vsql(PGconn *conn, const char *fmt, va_list ap)
     PGresult *r = PQexec(conn, sql);
     ExecStatusType st = PQresultStatus(r);
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-        t_fail(__FILE__, __LINE__, "SQL failed: %s\n      %s", sql,
-               PQerrorMessage(conn));
+        t_fail(__FILE__, __LINE__, "SQL failed: %s\n      %s", sql, PQerrorMessage(conn));
         PQclear(r);
         r = NULL;
     }
@@ -152,8 +163,7 @@ void t_init(const char *test_name)
         printf("SKIP: PQMQ_TEST_DSN is not set (tests/run-tests.sh sets it)\n");
         exit(77);
     }
-    snprintf(t_schema_name, sizeof t_schema_name, "t_%.30s_%ld", test_name,
-             (long)getpid());
+    snprintf(t_schema_name, sizeof t_schema_name, "t_%.30s_%ld", test_name, (long)getpid());
     t_dsn_given = t_dsn_value;
     PGconn *c = t_connect_raw(NULL);
     t_exec(c, "DROP SCHEMA IF EXISTS %s CASCADE", t_schema_name);
@@ -217,8 +227,8 @@ void t_sleep_ms(int64_t ms)
     nanosleep(&ts, NULL);
 }
 
-pqmq_msg *t_msg(const char *channel, const char *args, const char *name,
-                const char *json, int ordered)
+pqmq_msg *t_msg(const char *channel, const char *args, const char *name, const char *json,
+                int ordered)
 {
     pqmq_msg *m = pqmq_msg_new();
     if (!m || pqmq_msg_set_channel(m, channel, args) || pqmq_msg_set_name(m, name) ||

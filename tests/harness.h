@@ -20,33 +20,41 @@ extern int t_failed_checks;
 void t_fail(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-#define CHECK(cond) \
-    do { if (!(cond)) t_fail(__FILE__, __LINE__, "CHECK(%s)", #cond); } while (0)
-#define CHECK_INT(a, b) do { \
-        long long a_ = (long long)(a), b_ = (long long)(b); \
-        if (a_ != b_) t_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", \
-                             #a, a_, #b, b_); \
+#define CHECK(cond)                                                                            \
+    do {                                                                                       \
+        if (!(cond))                                                                           \
+            t_fail(__FILE__, __LINE__, "CHECK(%s)", #cond);                                    \
     } while (0)
-#define CHECK_STR(a, b) do { \
-        const char *a_ = (a), *b_ = (b); \
-        if (!a_ || !b_ || strcmp(a_, b_) != 0) \
-            t_fail(__FILE__, __LINE__, "%s == \"%s\", expected \"%s\"", #a, \
-                   a_ ? a_ : "(null)", b_ ? b_ : "(null)"); \
+#define CHECK_INT(a, b)                                                                        \
+    do {                                                                                       \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                    \
+        if (a_ != b_)                                                                          \
+            t_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", #a, a_, #b, b_);     \
+    } while (0)
+#define CHECK_STR(a, b)                                                                        \
+    do {                                                                                       \
+        const char *a_ = (a), *b_ = (b);                                                       \
+        if (!a_ || !b_ || strcmp(a_, b_) != 0)                                                 \
+            t_fail(__FILE__, __LINE__, "%s == \"%s\", expected \"%s\"", #a,                    \
+                   a_ ? a_ : "(null)", b_ ? b_ : "(null)");                                    \
     } while (0)
 /* expr must return 0 on client; on failure prints pqmq_errmsg(client). */
-#define CHECK_OK(client, expr) do { \
-        int rc_ = (expr); \
-        if (rc_ != 0) t_fail(__FILE__, __LINE__, "%s returned %d: %s", #expr, rc_, \
-                             pqmq_errmsg(client)); \
+#define CHECK_OK(client, expr)                                                                 \
+    do {                                                                                       \
+        int rc_ = (expr);                                                                      \
+        if (rc_ != 0)                                                                          \
+            t_fail(__FILE__, __LINE__, "%s returned %d: %s", #expr, rc_, pqmq_errmsg(client)); \
     } while (0)
 /* expr must fail with code; the message must contain needle (may be NULL). */
-#define CHECK_ERR(client, expr, code, needle) do { \
-        int rc_ = (expr); \
-        const char *m_ = pqmq_errmsg(client), *n_ = (needle); \
-        if (rc_ != (code)) t_fail(__FILE__, __LINE__, "%s returned %d, expected %s (%d); msg: %s", \
-                                  #expr, rc_, #code, (code), m_); \
-        else if (n_ && !strstr(m_, n_)) \
-            t_fail(__FILE__, __LINE__, "%s: message \"%s\" lacks \"%s\"", #expr, m_, n_); \
+#define CHECK_ERR(client, expr, code, needle)                                                  \
+    do {                                                                                       \
+        int rc_ = (expr);                                                                      \
+        const char *m_ = pqmq_errmsg(client), *n_ = (needle);                                  \
+        if (rc_ != (code))                                                                     \
+            t_fail(__FILE__, __LINE__, "%s returned %d, expected %s (%d); msg: %s", #expr,     \
+                   rc_, #code, (code), m_);                                                    \
+        else if (n_ && !strstr(m_, n_))                                                        \
+            t_fail(__FILE__, __LINE__, "%s: message \"%s\" lacks \"%s\"", #expr, m_, n_);      \
     } while (0)
 
 #define T_RUN(fn) t_run(#fn, fn)
@@ -76,15 +84,12 @@ int t_pooled(void);
 
 /* Runs SQL (printf-formatted; only for trusted test text) and fails the
  * check on error. Returns the result (caller PQclear's) or NULL. */
-PGresult *t_sql(PGconn *conn, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+PGresult *t_sql(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Runs SQL returning one value; returns it as a long long (-1 on NULL or
  * error, which also fails the check). */
-long long t_sql_int(PGconn *conn, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+long long t_sql_int(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Runs a statement expected to succeed, discarding its result. */
-void t_exec(PGconn *conn, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void t_exec(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Empties the queue tables of the test schema. */
 void t_truncate(void);
@@ -94,8 +99,8 @@ int64_t t_now_ms(void);
 void t_sleep_ms(int64_t ms);
 
 /* Builds a message; aborts on OOM. Caller owns; pqmq_msg_free. */
-pqmq_msg *t_msg(const char *channel, const char *args, const char *name,
-                const char *json, int ordered);
+pqmq_msg *t_msg(const char *channel, const char *args, const char *name, const char *json,
+                int ordered);
 /* Frees n messages. */
 void t_msgs_free(pqmq_msg **msgs, size_t n);
 

@@ -16,15 +16,16 @@ static PGconn *pg;
 static char *dsn_with_path(const char *schema)
 {
     char *s = NULL;
-    if (asprintf(&s, "%s options='-c search_path=%s -c client_min_messages=warning'",
-                 t_dsn(), schema) < 0)
+    if (asprintf(&s, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
+                 schema) < 0)
         abort();
     return s;
 }
 
 static long long count_rows(void)
 {
-    return t_sql_int(pg, "SELECT (SELECT count(*) FROM mq_msgs) + (SELECT count(*) FROM mq_payloads)");
+    return t_sql_int(
+        pg, "SELECT (SELECT count(*) FROM mq_msgs) + (SELECT count(*) FROM mq_payloads)");
 }
 
 static void uuid_str(const uuid_t id, char out[37])
@@ -227,10 +228,9 @@ static void test_errmsg_null_client(void)
 
 static void test_strerror(void)
 {
-    static const int codes[] = {PQMQ_OK,      PQMQ_EINVAL,   PQMQ_ENOMEM,
-                                PQMQ_ECONN,   PQMQ_ESERVER,  PQMQ_ETOOBIG,
-                                PQMQ_ENOTHELD, PQMQ_EPAYLOAD, PQMQ_ESCHEMA,
-                                PQMQ_ESTALE};
+    static const int codes[] = {PQMQ_OK,      PQMQ_EINVAL,  PQMQ_ENOMEM,   PQMQ_ECONN,
+                                PQMQ_ESERVER, PQMQ_ETOOBIG, PQMQ_ENOTHELD, PQMQ_EPAYLOAD,
+                                PQMQ_ESCHEMA, PQMQ_ESTALE};
     enum { N = sizeof codes / sizeof *codes };
     for (int i = 0; i < N; i++) {
         const char *s = pqmq_strerror(codes[i]);
@@ -241,8 +241,8 @@ static void test_strerror(void)
             t_fail(__FILE__, __LINE__, "code %d has no description", codes[i]);
         for (int k = 0; k < i; k++)
             if (!strcmp(s, pqmq_strerror(codes[k])))
-                t_fail(__FILE__, __LINE__, "codes %d and %d share \"%s\"", codes[k],
-                       codes[i], s);
+                t_fail(__FILE__, __LINE__, "codes %d and %d share \"%s\"", codes[k], codes[i],
+                       s);
     }
     CHECK_STR(pqmq_strerror(-10), "unknown error");
     CHECK_STR(pqmq_strerror(1), "unknown error");
@@ -347,8 +347,11 @@ static void test_missing_schema(void)
     CHECK_ERR(c, pqmq_keep_alive(c, &id, 1, 1000, NULL), PQMQ_ESCHEMA, "pqmq_migrate");
     /* Still a usable connection: nothing was created by those calls. */
     CHECK(PQstatus(pqmq_conn(c)) == CONNECTION_OK);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_class c JOIN pg_namespace n "
-                            "ON n.oid = c.relnamespace WHERE n.nspname = '%s'", empty), 0);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_class c JOIN pg_namespace n "
+                        "ON n.oid = c.relnamespace WHERE n.nspname = '%s'",
+                        empty),
+              0);
 
     /* Doing what the message says fixes it, on the same client. */
     CHECK_OK(c, pqmq_migrate(c));
@@ -523,7 +526,8 @@ static void test_msg_set_id_round_trip(void)
     CHECK(memcmp(got, want, sizeof want) == 0);
     CHECK_OK(q, pqmq_insert(q, &m, 1));
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs "
-                            "WHERE id = '0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b'"), 1);
+                            "WHERE id = '0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b'"),
+              1);
     CHECK_INT(pqmq_msg_set_id(m, NULL), PQMQ_EINVAL);
     pqmq_msg_id(m, got); /* unchanged by the refused call */
     CHECK(memcmp(got, want, sizeof want) == 0);

@@ -56,8 +56,8 @@ static char *id_list(const pqmq_batch *b)
 static long long present(const pqmq_batch *b)
 {
     char *ids = id_list(b);
-    long long n = t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = ANY ('%s'::uuid[])",
-                            ids);
+    long long n =
+        t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = ANY ('%s'::uuid[])", ids);
     free(ids);
     return n;
 }
@@ -148,15 +148,16 @@ static void test_failed_poll_undoes_completion(void)
     pqmq_batch *b = NULL;
     CHECK_OK(q, pqmq_poll(q, NULL, 0, 2, &b));
     char *ids = id_list(b), *sql = NULL;
-    if (asprintf(&sql, "SELECT * FROM mq_complete_poll('%s'::uuid[], '{1,1}', NULL, 0)",
-                 ids) < 0)
+    if (asprintf(&sql, "SELECT * FROM mq_complete_poll('%s'::uuid[], '{1,1}', NULL, 0)", ids) <
+        0)
         abort();
     PGresult *r = PQexec(pg, sql); /* batch_size 0: the poll refuses */
     CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22023");
     PQclear(r);
     free(sql);
     CHECK_INT(present(b), 2);
-    r = t_sql(pg, "SELECT completed FROM mq_complete_poll('%s'::uuid[], '{1,1}', NULL, 5)", ids);
+    r = t_sql(pg, "SELECT completed FROM mq_complete_poll('%s'::uuid[], '{1,1}', NULL, 5)",
+              ids);
     CHECK(r && PQntuples(r) == 1); /* nothing left: the one row carries wait_time */
     CHECK_STR(r ? PQgetvalue(r, 0, 0) : NULL, "2");
     PQclear(r);

@@ -10,11 +10,11 @@ enum { CONSUMERS = 4, MESSAGES = 2000, CHAINS = 8, PER_CHAIN = 60 };
 static pqmq_client *q;
 static PGconn *pg;
 
-static atomic_int seen[MESSAGES];       /* deliveries per message seq */
-static atomic_int in_flight[CHAINS];    /* jobs of a chain being processed now */
+static atomic_int seen[MESSAGES];    /* deliveries per message seq */
+static atomic_int in_flight[CHAINS]; /* jobs of a chain being processed now */
 static atomic_int max_in_flight[CHAINS];
 static atomic_int errors, done_count;
-static int order[CHAINS][PER_CHAIN];    /* completion order per chain */
+static int order[CHAINS][PER_CHAIN]; /* completion order per chain */
 static int order_len[CHAINS];
 static pthread_mutex_t order_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -122,7 +122,8 @@ static void *ordered_consumer(void *arg)
         for (size_t i = 0; i < n; i++) {
             int ch = chains[i];
             if (order_len[ch] < PER_CHAIN)
-                order[ch][order_len[ch]++] = json_int(pqmq_job_json(pqmq_batch_job(b, i)), "seq");
+                order[ch][order_len[ch]++] =
+                    json_int(pqmq_job_json(pqmq_batch_job(b, i)), "seq");
             atomic_fetch_sub(&in_flight[ch], 1);
         }
         /* Completing under the lock makes "completion order" well defined. */

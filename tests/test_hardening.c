@@ -33,7 +33,9 @@ static const char *state_of(PGconn *c, const char *sql)
     const char *s = PQresultErrorField(r, PG_DIAG_SQLSTATE);
     ExecStatusType es = PQresultStatus(r);
     snprintf(st, sizeof st, "%s",
-             es == PGRES_TUPLES_OK || es == PGRES_COMMAND_OK ? "" : s ? s : "?");
+             es == PGRES_TUPLES_OK || es == PGRES_COMMAND_OK ? ""
+             : s                                             ? s
+                                                             : "?");
     PQclear(r);
     return st;
 }
@@ -49,7 +51,8 @@ static void test_month_interval_lease(void)
                "interval '-1 month +30 days +1 second', 'm', '', NULL, false, 'n', NULL, "
                "NULL)::mq_new_t])");
     CHECK_INT(t_sql_int(pg, "SELECT extract(epoch FROM retry_backoff)::bigint * 1000000 "
-                            "FROM mq_msgs"), 1000000);
+                            "FROM mq_msgs"),
+              1000000);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_poll_jobs(NULL, 5) "
                             "WHERE id IS NOT NULL AND retry_backoff = interval '1 second'"),
               1);
@@ -58,22 +61,28 @@ static void test_month_interval_lease(void)
     long long before = count_all(pg);
     CHECK_STR(state_of(pg, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 1, "
                            "interval '1 month -30 days -1 second', 'm', '', NULL, false, "
-                           "'n', NULL, NULL)::mq_new_t])"), "22023");
+                           "'n', NULL, NULL)::mq_new_t])"),
+              "22023");
     CHECK_STR(state_of(pg, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), "
                            "interval '1 day -24 hours -1 microsecond', 1, NULL, 'm', '', "
-                           "NULL, false, 'n', NULL, NULL)::mq_new_t])"), "22023");
+                           "NULL, false, 'n', NULL, NULL)::mq_new_t])"),
+              "22023");
     CHECK_INT(count_all(pg), before);
     /* Keep-alive and checkpoint read durations the same way. */
     CHECK_STR(state_of(pg, "SELECT mq_keep_alive(ARRAY(SELECT id FROM mq_msgs), "
-                           "interval '1 month -30 days -1 second')"), "22023");
+                           "interval '1 month -30 days -1 second')"),
+              "22023");
     CHECK_STR(state_of(pg, "SELECT mq_checkpoint((SELECT id FROM mq_msgs), "
-                           "interval '1 day -24 hours -1 second', NULL, NULL, 0)"), "22023");
+                           "interval '1 day -24 hours -1 second', NULL, NULL, 0)"),
+              "22023");
     /* A day is 24 hours even across a daylight-saving change. */
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM generate_series(0, 400) AS k, "
-                            "LATERAL (SELECT timestamptz '2026-01-01 00:30 America/New_York' "
-                            "  + k * interval '23 hours' AS ts) t "
-                            "WHERE t.ts + mq_fixed_length(interval '1 day -24 hours +1 second') "
-                            "      - t.ts <> interval '1 second'"), 0);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM generate_series(0, 400) AS k, "
+                        "LATERAL (SELECT timestamptz '2026-01-01 00:30 America/New_York' "
+                        "  + k * interval '23 hours' AS ts) t "
+                        "WHERE t.ts + mq_fixed_length(interval '1 day -24 hours +1 second') "
+                        "      - t.ts <> interval '1 second'"),
+              0);
 }
 
 /* ---- search_path and schema rights --------------------------------------- */
@@ -91,8 +100,10 @@ static void test_schema_others_can_create_in_is_refused(void)
     CHECK_INT(pqmq_wrap(c, &w), 0);
     CHECK(pqmq_migrate(w) != 0);
     CHECK(strstr(pqmq_errmsg(w), "may create objects in the queue schema") != NULL);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_class WHERE relnamespace = '%s'::regnamespace",
-                        s), 0);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_class WHERE relnamespace = '%s'::regnamespace",
+                        s),
+              0);
     /* Revoked: installs. */
     t_exec(pg, "REVOKE CREATE ON SCHEMA %s FROM PUBLIC", s);
     CHECK_OK(w, pqmq_migrate(w));
@@ -103,22 +114,26 @@ static void test_schema_others_can_create_in_is_refused(void)
 
 static void test_helpers_not_for_public(void)
 {
-    const char *helpers[] = {"mq_lock_new_chains", "mq_record_tails", "mq_wake", "mq_pick",
-                             "mq_lock_chains",     "mq_unlink",       "mq_fixed_length"};
+    const char *helpers[] = {
+        "mq_lock_new_chains", "mq_record_tails", "mq_wake",        "mq_pick",
+        "mq_lock_chains",     "mq_unlink",       "mq_fixed_length"};
     for (size_t i = 0; i < sizeof helpers / sizeof *helpers; i++)
-        if (t_sql_int(pg, "SELECT count(*) FROM pg_proc p WHERE p.proname = '%s' "
-                          "AND p.pronamespace = '%s'::regnamespace "
-                          "AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a "
-                          "     WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))",
+        if (t_sql_int(pg,
+                      "SELECT count(*) FROM pg_proc p WHERE p.proname = '%s' "
+                      "AND p.pronamespace = '%s'::regnamespace "
+                      "AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a "
+                      "     WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))",
                       helpers[i], t_schema()) != 0)
             t_fail(__FILE__, __LINE__, "PUBLIC may execute %s", helpers[i]);
     /* Since the roles migration (0007) the entry points are not for PUBLIC
      * either: mq_grant gives them to roles by duty (test_roles). */
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_proc p WHERE p.proname = 'mq_insert' "
-                            "AND p.pronamespace = '%s'::regnamespace "
-                            "AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a "
-                            "     WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))",
-                        t_schema()), 0);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_proc p WHERE p.proname = 'mq_insert' "
+                        "AND p.pronamespace = '%s'::regnamespace "
+                        "AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a "
+                        "     WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))",
+                        t_schema()),
+              0);
 }
 
 /* ---- precise refusals ------------------------------------------------------ */
@@ -202,7 +217,8 @@ static void test_long_error_text_recorded(void)
     pqmq_runner_free(r);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads WHERE last_error IS NOT NULL "
                             "AND octet_length(last_error) BETWEEN 500 AND 511 "
-                            "AND last_error ~ '^(\xc3\xa9)+$'"), 1);
+                            "AND last_error ~ '^(\xc3\xa9)+$'"),
+              1);
 }
 
 /* ---- a hostile role -------------------------------------------------------- */
@@ -271,20 +287,31 @@ static int apply_files(PGconn *c)
  * that is on a caller's default path: public and one named after the
  * privileged caller ("$user"). */
 static const char *trap_functions[] = {
-    "cardinality(uuid[]) RETURNS int", "cardinality(text[]) RETURNS int",
-    "cardinality(int[]) RETURNS int", "cardinality(@Q.mq_new_t[]) RETURNS int",
-    "unnest(uuid[]) RETURNS SETOF uuid", "unnest(text[]) RETURNS SETOF text",
-    "unnest(int[]) RETURNS SETOF int", "array_position(int[], int) RETURNS int",
-    "hashtext(text) RETURNS int", "octet_length(text) RETURNS int",
-    "left(text, int) RETURNS text", "pg_notify(text, text) RETURNS void",
-    "clock_timestamp() RETURNS timestamptz", "random() RETURNS float8",
-    "pg_advisory_xact_lock(int, int) RETURNS void", "format(text, text) RETURNS text",
-    "mq_limits() RETURNS int", "make_interval(int, int, int, int) RETURNS interval",
-    "date_part(text, interval) RETURNS float8", "now() RETURNS timestamptz",
+    "cardinality(uuid[]) RETURNS int",
+    "cardinality(text[]) RETURNS int",
+    "cardinality(int[]) RETURNS int",
+    "cardinality(@Q.mq_new_t[]) RETURNS int",
+    "unnest(uuid[]) RETURNS SETOF uuid",
+    "unnest(text[]) RETURNS SETOF text",
+    "unnest(int[]) RETURNS SETOF int",
+    "array_position(int[], int) RETURNS int",
+    "hashtext(text) RETURNS int",
+    "octet_length(text) RETURNS int",
+    "left(text, int) RETURNS text",
+    "pg_notify(text, text) RETURNS void",
+    "clock_timestamp() RETURNS timestamptz",
+    "random() RETURNS float8",
+    "pg_advisory_xact_lock(int, int) RETURNS void",
+    "format(text, text) RETURNS text",
+    "mq_limits() RETURNS int",
+    "make_interval(int, int, int, int) RETURNS interval",
+    "date_part(text, interval) RETURNS float8",
+    "now() RETURNS timestamptz",
 };
 static const char *trap_operators[] = {
-    "||:uuid[]:uuid[]", "*:interval:int", "*:float8:numeric", "/:interval:int",
-    "+:timestamptz:interval", "-:timestamptz:timestamptz", "=:uuid:uuid", "<:interval:interval",
+    "||:uuid[]:uuid[]", "*:interval:int",         "*:float8:numeric",
+    "/:interval:int",   "+:timestamptz:interval", "-:timestamptz:timestamptz",
+    "=:uuid:uuid",      "<:interval:interval",
 };
 
 static void plant(PGconn *h, const char *schema)
@@ -326,7 +353,8 @@ static void plant(PGconn *h, const char *schema)
                "CREATE OR REPLACE FUNCTION %s.trap_op_%zu(%s, %s) RETURNS %s LANGUAGE plpgsql "
                "AS $t$ BEGIN PERFORM %s.trap('op'); RETURN NULL; END $t$",
                schema, i, l, r, !strcmp(op, "=") || !strcmp(op, "<") ? "boolean" : l, schema);
-        t_exec(h, "CREATE OPERATOR %s.%s (FUNCTION = %s.trap_op_%zu, LEFTARG = %s, RIGHTARG = %s)",
+        t_exec(h,
+               "CREATE OPERATOR %s.%s (FUNCTION = %s.trap_op_%zu, LEFTARG = %s, RIGHTARG = %s)",
                schema, op, schema, i, l, r);
     }
     /* Aggregates too. */
@@ -370,8 +398,9 @@ static void life_cycle(PGconn *conn)
         pqmq_batch_free(b);
     }
     CHECK_INT(t_sql_int(conn, "SELECT count(*) FROM mq_msgs"), 0);
-    t_exec(conn, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), interval '1 month', 2, "
-                 "interval '1 day', 'h', 'b', interval '1 hour', true, 'n', '{}', NULL)::mq_new_t])");
+    t_exec(conn,
+           "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), interval '1 month', 2, "
+           "interval '1 day', 'h', 'b', interval '1 hour', true, 'n', '{}', NULL)::mq_new_t])");
     t_exec(conn, "SELECT mq_commit(ARRAY(SELECT id FROM mq_msgs))");
     t_exec(conn, "SELECT mq_keep_alive(ARRAY(SELECT id FROM mq_msgs), interval '1 hour')");
     t_exec(conn, "UPDATE mq_msgs SET attempt_at = now()");
@@ -448,9 +477,9 @@ static void test_hostile_role_gains_nothing(void)
     }
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM public.trap_log WHERE who <> '%s'", hostile),
               0);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM \"%s\".trap_log WHERE who <> '%s'", me,
-                        hostile),
-              0);
+    CHECK_INT(
+        t_sql_int(pg, "SELECT count(*) FROM \"%s\".trap_log WHERE who <> '%s'", me, hostile),
+        0);
     CHECK_INT(t_sql_int(pg, "SELECT rolsuper::int FROM pg_roles WHERE rolname = '%s'", hostile),
               0);
     /* The traps work: called directly, they log. */

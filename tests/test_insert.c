@@ -8,7 +8,8 @@ static PGconn *pg;
 
 static long long count_msgs(void)
 {
-    return t_sql_int(pg, "SELECT (SELECT count(*) FROM mq_msgs) + (SELECT count(*) FROM mq_payloads)");
+    return t_sql_int(
+        pg, "SELECT (SELECT count(*) FROM mq_msgs) + (SELECT count(*) FROM mq_payloads)");
 }
 
 static void test_insert_one_round_trip_fields(void)
@@ -25,18 +26,20 @@ static void test_insert_one_round_trip_fields(void)
     char ids[37];
     pqmq_msg_id(m, id);
     uuid_unparse_lower(id, ids);
-    PGresult *r = t_sql(pg,
-        "SELECT m.channel_name, m.channel_args, m.attempts, "
-        "extract(epoch FROM m.retry_backoff)*1000, p.name, p.payload_json->>'to', "
-        "encode(p.payload_bytes, 'hex'), "
-        "round(extract(epoch FROM m.attempt_at - m.created_at)), "
-        "m.after_message_id IS NULL "
-        "FROM mq_msgs m JOIN mq_payloads p USING (id) WHERE id = '%s'", ids);
+    PGresult *r =
+        t_sql(pg,
+              "SELECT m.channel_name, m.channel_args, m.attempts, "
+              "extract(epoch FROM m.retry_backoff)*1000, p.name, p.payload_json->>'to', "
+              "encode(p.payload_bytes, 'hex'), "
+              "round(extract(epoch FROM m.attempt_at - m.created_at)), "
+              "m.after_message_id IS NULL "
+              "FROM mq_msgs m JOIN mq_payloads p USING (id) WHERE id = '%s'",
+              ids);
     CHECK(r && PQntuples(r) == 1);
     if (r && PQntuples(r) == 1) {
         CHECK_STR(PQgetvalue(r, 0, 0), "mail");
         CHECK_STR(PQgetvalue(r, 0, 1), "user-7");
-        CHECK_STR(PQgetvalue(r, 0, 2), "8");   /* first delivery + 7 retries */
+        CHECK_STR(PQgetvalue(r, 0, 2), "8"); /* first delivery + 7 retries */
         CHECK_INT(atoll(PQgetvalue(r, 0, 3)), 2500);
         CHECK_STR(PQgetvalue(r, 0, 4), "send");
         CHECK_STR(PQgetvalue(r, 0, 5), "a@b");
@@ -66,7 +69,10 @@ static int round_trips(pqmq_client *c, int (*fn)(pqmq_client *, void *), void *a
     return syncs;
 }
 
-struct batch_arg { pqmq_msg **msgs; size_t n; };
+struct batch_arg {
+    pqmq_msg **msgs;
+    size_t n;
+};
 
 static int insert_fn(pqmq_client *c, void *arg)
 {
@@ -103,10 +109,12 @@ static void test_server_rejects_invalid_json_atomically(void)
     /* Another language's client, bypassing the C checks: the server rejects
      * the whole batch too. */
     t_truncate();
-    PGresult *r = PQexec(pg,
+    PGresult *r = PQexec(
+        pg,
         "SELECT mq_insert(ARRAY["
         "(gen_random_uuid(), NULL, 1, '1s', 'c', '', NULL, false, 'n', '{}', NULL)::mq_new_t,"
-        "(gen_random_uuid(), NULL, 1, '1s', 'c', '', NULL, false, 'n', '{nope', NULL)::mq_new_t])");
+        "(gen_random_uuid(), NULL, 1, '1s', 'c', '', NULL, false, 'n', '{nope', "
+        "NULL)::mq_new_t])");
     CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
     CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22P02");
     PQclear(r);
@@ -116,10 +124,12 @@ static void test_server_rejects_invalid_json_atomically(void)
 static void test_server_names_bad_message(void)
 {
     t_truncate();
-    PGresult *r = PQexec(pg,
+    PGresult *r = PQexec(
+        pg,
         "SELECT mq_insert(ARRAY["
         "(gen_random_uuid(), NULL, 1, '1s', 'c', '', NULL, false, 'n', '{}', NULL)::mq_new_t,"
-        "(gen_random_uuid(), NULL, -1, '1s', 'c', '', NULL, false, 'n', '{}', NULL)::mq_new_t])");
+        "(gen_random_uuid(), NULL, -1, '1s', 'c', '', NULL, false, 'n', '{}', "
+        "NULL)::mq_new_t])");
     CHECK(PQresultStatus(r) == PGRES_FATAL_ERROR);
     const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
     CHECK(msg && strstr(msg, "message 2 of the batch: retries is negative"));
@@ -132,7 +142,8 @@ static void test_nul_in_channel_name_is_refused(void)
     /* C strings end at a NUL, so only another client could send one; the
      * server refuses it and stores nothing. */
     t_truncate();
-    PGresult *r = PQexec(pg,
+    PGresult *r = PQexec(
+        pg,
         "SELECT mq_insert(ARRAY["
         "(gen_random_uuid(), NULL, 1, '1s', 'ok', '', NULL, false, 'n', '{}', NULL)::mq_new_t,"
         "(gen_random_uuid(), NULL, 1, '1s', convert_from('\\x6100'::bytea, 'UTF8'), '',"
@@ -253,10 +264,10 @@ static void test_limits_at_the_edges(void)
 {
     t_truncate();
     pqmq_msg *m = t_msg("edge", NULL, "n", "{}", 0);
-    pqmq_msg_set_retries(m, INT32_MAX);          /* as good as endless */
+    pqmq_msg_set_retries(m, INT32_MAX);            /* as good as endless */
     pqmq_msg_set_backoff(m, PQMQ_MAX_DURATION_MS); /* the longest lease */
     pqmq_msg_set_delay(m, PQMQ_MAX_DURATION_MS);
-    pqmq_msg_set_commit_interval(m, 0);          /* two-phase, no grace */
+    pqmq_msg_set_commit_interval(m, 0); /* two-phase, no grace */
     CHECK_OK(q, pqmq_insert(q, &m, 1));
     CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs"), INT32_MAX);
     pqmq_msg_free(m);
@@ -264,7 +275,7 @@ static void test_limits_at_the_edges(void)
     t_truncate();
     pqmq_msg *zero = t_msg("edge", NULL, "n", NULL, 0);
     pqmq_msg_set_retries(zero, 0);
-    pqmq_msg_set_bytes(zero, "", 0);             /* an empty, present payload */
+    pqmq_msg_set_bytes(zero, "", 0); /* an empty, present payload */
     CHECK_OK(q, pqmq_insert(q, &zero, 1));
     pqmq_msg_free(zero);
     pqmq_batch *b = NULL;

@@ -126,15 +126,16 @@ static void test_keep_alive_counts_what_it_extended(void)
     insert_one(3, 60000, "{}", NULL, 0, ids[0]); /* held */
     insert_one(3, 60000, "{}", NULL, 0, ids[1]); /* held */
     CHECK_INT(poll_count(), 2);
-    insert_one(3, 100, "{}", NULL, 0, ids[2]);   /* its lease runs out */
+    insert_one(3, 100, "{}", NULL, 0, ids[2]); /* its lease runs out */
     CHECK_INT(poll_count(), 1);
     t_sleep_ms(250);
-    pqmq_uuid_generate(ids[3]);                  /* unknown */
+    pqmq_uuid_generate(ids[3]); /* unknown */
     size_t ext = 0;
     CHECK_OK(q, pqmq_keep_alive(q, (const uuid_t *)ids, 4, 120000, &ext));
     CHECK_INT(ext, 2);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs "
-                            "WHERE attempt_at > clock_timestamp() + interval '90 s'"), 2);
+                            "WHERE attempt_at > clock_timestamp() + interval '90 s'"),
+              2);
 }
 
 static void test_keep_alive_bad_duration(void)
@@ -144,8 +145,7 @@ static void test_keep_alive_bad_duration(void)
     insert_one(3, 60000, "{}", NULL, 0, id);
     CHECK_INT(poll_count(), 1);
     size_t ext = 99;
-    CHECK_ERR(q, pqmq_keep_alive(q, (const uuid_t *)&id, 1, -1, &ext), PQMQ_EINVAL,
-              "negative");
+    CHECK_ERR(q, pqmq_keep_alive(q, (const uuid_t *)&id, 1, -1, &ext), PQMQ_EINVAL, "negative");
     CHECK_INT(ext, 0);
     CHECK_ERR(q, pqmq_keep_alive(q, (const uuid_t *)&id, 1, PQMQ_MAX_DURATION_MS + 1, NULL),
               PQMQ_EINVAL, "3650 days");
@@ -272,7 +272,8 @@ static void test_checkpoint_bad_arguments(void)
     insert_one(1, 60000, "{\"k\": 1}", NULL, 0, id);
     CHECK_INT(poll_count(), 1);
     pqmq_uuid_generate(unknown);
-    CHECK_ERR(q, pqmq_checkpoint(q, unknown, 1000, NULL, NULL, 0, 0), PQMQ_ENOTHELD, "lease ran out");
+    CHECK_ERR(q, pqmq_checkpoint(q, unknown, 1000, NULL, NULL, 0, 0), PQMQ_ENOTHELD,
+              "lease ran out");
     CHECK_ERR(q, pqmq_checkpoint(q, id, 1000, NULL, NULL, 0, -1), PQMQ_EINVAL, "extra_retries");
     CHECK_ERR(q, pqmq_checkpoint(q, id, 1000, "{\"k\": ", NULL, 0, 0), PQMQ_EINVAL, "JSON");
     CHECK_ERR(q, pqmq_checkpoint(q, id, 1000, "{} x", NULL, 0, 0), PQMQ_EINVAL, "JSON");
@@ -338,7 +339,8 @@ static void test_fail_on_final_attempt_is_dead(void)
     CHECK_STR(v, "fatal");
     /* Dead is dead: it is not held any more. */
     CHECK_ERR(q, pqmq_fail(q, id, "again"), PQMQ_ENOTHELD, "lease ran out");
-    CHECK_ERR(q, pqmq_checkpoint(q, id, 1000, NULL, NULL, 0, 3), PQMQ_ENOTHELD, "lease ran out");
+    CHECK_ERR(q, pqmq_checkpoint(q, id, 1000, NULL, NULL, 0, 3), PQMQ_ENOTHELD,
+              "lease ran out");
     CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs"), 0);
 }
 

@@ -12,8 +12,8 @@
 #include "harness.h"
 
 static pqmq_client *q;
-static PGconn *pg;   /* search_path: the test schema */
-static PGconn *cat;  /* search_path: pg_catalog only, so catalog text is qualified */
+static PGconn *pg;  /* search_path: the test schema */
+static PGconn *cat; /* search_path: pg_catalog only, so catalog text is qualified */
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -21,8 +21,8 @@ static PGconn *cat;  /* search_path: pg_catalog only, so catalog text is qualifi
 static PGconn *connect_path(const char *path)
 {
     char *dsn = NULL;
-    if (asprintf(&dsn, "%s options='-c search_path=%s -c client_min_messages=warning'",
-                 t_dsn(), path) < 0)
+    if (asprintf(&dsn, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
+                 path) < 0)
         abort();
     PGconn *c = PQconnectdb(dsn);
     free(dsn);
@@ -36,8 +36,8 @@ static PGconn *connect_path(const char *path)
 static pqmq_client *client_path(const char *path)
 {
     char *dsn = NULL;
-    if (asprintf(&dsn, "%s options='-c search_path=%s -c client_min_messages=warning'",
-                 t_dsn(), path) < 0)
+    if (asprintf(&dsn, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
+                 path) < 0)
         abort();
     pqmq_client *c = NULL;
     int rc = pqmq_connect(dsn, &c);
@@ -82,54 +82,57 @@ static char *sql_text(PGconn *c, const char *sql)
 static char *fingerprint(const char *schema)
 {
     char *sql = NULL;
-    if (asprintf(&sql,
-        "WITH ns AS (SELECT oid, nspname FROM pg_namespace WHERE nspname = '%s') "
-        "SELECT COALESCE(string_agg(replace(x.line, ns.nspname, '@S'), E'\\n' "
-        "                           ORDER BY replace(x.line, ns.nspname, '@S')), '') "
-        "FROM ns, LATERAL ("
-        "  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' "
-        "         || COALESCE(array_to_string(c.reloptions, ','), '') AS line "
-        "  FROM pg_class c WHERE c.relnamespace = ns.oid "
-        "  UNION ALL "
-        "  SELECT 'col ' || c.relname || '.' || a.attname || ' #' || a.attnum || ' ' "
-        "         || format_type(a.atttypid, a.atttypmod) "
-        "         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END "
-        "         || ' gen=' || a.attgenerated::text "
-        "         || ' default=' || COALESCE(pg_get_expr(d.adbin, d.adrelid), '') "
-        "  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
-        "  LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum "
-        "  WHERE c.relnamespace = ns.oid AND a.attnum > 0 AND NOT a.attisdropped "
-        "  UNION ALL "
-        "  SELECT 'idx ' || i.indexdef FROM pg_indexes i WHERE i.schemaname = ns.nspname "
-        "  UNION ALL "
-        "  SELECT 'con ' || k.conrelid::regclass::text || ' ' || k.conname || ' ' "
-        "         || pg_get_constraintdef(k.oid) "
-        "  FROM pg_constraint k WHERE k.connamespace = ns.oid "
-        "  UNION ALL "
-        "  SELECT 'fn ' || pg_get_functiondef(p.oid) "
-        "  FROM pg_proc p WHERE p.pronamespace = ns.oid AND p.prokind IN ('f', 'p', 'w') "
-        "  UNION ALL "
-        "  SELECT 'acl ' || p.oid::regprocedure::text || ' ' "
-        "         || COALESCE(p.proacl::text, '(default)') "
-        "  FROM pg_proc p WHERE p.pronamespace = ns.oid "
-        "  UNION ALL "
-        "  SELECT 'agg ' || p.oid::regprocedure::text "
-        "  FROM pg_proc p WHERE p.pronamespace = ns.oid AND p.prokind = 'a' "
-        "  UNION ALL "
-        "  SELECT 'type ' || format_type(t.oid, NULL) || ' ' || t.typtype::text "
-        "  FROM pg_type t WHERE t.typnamespace = ns.oid "
-        "  UNION ALL "
-        "  SELECT 'trg ' || pg_get_triggerdef(g.oid) "
-        "  FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid "
-        "  WHERE c.relnamespace = ns.oid AND NOT g.tgisinternal "
-        ") x",
-        schema) < 0)
+    if (asprintf(
+            &sql,
+            "WITH ns AS (SELECT oid, nspname FROM pg_namespace WHERE nspname = '%s') "
+            "SELECT COALESCE(string_agg(replace(x.line, ns.nspname, '@S'), E'\\n' "
+            "                           ORDER BY replace(x.line, ns.nspname, '@S')), '') "
+            "FROM ns, LATERAL ("
+            "  SELECT 'rel ' || c.relname || ' ' || c.relkind::text || ' ' "
+            "         || COALESCE(array_to_string(c.reloptions, ','), '') AS line "
+            "  FROM pg_class c WHERE c.relnamespace = ns.oid "
+            "  UNION ALL "
+            "  SELECT 'col ' || c.relname || '.' || a.attname || ' #' || a.attnum || ' ' "
+            "         || format_type(a.atttypid, a.atttypmod) "
+            "         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END "
+            "         || ' gen=' || a.attgenerated::text "
+            "         || ' default=' || COALESCE(pg_get_expr(d.adbin, d.adrelid), '') "
+            "  FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid "
+            "  LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum "
+            "  WHERE c.relnamespace = ns.oid AND a.attnum > 0 AND NOT a.attisdropped "
+            "  UNION ALL "
+            "  SELECT 'idx ' || i.indexdef FROM pg_indexes i WHERE i.schemaname = ns.nspname "
+            "  UNION ALL "
+            "  SELECT 'con ' || k.conrelid::regclass::text || ' ' || k.conname || ' ' "
+            "         || pg_get_constraintdef(k.oid) "
+            "  FROM pg_constraint k WHERE k.connamespace = ns.oid "
+            "  UNION ALL "
+            "  SELECT 'fn ' || pg_get_functiondef(p.oid) "
+            "  FROM pg_proc p WHERE p.pronamespace = ns.oid AND p.prokind IN ('f', 'p', 'w') "
+            "  UNION ALL "
+            "  SELECT 'acl ' || p.oid::regprocedure::text || ' ' "
+            "         || COALESCE(p.proacl::text, '(default)') "
+            "  FROM pg_proc p WHERE p.pronamespace = ns.oid "
+            "  UNION ALL "
+            "  SELECT 'agg ' || p.oid::regprocedure::text "
+            "  FROM pg_proc p WHERE p.pronamespace = ns.oid AND p.prokind = 'a' "
+            "  UNION ALL "
+            "  SELECT 'type ' || format_type(t.oid, NULL) || ' ' || t.typtype::text "
+            "  FROM pg_type t WHERE t.typnamespace = ns.oid "
+            "  UNION ALL "
+            "  SELECT 'trg ' || pg_get_triggerdef(g.oid) "
+            "  FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid "
+            "  WHERE c.relnamespace = ns.oid AND NOT g.tgisinternal "
+            ") x",
+            schema) < 0)
         abort();
     char *objects = sql_text(cat, sql);
     free(sql);
-    if (asprintf(&sql,
-                 "SELECT COALESCE(string_agg(version || ' ' || name, ', ' ORDER BY version), '') "
-                 "FROM \"%s\".mq_schema_migrations", schema) < 0)
+    if (asprintf(
+            &sql,
+            "SELECT COALESCE(string_agg(version || ' ' || name, ', ' ORDER BY version), '') "
+            "FROM \"%s\".mq_schema_migrations",
+            schema) < 0)
         abort();
     char *versions = sql_text(cat, sql);
     free(sql);
@@ -228,8 +231,8 @@ static char *sh_quote(const char *s)
 /* Applies the n files with psql into schema, in the order given, with the
  * extra server settings in options (a PGOPTIONS fragment, may be "").
  * Returns the first non-zero exit status, else 0. */
-static int psql_apply_files(const char *psql, const char *schema, char *const *files,
-                            size_t n, const char *options)
+static int psql_apply_files(const char *psql, const char *schema, char *const *files, size_t n,
+                            const char *options)
 {
     char *dsn = sh_quote(t_dsn());
     int status = n ? 0 : -1;
@@ -300,8 +303,10 @@ static void test_one_row_per_migration(void)
         int v = migration_name(g.gl_pathv[i], name, sizeof name);
         CHECK(v > newest); /* versions grow with the file names */
         newest = v;
-        if (t_sql_int(pg, "SELECT count(*) FROM mq_schema_migrations "
-                          "WHERE version = %d AND name = '%s'", v, name) != 1)
+        if (t_sql_int(pg,
+                      "SELECT count(*) FROM mq_schema_migrations "
+                      "WHERE version = %d AND name = '%s'",
+                      v, name) != 1)
             t_fail(__FILE__, __LINE__, "migration %s is not recorded once", name);
     }
     globfree(&g);
@@ -415,7 +420,8 @@ static void test_concurrent_migrate(void)
         CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_schema_migrations", schema),
                   (long long)files);
         CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT version) FROM %s.mq_schema_migrations",
-                            schema), (long long)files);
+                            schema),
+                  (long long)files);
         char *got = fingerprint(schema);
         CHECK_SAME_FP(want, got);
         free(got);
@@ -509,7 +515,8 @@ static void test_schema_files_match_the_migrations(void)
         const char *base = strrchr(g.gl_pathv[i], '/');
         if (base && !strcmp(base, "/roles.sql")) {
             char *t = g.gl_pathv[i];
-            memmove(g.gl_pathv + i, g.gl_pathv + i + 1, (g.gl_pathc - 1 - i) * sizeof *g.gl_pathv);
+            memmove(g.gl_pathv + i, g.gl_pathv + i + 1,
+                    (g.gl_pathc - 1 - i) * sizeof *g.gl_pathv);
             g.gl_pathv[g.gl_pathc - 1] = t;
             break;
         }
@@ -519,8 +526,9 @@ static void test_schema_files_match_the_migrations(void)
     char schema[96];
     fresh_schema(schema, sizeof schema, "mirror");
     /* Bodies refer to functions of files applied later. */
-    CHECK_INT(psql_apply_files(psql, schema, g.gl_pathv, g.gl_pathc,
-                               "-c check_function_bodies=off"), 0);
+    CHECK_INT(
+        psql_apply_files(psql, schema, g.gl_pathv, g.gl_pathc, "-c check_function_bodies=off"),
+        0);
     globfree(&g);
     /* Versions are the migrations' business: copy them over. */
     t_exec(pg, "INSERT INTO \"%s\".mq_schema_migrations SELECT * FROM mq_schema_migrations",
@@ -540,17 +548,20 @@ static void test_schema_files_match_the_migrations(void)
  * table cannot stand in for a queue table (migration 0004). */
 static void test_every_function_pins_search_path(void)
 {
-    long long n = t_sql_int(cat, "SELECT count(*) FROM pg_proc p "
-                                 "WHERE p.pronamespace = '%s'::regnamespace", t_schema());
+    long long n = t_sql_int(cat,
+                            "SELECT count(*) FROM pg_proc p "
+                            "WHERE p.pronamespace = '%s'::regnamespace",
+                            t_schema());
     CHECK(n >= 6);
     char *sql = NULL;
-    if (asprintf(&sql,
-                 "SELECT COALESCE(string_agg(p.oid::regprocedure::text || ' ' "
-                 "                           || COALESCE(p.proconfig::text, '(none)'), '; '), '') "
-                 "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
-                 "AND NOT COALESCE('search_path=pg_catalog, %s, pg_temp' = ANY (p.proconfig), "
-                 "false)",
-                 t_schema(), t_schema()) < 0)
+    if (asprintf(
+            &sql,
+            "SELECT COALESCE(string_agg(p.oid::regprocedure::text || ' ' "
+            "                           || COALESCE(p.proconfig::text, '(none)'), '; '), '') "
+            "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
+            "AND NOT COALESCE('search_path=pg_catalog, %s, pg_temp' = ANY (p.proconfig), "
+            "false)",
+            t_schema(), t_schema()) < 0)
         abort();
     char *unpinned = sql_text(cat, sql);
     free(sql);
@@ -573,13 +584,14 @@ static void test_pin_is_only_the_queue_schema(void)
     CHECK(t_sql_int(pg, "SELECT count(*) FROM pg_proc WHERE pronamespace = '%s'::regnamespace",
                     wide) >= 6);
     char *sql = NULL;
-    if (asprintf(&sql,
-                 "SELECT COALESCE(string_agg(p.proname || ' ' "
-                 "                           || COALESCE(p.proconfig::text, '(none)'), '; '), '') "
-                 "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
-                 "AND NOT COALESCE('search_path=pg_catalog, %s, pg_temp' = ANY (p.proconfig), "
-                 "false)",
-                 wide, wide) < 0)
+    if (asprintf(
+            &sql,
+            "SELECT COALESCE(string_agg(p.proname || ' ' "
+            "                           || COALESCE(p.proconfig::text, '(none)'), '; '), '') "
+            "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
+            "AND NOT COALESCE('search_path=pg_catalog, %s, pg_temp' = ANY (p.proconfig), "
+            "false)",
+            wide, wide) < 0)
         abort();
     char *unpinned = sql_text(cat, sql);
     free(sql);
@@ -599,10 +611,12 @@ static void test_pin_is_only_the_queue_schema(void)
 static void test_seed_signatures(void)
 {
     /* DESIGN.md section 2: these signatures must not change. */
-    static const char *const sigs[] = {
-        "mq_insert(@.mq_new_t[])", "mq_poll(text[], integer)", "mq_commit(uuid[])",
-        "mq_delete(uuid[])", "mq_keep_alive(uuid[], interval)",
-        "mq_checkpoint(uuid, interval, text, bytea, integer)"};
+    static const char *const sigs[] = {"mq_insert(@.mq_new_t[])",
+                                       "mq_poll(text[], integer)",
+                                       "mq_commit(uuid[])",
+                                       "mq_delete(uuid[])",
+                                       "mq_keep_alive(uuid[], interval)",
+                                       "mq_checkpoint(uuid, interval, text, bytea, integer)"};
     for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
         char sig[256];
         const char *at = strchr(sigs[i], '@');
@@ -615,7 +629,8 @@ static void test_seed_signatures(void)
                       sig) != 1)
             t_fail(__FILE__, __LINE__, "function %s is missing", sig);
     }
-    char *poll = sql_text(pg, "SELECT pg_get_function_result('mq_poll(text[], integer)'::regprocedure)");
+    char *poll =
+        sql_text(pg, "SELECT pg_get_function_result('mq_poll(text[], integer)'::regprocedure)");
     CHECK_STR(poll, "TABLE(id uuid, is_committed boolean, name text, payload_json text, "
                     "payload_bytes bytea, retry_backoff interval, wait_time interval)");
     free(poll);
@@ -655,8 +670,10 @@ static void test_qualified_calls_from_another_search_path(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 3);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 1);
 
-    r = t_sql(c, "SELECT id, name, payload_json FROM %s.mq_poll(NULL, 10) "
-                 "WHERE id IS NOT NULL", s);
+    r = t_sql(c,
+              "SELECT id, name, payload_json FROM %s.mq_poll(NULL, 10) "
+              "WHERE id IS NOT NULL",
+              s);
     CHECK(r && PQntuples(r) == 1);
     if (r && PQntuples(r) == 1) {
         CHECK_STR(PQgetvalue(r, 0, 0), "00000000-0000-7000-8000-000000000001");
@@ -664,27 +681,36 @@ static void test_qualified_calls_from_another_search_path(void)
     }
     PQclear(r);
 
-    t_exec(c, "SELECT %s.mq_keep_alive(ARRAY['00000000-0000-7000-8000-000000000001'::uuid], "
-              "'30s')", s);
-    t_exec(c, "SELECT %s.mq_checkpoint('00000000-0000-7000-8000-000000000001', '30s', "
-              "'{\"n\": 10}', NULL, 1)", s);
+    t_exec(c,
+           "SELECT %s.mq_keep_alive(ARRAY['00000000-0000-7000-8000-000000000001'::uuid], "
+           "'30s')",
+           s);
+    t_exec(c,
+           "SELECT %s.mq_checkpoint('00000000-0000-7000-8000-000000000001', '30s', "
+           "'{\"n\": 10}', NULL, 1)",
+           s);
     CHECK_INT(t_sql_int(pg, "SELECT (payload_json->>'n')::int FROM mq_payloads "
-                            "WHERE id = '00000000-0000-7000-8000-000000000001'"), 10);
+                            "WHERE id = '00000000-0000-7000-8000-000000000001'"),
+              10);
     t_exec(c, "SELECT %s.mq_delete(ARRAY['00000000-0000-7000-8000-000000000001'::uuid])", s);
     t_exec(c, "SELECT %s.mq_commit(ARRAY['00000000-0000-7000-8000-000000000003'::uuid])", s);
 
     /* Completing the head released the next of the chain; the commit made
      * the two-phase one ready. */
-    r = t_sql(c, "SELECT string_agg(name, ',' ORDER BY name) FROM %s.mq_poll(NULL, 10) "
-                 "WHERE id IS NOT NULL", s);
+    r = t_sql(c,
+              "SELECT string_agg(name, ',' ORDER BY name) FROM %s.mq_poll(NULL, 10) "
+              "WHERE id IS NOT NULL",
+              s);
     CHECK(r && PQntuples(r) == 1);
     if (r && PQntuples(r) == 1)
         CHECK_STR(PQgetvalue(r, 0, 0), "pending,second");
     PQclear(r);
 
     /* Nothing leaked into the caller's schema. */
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_class WHERE relnamespace = '%s'::regnamespace",
-                        other), 0);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_class WHERE relnamespace = '%s'::regnamespace",
+                        other),
+              0);
     PQfinish(c);
     drop_schema(other);
     t_truncate();
@@ -769,13 +795,18 @@ static void test_schema_name_needing_quotes(void)
     CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", ident),
               pqmq_schema_version());
     /* Its functions pin pg_catalog, exactly that schema (quoted) and pg_temp. */
-    CHECK(t_sql_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
-                        "ON n.oid = p.pronamespace WHERE n.nspname = '%s'", odd) >= 6);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
-                            "ON n.oid = p.pronamespace WHERE n.nspname = '%s' "
-                            "AND NOT COALESCE(('search_path=pg_catalog, ' "
-                            "|| quote_ident(n.nspname) || ', pg_temp') "
-                            "= ANY (p.proconfig), false)", odd), 0);
+    CHECK(t_sql_int(pg,
+                    "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
+                    "ON n.oid = p.pronamespace WHERE n.nspname = '%s'",
+                    odd) >= 6);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n "
+                        "ON n.oid = p.pronamespace WHERE n.nspname = '%s' "
+                        "AND NOT COALESCE(('search_path=pg_catalog, ' "
+                        "|| quote_ident(n.nspname) || ', pg_temp') "
+                        "= ANY (p.proconfig), false)",
+                        odd),
+              0);
     pqmq_msg_free(m);
     pqmq_client_free(w);
     PQfinish(conn);

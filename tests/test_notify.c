@@ -166,8 +166,8 @@ static void test_batch_wakes_each_channel_once(void)
     PGconn *l = listener(chans, 2);
     pqmq_msg *msgs[8];
     for (int i = 0; i < 8; i++) /* interleaved: a b a b a b a a */
-        msgs[i] = t_msg(i < 6 ? (i % 2 ? "beta" : "alpha") : "alpha", NULL, "n", "{}",
-                        i % 3 == 0);
+        msgs[i] =
+            t_msg(i < 6 ? (i % 2 ? "beta" : "alpha") : "alpha", NULL, "n", "{}", i % 3 == 0);
     CHECK_OK(q, pqmq_insert(q, msgs, 8));
     t_msgs_free(msgs, 8);
     notes ns;
@@ -232,7 +232,8 @@ static void test_strange_channel_name_round_trips(void)
         PQfinish(l);
     }
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_tables WHERE tablename = 'mq_msgs'"
-                            " AND schemaname = current_schema()"), 1);
+                            " AND schemaname = current_schema()"),
+              1);
 }
 
 static void test_long_channel_names(void)

@@ -42,7 +42,8 @@ static int drain(const char *ch, int *out, int cap)
             CHECK_OK(q, pqmq_complete_batch(q, b));
         pqmq_batch_free(b);
         if (!k) {
-            if (t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = '%s'", ch) == 0)
+            if (t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = '%s'", ch) ==
+                0)
                 break;
             t_sleep_ms(5);
         }
@@ -123,21 +124,24 @@ static void test_one_in_flight_per_chain(void)
 /* Deletes the pending messages with these seqs of channel "ord". */
 static void cancel(const char *seqs)
 {
-    t_exec(pg, "SELECT mq_delete(array(SELECT id FROM mq_payloads "
-               "WHERE (payload_json->>'seq')::int IN (%s)))", seqs);
+    t_exec(pg,
+           "SELECT mq_delete(array(SELECT id FROM mq_payloads "
+           "WHERE (payload_json->>'seq')::int IN (%s)))",
+           seqs);
 }
 
 static void test_cancel_anywhere_keeps_order(void)
 {
     t_truncate();
     insert_seq(q, "ord", "k", 0, 10);
-    cancel("0");        /* the head, before delivery */
-    cancel("4");        /* the middle */
-    cancel("6, 7");     /* two neighbours in one call */
-    cancel("9");        /* the tail */
+    cancel("0");                      /* the head, before delivery */
+    cancel("4");                      /* the middle */
+    cancel("6, 7");                   /* two neighbours in one call */
+    cancel("9");                      /* the tail */
     insert_seq(q, "ord", "k", 10, 2); /* appends after the new tail, 8 */
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE after_message_id = "
-                            "'00000000-0000-0000-0000-000000000000'"), 1);
+                            "'00000000-0000-0000-0000-000000000000'"),
+              1);
     int seqs[7];
     static const int want[] = {1, 2, 3, 5, 8, 10, 11};
     CHECK_INT(drain("ord", seqs, 7), 7);
@@ -183,7 +187,8 @@ static void test_concurrent_producers_on_one_chain(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), TOTAL);
     /* One chain: exactly one head, and every other message has a predecessor. */
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE after_message_id = "
-                            "'00000000-0000-0000-0000-000000000000'"), 1);
+                            "'00000000-0000-0000-0000-000000000000'"),
+              1);
     int *seqs = calloc(TOTAL, sizeof *seqs);
     CHECK_INT(drain("ord", seqs, TOTAL), TOTAL);
     int last[PRODUCERS];

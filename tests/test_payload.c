@@ -24,8 +24,8 @@ static void test_uuid_layout(void)
 {
     uuid_t id;
     pqmq_uuid_generate(id);
-    CHECK_INT(id[6] >> 4, 7);        /* version */
-    CHECK_INT(id[8] >> 6, 2);        /* variant 0b10 */
+    CHECK_INT(id[6] >> 4, 7); /* version */
+    CHECK_INT(id[8] >> 6, 2); /* variant 0b10 */
     int64_t now = (int64_t)time(NULL) * 1000;
     int64_t ms = (int64_t)uuid_ms(id);
     if (ms < now - 2000 || ms > now + 2000)
@@ -187,53 +187,109 @@ struct json_case {
 };
 
 /* sizeof, not strlen, so that documents may hold NUL bytes. */
-#define J(doc, want) {doc, sizeof(doc) - 1, want}
+#define J(doc, want)                                                                           \
+    {                                                                                          \
+        doc, sizeof(doc) - 1, want                                                             \
+    }
 
 static const struct json_case json_cases[] = {
     /* valid */
-    J("0", 0), J("-0", 0), J("1e5", 0), J("1E+5", 0), J("-1.5e-10", 0),
-    J("0.0", 0), J("123456789012345678901234567890", 0),
-    J("true", 0), J("false", 0), J("null", 0), J("\"\"", 0),
-    J(" \t\n\r[1, 2]\n ", 0), J("{}", 0), J("[]", 0), J("[[],{}]", 0),
+    J("0", 0),
+    J("-0", 0),
+    J("1e5", 0),
+    J("1E+5", 0),
+    J("-1.5e-10", 0),
+    J("0.0", 0),
+    J("123456789012345678901234567890", 0),
+    J("true", 0),
+    J("false", 0),
+    J("null", 0),
+    J("\"\"", 0),
+    J(" \t\n\r[1, 2]\n ", 0),
+    J("{}", 0),
+    J("[]", 0),
+    J("[[],{}]", 0),
     J("{\"a\":[1,{\"b\":null}],\"c\":\"d\"}", 0),
     J("\"\\\"\\\\\\/\\b\\f\\n\\r\\t\"", 0),
     J("\"\\u00e9\\uD83D\\uDE00\\uffff\"", 0),
     J("\"caf\xc3\xa9 \xf0\x9f\x98\x80\"", 0),
-    J("\"\xed\x9f\xbf\"", 0),                   /* U+D7FF */
-    J("\"\xee\x80\x80\"", 0),                   /* U+E000 */
-    J("\"\xf4\x8f\xbf\xbf\"", 0),               /* U+10FFFF */
+    J("\"\xed\x9f\xbf\"", 0),     /* U+D7FF */
+    J("\"\xee\x80\x80\"", 0),     /* U+E000 */
+    J("\"\xf4\x8f\xbf\xbf\"", 0), /* U+10FFFF */
     /* structure */
-    J("", 1), J("   ", 4), J("[", 2), J("[1,]", 4), J("[1}", 3), J("[1 2]", 4),
-    J("{\"a\" 1}", 6), J("{\"a\":1,}", 8), J("{1:2}", 2), J("{\"a\"", 5),
-    J("{\"a\":1 \"b\":2}", 8), J("'a'", 1), J("]", 1),
+    J("", 1),
+    J("   ", 4),
+    J("[", 2),
+    J("[1,]", 4),
+    J("[1}", 3),
+    J("[1 2]", 4),
+    J("{\"a\" 1}", 6),
+    J("{\"a\":1,}", 8),
+    J("{1:2}", 2),
+    J("{\"a\"", 5),
+    J("{\"a\":1 \"b\":2}", 8),
+    J("'a'", 1),
+    J("]", 1),
     /* trailing garbage */
-    J("1 2", 3), J("[1] x", 5), J("nulll", 5), J("{}{}", 3),
+    J("1 2", 3),
+    J("[1] x", 5),
+    J("nulll", 5),
+    J("{}{}", 3),
     /* literals */
-    J("tru", 4), J("trux", 4), J("nul", 4), J("True", 1), J("NaN", 1),
+    J("tru", 4),
+    J("trux", 4),
+    J("nul", 4),
+    J("True", 1),
+    J("NaN", 1),
     J("Infinity", 1),
     /* numbers */
-    J("01", 2), J("-01", 3), J("-", 2), J("-a", 2), J("1.", 3), J("1.e5", 3),
-    J("1e", 3), J("1e+", 4), J("+1", 1), J(".5", 1), J("1e5x", 4), J("0x10", 2),
+    J("01", 2),
+    J("-01", 3),
+    J("-", 2),
+    J("-a", 2),
+    J("1.", 3),
+    J("1.e5", 3),
+    J("1e", 3),
+    J("1e+", 4),
+    J("+1", 1),
+    J(".5", 1),
+    J("1e5x", 4),
+    J("0x10", 2),
     /* strings and escapes */
-    J("\"abc", 5), J("\"a\tb\"", 3), J("\"\\x\"", 3), J("\"\\u12G4\"", 6),
-    J("\"\\u123\"", 7), J("\"\\", 3),
-    J("\"\\u0000\"", 2),                        /* jsonb refuses it */
-    J("\"\\ud800\"", 8), J("\"\\ud800\\u0041\"", 8), J("\"\\ud800\\n\"", 9),
-    J("\"\\udc00\"", 2), J("\"\\ud800", 8),
+    J("\"abc", 5),
+    J("\"a\tb\"", 3),
+    J("\"\\x\"", 3),
+    J("\"\\u12G4\"", 6),
+    J("\"\\u123\"", 7),
+    J("\"\\", 3),
+    J("\"\\u0000\"", 2), /* jsonb refuses it */
+    J("\"\\ud800\"", 8),
+    J("\"\\ud800\\u0041\"", 8),
+    J("\"\\ud800\\n\"", 9),
+    J("\"\\udc00\"", 2),
+    J("\"\\ud800", 8),
     /* UTF-8 */
-    J("\"\xc0\x80\"", 2),                       /* overlong NUL */
-    J("\"\xc1\xbf\"", 2),                       /* overlong */
-    J("\"\xe0\x80\xaf\"", 3),                   /* overlong 3-byte */
-    J("\"\xf0\x80\x80\xaf\"", 3),               /* overlong 4-byte */
-    J("\"\xed\xa0\x80\"", 3),                   /* surrogate U+D800 */
-    J("\"\xed\xbf\xbf\"", 3),                   /* surrogate U+DFFF */
-    J("\"\xf4\x90\x80\x80\"", 3),               /* U+110000 */
+    J("\"\xc0\x80\"", 2),         /* overlong NUL */
+    J("\"\xc1\xbf\"", 2),         /* overlong */
+    J("\"\xe0\x80\xaf\"", 3),     /* overlong 3-byte */
+    J("\"\xf0\x80\x80\xaf\"", 3), /* overlong 4-byte */
+    J("\"\xed\xa0\x80\"", 3),     /* surrogate U+D800 */
+    J("\"\xed\xbf\xbf\"", 3),     /* surrogate U+DFFF */
+    J("\"\xf4\x90\x80\x80\"", 3), /* U+110000 */
     J("\"\xf5\x80\x80\x80\"", 2),
-    J("\"\x80\"", 2), J("\"\xc3\"", 3), J("\"\xc3", 3), J("\"\xe2\x82\"", 4),
-    J("\xef\xbb\xbf" "1", 1),                   /* byte order mark */
+    J("\"\x80\"", 2),
+    J("\"\xc3\"", 3),
+    J("\"\xc3", 3),
+    J("\"\xe2\x82\"", 4),
+    J("\xef\xbb\xbf"
+      "1",
+      1), /* byte order mark */
     J("\xc3\xa9", 1),
     /* NUL bytes */
-    J("[1,\0]", 4), J("1\0", 2), J("\0", 1), J("\"a\0\"", 3),
+    J("[1,\0]", 4),
+    J("1\0", 2),
+    J("\0", 1),
+    J("\"a\0\"", 3),
 };
 
 static void test_json_table(void)
@@ -242,8 +298,8 @@ static void test_json_table(void)
         const struct json_case *c = &json_cases[i];
         size_t got = pqmq_json_check(c->doc, c->len);
         if (c->want == ANY ? got == 0 : got != c->want)
-            t_fail(__FILE__, __LINE__, "case %zu (%.*s): got %zu, expected %zu", i,
-                   (int)c->len, c->doc, got, c->want);
+            t_fail(__FILE__, __LINE__, "case %zu (%.*s): got %zu, expected %zu", i, (int)c->len,
+                   c->doc, got, c->want);
     }
     CHECK_INT(pqmq_json_check(NULL, 0), 1);
     /* Only len bytes count: what follows is never read. */
@@ -359,7 +415,7 @@ static void test_msgpack_sample(void)
     CHECK(pqmq_map_get(root, NULL) == NULL);
     CHECK(pqmq_map_get(NULL, "a") == NULL);
     v = pqmq_map_get(root, "b");
-    CHECK(pqmq_map_get(v, "x") == NULL);           /* an array is no map */
+    CHECK(pqmq_map_get(v, "x") == NULL); /* an array is no map */
     CHECK(pqmq_map_get(&v->via.array.ptr[0], "a") == NULL);
 
     /* Unpacking again into the same out releases the old zone (ASan's
@@ -420,15 +476,15 @@ static void pack_zoo(msgpack_sbuffer *sb, size_t big)
     size_t ext_sizes[] = {1, 2, 4, 8, 16, 3, 300, big};
     for (size_t i = 0; i < 8; i++)
         msgpack_pack_ext_with_body(&pk, blob, ext_sizes[i], 7);
-    msgpack_pack_map(&pk, 17);                    /* map 16 */
+    msgpack_pack_map(&pk, 17); /* map 16 */
     for (int i = 0; i < 17; i++) {
         msgpack_pack_int(&pk, i);
         msgpack_pack_array(&pk, 0);
     }
-    msgpack_pack_array(&pk, 20);                  /* array 16 */
+    msgpack_pack_array(&pk, 20); /* array 16 */
     for (int i = 0; i < 20; i++)
         msgpack_pack_map(&pk, 0);
-    for (int i = 0; i < 7; i++)                   /* 33 so far: pad to 40 */
+    for (int i = 0; i < 7; i++) /* 33 so far: pad to 40 */
         msgpack_pack_nil(&pk);
     free(blob);
 }
@@ -467,7 +523,7 @@ static void test_msgpack_bad_args(void)
 
     /* A failure leaves out empty, even when it held an object. */
     CHECK_INT(pqmq_unpack("\x92\x01\x02", 3, &u), 0);
-    CHECK(pqmq_map_get(&u.data, "a") == NULL);    /* an array is no map */
+    CHECK(pqmq_map_get(&u.data, "a") == NULL); /* an array is no map */
     CHECK_INT(pqmq_unpack("\x92\x01", 2, &u), PQMQ_EPAYLOAD);
     CHECK(u.zone == NULL && u.data.type == MSGPACK_OBJECT_NIL);
     msgpack_unpacked_destroy(&u);
@@ -487,12 +543,17 @@ static void test_msgpack_hostile(void)
         H("array32 with a few elements there", "\xdd\xff\xff\xff\xff\xc0\xc0\xc0"),
         H("array16 longer than the data", "\xdc\xff\xff\xc0\xc0"),
         H("map16 that needs twice the bytes", "\xde\x00\x02\xc0\xc0\xc0"),
-        H("str32 of 4 GB", "\xdb\xff\xff\xff\xff" "abc"),
-        H("str8 one too long", "\xd9\x04" "abc"),
-        H("bin32 of 4 GB", "\xc6\xff\xff\xff\xff" "abc"),
-        H("ext32 of 4 GB", "\xc9\xff\xff\xff\xff\x01" "abc"),
+        H("str32 of 4 GB", "\xdb\xff\xff\xff\xff"
+                           "abc"),
+        H("str8 one too long", "\xd9\x04"
+                               "abc"),
+        H("bin32 of 4 GB", "\xc6\xff\xff\xff\xff"
+                           "abc"),
+        H("ext32 of 4 GB", "\xc9\xff\xff\xff\xff\x01"
+                           "abc"),
         H("ext8 without its type", "\xc7\x00"),
-        H("fixext16 short", "\xd8\x01" "0123456789abcde"),
+        H("fixext16 short", "\xd8\x01"
+                            "0123456789abcde"),
         H("uint64 short", "\xcf\x00\x00\x00\x00\x00\x00\x00"),
         H("str16 with half a length", "\xda\x00"),
         H("fixarray of 15 with 14", "\x9f\xc0\xc0\xc0\xc0\xc0\xc0\xc0\xc0\xc0\xc0"

@@ -41,8 +41,10 @@ static void test_claim_sets_lease_attempts_backoff(void)
     pqmq_batch_free(b);
     /* The lease is attempt_at = now + backoff; the backoff doubled. */
     CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs"), 2);
-    CHECK_INT(t_sql_int(pg, "SELECT extract(epoch FROM retry_backoff) * 1000 FROM mq_msgs"), 3000);
-    long long lease = t_sql_int(pg, "SELECT extract(epoch FROM attempt_at - clock_timestamp()) * 1000 FROM mq_msgs");
+    CHECK_INT(t_sql_int(pg, "SELECT extract(epoch FROM retry_backoff) * 1000 FROM mq_msgs"),
+              3000);
+    long long lease = t_sql_int(
+        pg, "SELECT extract(epoch FROM attempt_at - clock_timestamp()) * 1000 FROM mq_msgs");
     CHECK(lease > 1000 && lease <= 1500);
 }
 
@@ -106,7 +108,8 @@ static void test_wait_time(void)
     pqmq_batch_free(b);
 
     /* The SQL contract: one row, NULL id, wait_time set. */
-    PGresult *r = t_sql(pg, "SELECT id IS NULL, wait_time > interval '1 s' FROM mq_poll(NULL, 3)");
+    PGresult *r =
+        t_sql(pg, "SELECT id IS NULL, wait_time > interval '1 s' FROM mq_poll(NULL, 3)");
     CHECK(r && PQntuples(r) == 1);
     if (r && PQntuples(r) == 1) {
         CHECK_STR(PQgetvalue(r, 0, 0), "t");
@@ -161,9 +164,10 @@ static long long tuples_read_by_poll_of(int batch_size)
     t_exec(pqmq_conn(q), "SELECT pg_stat_force_next_flush()");
     t_exec(pg, "SELECT pg_stat_force_next_flush()");
     t_exec(pg, "SELECT pg_stat_clear_snapshot()");
-    const char *sql = "SELECT COALESCE(sum(COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0)), 0) "
-                      "FROM pg_stat_user_tables WHERE schemaname = current_schema() "
-                      "AND relname = 'mq_msgs'";
+    const char *sql =
+        "SELECT COALESCE(sum(COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0)), 0) "
+        "FROM pg_stat_user_tables WHERE schemaname = current_schema() "
+        "AND relname = 'mq_msgs'";
     long long before = t_sql_int(pg, "%s", sql);
     PGresult *r = t_sql(pg, "SELECT count(*) FROM mq_poll_jobs(NULL, %d)", batch_size);
     PQclear(r);
@@ -223,7 +227,8 @@ static void test_poll_bad_inputs(void)
     CHECK_ERR(q, pqmq_poll(q, NULL, 0, 0, &b), PQMQ_EINVAL, "batch_size 0 is outside");
     CHECK(b == NULL);
     CHECK_ERR(q, pqmq_poll(q, NULL, 0, -5, &b), PQMQ_EINVAL, "batch_size -5");
-    CHECK_ERR(q, pqmq_poll(q, NULL, 0, PQMQ_MAX_BATCH + 1, &b), PQMQ_EINVAL, "outside 1..10000");
+    CHECK_ERR(q, pqmq_poll(q, NULL, 0, PQMQ_MAX_BATCH + 1, &b), PQMQ_EINVAL,
+              "outside 1..10000");
     const char *chans[] = {"a", NULL};
     CHECK_ERR(q, pqmq_poll(q, chans, 2, 1, &b), PQMQ_EINVAL, "channels[1] is NULL");
     CHECK_ERR(q, pqmq_poll(q, chans, 0, 1, &b), PQMQ_EINVAL, "nchannels is 0");

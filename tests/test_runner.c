@@ -33,10 +33,11 @@ static int64_t now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-#define WAIT_UNTIL(cond, ms) do { \
-        int64_t end_ = t_now_ms() + (ms); \
-        while (!(cond) && t_now_ms() < end_) \
-            t_sleep_ms(5); \
+#define WAIT_UNTIL(cond, ms)                                                                   \
+    do {                                                                                       \
+        int64_t end_ = t_now_ms() + (ms);                                                      \
+        while (!(cond) && t_now_ms() < end_)                                                   \
+            t_sleep_ms(5);                                                                     \
     } while (0)
 
 /* The runner's conninfo, like t_client's, optionally with an
@@ -106,8 +107,7 @@ static int bg_join(bg_t *b, int64_t ms)
     }
     if (pthread_timedjoin_np(b->th, NULL, &ts) == 0)
         return 0;
-    t_fail(__FILE__, __LINE__, "pqmq_runner_run did not return within %lld ms",
-           (long long)ms);
+    t_fail(__FILE__, __LINE__, "pqmq_runner_run did not return within %lld ms", (long long)ms);
     pqmq_runner_stop(b->r);
     pthread_join(b->th, NULL);
     return -1;
@@ -175,8 +175,8 @@ static void last_error_of(const uuid_t id, char *out, size_t len)
     char text[37];
     uuid_unparse_lower(id, text);
     const char *params[1] = {text};
-    PGresult *r = PQexecParams(pg, "SELECT last_error FROM mq_payloads WHERE id = $1::uuid",
-                               1, NULL, params, NULL, NULL, 0);
+    PGresult *r = PQexecParams(pg, "SELECT last_error FROM mq_payloads WHERE id = $1::uuid", 1,
+                               NULL, params, NULL, NULL, 0);
     out[0] = '\0';
     if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && !PQgetisnull(r, 0, 0))
         snprintf(out, len, "%s", PQgetvalue(r, 0, 0));
@@ -466,8 +466,7 @@ static void test_keep_alive(void)
     pqmq_client_free(other);
     WAIT_UNTIL(stats(r).processed >= 1, 10000);
     bg_stop(&b);
-    printf("    a second consumer polled %d times during the job, claimed %d\n", polls,
-           stolen);
+    printf("    a second consumer polled %d times during the job, claimed %d\n", polls, stolen);
     CHECK_INT(stolen, 0);
     CHECK_INT(atomic_load(&ka_calls), 1);
     CHECK_INT(atomic_load(&ka_attempt), 1);
@@ -533,8 +532,9 @@ static void test_transactional_completion(void)
                "tx bigint NOT NULL DEFAULT txid_current())");
     /* Which transaction deleted each message: to prove "the same commit". */
     t_exec(pg, "CREATE TABLE rt_deleted (msg_id uuid, tx bigint)");
-    t_exec(pg, "CREATE FUNCTION rt_log_delete() RETURNS trigger LANGUAGE plpgsql AS $$ "
-               "BEGIN INSERT INTO rt_deleted VALUES (OLD.id, txid_current()); RETURN OLD; END $$");
+    t_exec(pg,
+           "CREATE FUNCTION rt_log_delete() RETURNS trigger LANGUAGE plpgsql AS $$ "
+           "BEGIN INSERT INTO rt_deleted VALUES (OLD.id, txid_current()); RETURN OLD; END $$");
     t_exec(pg, "CREATE TRIGGER rt_log_delete AFTER DELETE ON mq_msgs "
                "FOR EACH ROW EXECUTE FUNCTION rt_log_delete()");
 
@@ -577,8 +577,11 @@ static void test_transactional_completion(void)
     CHECK_INT(msg_exists(ok_id), 0);
     char text[37];
     uuid_unparse_lower(ok_id, text);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rt_effects e JOIN rt_deleted d "
-                            "USING (msg_id) WHERE msg_id = '%s' AND e.tx = d.tx", text), 1);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM rt_effects e JOIN rt_deleted d "
+                        "USING (msg_id) WHERE msg_id = '%s' AND e.tx = d.tx",
+                        text),
+              1);
 
     /* Completed elsewhere while the handler ran: the handler's write must
      * not happen (its effect would otherwise be done by two consumers). */
@@ -792,8 +795,8 @@ static int h_reconn(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
         pqmq_job_id(job, id);
         uuid_unparse_lower(id, text);
         const char *params[1] = {text};
-        PGresult *res = PQexecParams(conn, "INSERT INTO rt_once (msg_id) VALUES ($1::uuid)",
-                                     1, NULL, params, NULL, NULL, 0);
+        PGresult *res = PQexecParams(conn, "INSERT INTO rt_once (msg_id) VALUES ($1::uuid)", 1,
+                                     NULL, params, NULL, NULL, 0);
         int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
         if (!ok)
             pqmq_ctx_error(ctx, "insert: %s", PQerrorMessage(conn));
@@ -807,8 +810,10 @@ static int h_reconn(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
 
 static long long terminate_app(const char *app)
 {
-    return t_sql_int(pg, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                         "WHERE application_name = '%s'", app);
+    return t_sql_int(pg,
+                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                     "WHERE application_name = '%s'",
+                     app);
 }
 
 /* Waits until every one of ids was handled and the queue is empty; returns
@@ -905,7 +910,8 @@ static void test_reconnect(void)
         int lost = wait_all_handled(ids, N, &dups);
         s = stats(r);
         printf("    %s handlers, killed %lld busy backends: %d lost, %d redelivered, "
-               "%llu reconnects\n", tx ? "transactional" : "plain", killed, lost, dups,
+               "%llu reconnects\n",
+               tx ? "transactional" : "plain", killed, lost, dups,
                (unsigned long long)(s.reconnects - reconnects));
         CHECK_INT(killed, 5);
         CHECK_INT(lost, 0);
@@ -990,7 +996,8 @@ static void test_bad_arguments(void)
     CHECK_INT(pqmq_runner_set_keep_alive(r, -1), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_stop_channel(r, ""), PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_stop_channel(r, "a_stop_channel_name_that_is_longer_than_"
-                                              "the_63_bytes_postgres_allows"), PQMQ_EINVAL);
+                                              "the_63_bytes_postgres_allows"),
+              PQMQ_EINVAL);
     CHECK_INT(pqmq_runner_set_keep_alive(r, 0), 0);
     CHECK_INT(pqmq_runner_handle(r, "x", NULL, NULL), PQMQ_EINVAL);
     const char *null_name[] = {NULL};
@@ -1039,7 +1046,7 @@ static void test_checkpoint_from_handler(void)
     atomic_store(&cp_calls, 0);
     const char *ch = own_channel("cp");
     pqmq_msg *m = t_msg(ch, NULL, "cp", "{\"step\": 0}", 0);
-    pqmq_msg_set_retries(m, 0);      /* one delivery, unless a checkpoint adds */
+    pqmq_msg_set_retries(m, 0); /* one delivery, unless a checkpoint adds */
     pqmq_msg_set_backoff(m, 200);
     CHECK_OK(q, pqmq_insert(q, &m, 1));
     pqmq_msg_free(m);
@@ -1107,7 +1114,8 @@ static void test_stop_releases_queued_jobs(void)
     CHECK_INT(msgs_left(), 4);
     /* The four never started are ready now, their attempt refunded. */
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE deliveries = 0 "
-                            "AND attempt_at <= clock_timestamp()"), 4);
+                            "AND attempt_at <= clock_timestamp()"),
+              4);
     pqmq_batch *got = NULL;
     CHECK_OK(q, pqmq_poll(q, &ch, 1, 10, &got));
     CHECK_INT(pqmq_batch_count(got), 4);
@@ -1122,8 +1130,10 @@ static void test_stop_releases_queued_jobs(void)
 static long long function_calls(const char *fn)
 {
     t_exec(pg, "SELECT pg_stat_clear_snapshot()");
-    return t_sql_int(pg, "SELECT COALESCE(sum(calls), 0) FROM pg_stat_user_functions "
-                         "WHERE schemaname = current_schema() AND funcname = '%s'", fn);
+    return t_sql_int(pg,
+                     "SELECT COALESCE(sum(calls), 0) FROM pg_stat_user_functions "
+                     "WHERE schemaname = current_schema() AND funcname = '%s'",
+                     fn);
 }
 
 /* More jobs than a batch: after the first full poll, what the workers
@@ -1142,8 +1152,10 @@ static void test_completions_are_batched(void)
     put_n(ch, "n", JOBS, 60000, NULL);
     /* The runner's sessions count their function calls (superuser GUC). */
     char *ci = NULL;
-    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning "
-                      "-c track_functions=pl'", t_dsn(), t_schema()) < 0)
+    if (asprintf(&ci,
+                 "%s options='-c search_path=%s -c client_min_messages=warning "
+                 "-c track_functions=pl'",
+                 t_dsn(), t_schema()) < 0)
         abort();
     pqmq_runner *r = pqmq_runner_new(ci);
     free(ci);
@@ -1162,7 +1174,8 @@ static void test_completions_are_batched(void)
         with_poll = function_calls("mq_complete_claim") - before_cp;
     }
     printf("    %d jobs completed in %lld mq_complete calls, %lld of them in a poll's "
-           "statement\n", JOBS, calls, with_poll);
+           "statement\n",
+           JOBS, calls, with_poll);
     CHECK(calls >= 1);
     CHECK(calls < JOBS / 4); /* one statement per loop turn, not one per job */
     CHECK(with_poll >= 1);

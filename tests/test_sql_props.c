@@ -36,7 +36,10 @@ static long long between(long long lo, long long hi) /* inclusive */
 {
     return lo + (long long)(next() % (uint64_t)(hi - lo + 1));
 }
-static int chance(int percent) { return (int)(next() % 100) < percent; }
+static int chance(int percent)
+{
+    return (int)(next() % 100) < percent;
+}
 
 /* ---- random intervals ---------------------------------------------------- */
 
@@ -81,10 +84,11 @@ static void ival_text(ival v, char *buf, size_t n)
 
 static char *fingerprint(void)
 {
-    PGresult *r = t_sql(pg, "SELECT md5(COALESCE((SELECT string_agg(m::text, ',' ORDER BY m.id) "
-                            "FROM mq_msgs m), '') || COALESCE((SELECT string_agg(p::text, ',' "
-                            "ORDER BY p.id) FROM mq_payloads p), '') || COALESCE((SELECT "
-                            "string_agg(c::text, ',' ORDER BY c.tail_id) FROM mq_chains c), ''))");
+    PGresult *r =
+        t_sql(pg, "SELECT md5(COALESCE((SELECT string_agg(m::text, ',' ORDER BY m.id) "
+                  "FROM mq_msgs m), '') || COALESCE((SELECT string_agg(p::text, ',' "
+                  "ORDER BY p.id) FROM mq_payloads p), '') || COALESCE((SELECT "
+                  "string_agg(c::text, ',' ORDER BY c.tail_id) FROM mq_chains c), ''))");
     char *s = strdup(r && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "?");
     PQclear(r);
     return s;
@@ -100,11 +104,12 @@ static const char *state(PGresult *r)
 }
 
 static int failures;
-#define PROP(cond, ...) do { \
-        if (!(cond)) { \
-            failures++; \
-            t_fail(__FILE__, __LINE__, __VA_ARGS__); \
-        } \
+#define PROP(cond, ...)                                                                        \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            failures++;                                                                        \
+            t_fail(__FILE__, __LINE__, __VA_ARGS__);                                           \
+        }                                                                                      \
     } while (0)
 
 /* A failed call must name its error and change nothing. */
@@ -125,9 +130,9 @@ static void check_refused(const char *what, PGresult *r, const char *before, con
 #define MAXH 4096
 static struct {
     char id[37];
-    int holder;       /* 0: none, 1 or 2 */
+    int holder; /* 0: none, 1 or 2 */
     int attempt;
-    long long until;  /* lease end, server microseconds since the epoch */
+    long long until; /* lease end, server microseconds since the epoch */
 } held[MAXH];
 static int nheld;
 
@@ -143,8 +148,9 @@ static int find(const char *id)
 static long long attempt_at(const char *id)
 {
     const char *v[1] = {id};
-    PGresult *r = PQexecParams(pg, "SELECT (extract(epoch FROM attempt_at) * 1000000)::bigint "
-                                   "FROM mq_msgs WHERE id = $1::uuid",
+    PGresult *r = PQexecParams(pg,
+                               "SELECT (extract(epoch FROM attempt_at) * 1000000)::bigint "
+                               "FROM mq_msgs WHERE id = $1::uuid",
                                1, NULL, v, NULL, NULL, 0);
     long long at = PQntuples(r) == 1 ? atoll(PQgetvalue(r, 0, 0)) : -1;
     PQclear(r);
@@ -189,8 +195,8 @@ static void op_insert(void)
     const char *chans[] = {"", "a", "b", "c", NULL};
     const char *jsons[] = {"{\"k\": 1}", "[1, 2]", "not json", NULL, "{\"s\": \"\\\"q\\\"\"}"};
     char a_id[8 * 45] = "{", a_delay[8 * 64] = "{", a_retries[8 * 16] = "{",
-         a_backoff[8 * 64] = "{", a_chan[8 * 1100] = "{", a_ci[8 * 64] = "{",
-         a_ord[8 * 4] = "{", a_json[8 * 80] = "{";
+                  a_backoff[8 * 64] = "{", a_chan[8 * 1100] = "{", a_ci[8 * 64] = "{",
+                  a_ord[8 * 4] = "{", a_json[8 * 80] = "{";
     char *longname = malloc(1026);
     memset(longname, 'x', 1025);
     longname[1025] = 0;
@@ -269,8 +275,10 @@ static void op_insert(void)
         8, NULL, vals, NULL, NULL, 0);
     if (bad_field || bad) {
         ninsert_bad++;
-        PROP(*state(r), "an invalid batch was accepted: ids %s delays %s backoffs %s ci %s "
-                        "retries %s", a_id, a_delay, a_backoff, a_ci, a_retries);
+        PROP(*state(r),
+             "an invalid batch was accepted: ids %s delays %s backoffs %s ci %s "
+             "retries %s",
+             a_id, a_delay, a_backoff, a_ci, a_retries);
         if (*state(r))
             check_refused("mq_insert", r, before, bad_field ? "22023" : NULL);
     } else {
@@ -278,8 +286,8 @@ static void op_insert(void)
         PROP(!*state(r), "a valid batch was refused: %s (delays %s backoffs %s ci %s)",
              PQresultErrorMessage(r), a_delay, a_backoff, a_ci);
         for (int i = 0; i < n && !*state(r); i++) {
-            long long want_at = (delay[i].null ? 0 : fixed_us(delay[i])) +
-                                (ci[i].null ? 0 : fixed_us(ci[i]));
+            long long want_at =
+                (delay[i].null ? 0 : fixed_us(delay[i])) + (ci[i].null ? 0 : fixed_us(ci[i]));
             long long want_backoff = backoff[i].null ? 1000000 : fixed_us(backoff[i]);
             const char *v[1] = {ids[i]};
             PGresult *m = PQexecParams(
@@ -290,12 +298,17 @@ static void op_insert(void)
                 1, NULL, v, NULL, NULL, 0);
             PROP(PQntuples(m) == 1, "message %s missing after insert", ids[i]);
             if (PQntuples(m) == 1) {
-                PROP(atoll(PQgetvalue(m, 0, 0)) == want_at, "%s: attempt_at - created_at = %s "
-                     "us, expected %lld", ids[i], PQgetvalue(m, 0, 0), want_at);
-                PROP(atoll(PQgetvalue(m, 0, 1)) == want_backoff, "%s: backoff %s us, expected "
-                     "%lld", ids[i], PQgetvalue(m, 0, 1), want_backoff);
-                PROP(atoi(PQgetvalue(m, 0, 2)) == retries[i] + 1, "%s: attempts %s, expected %d",
-                     ids[i], PQgetvalue(m, 0, 2), retries[i] + 1);
+                PROP(atoll(PQgetvalue(m, 0, 0)) == want_at,
+                     "%s: attempt_at - created_at = %s "
+                     "us, expected %lld",
+                     ids[i], PQgetvalue(m, 0, 0), want_at);
+                PROP(atoll(PQgetvalue(m, 0, 1)) == want_backoff,
+                     "%s: backoff %s us, expected "
+                     "%lld",
+                     ids[i], PQgetvalue(m, 0, 1), want_backoff);
+                PROP(atoi(PQgetvalue(m, 0, 2)) == retries[i] + 1,
+                     "%s: attempts %s, expected %d", ids[i], PQgetvalue(m, 0, 2),
+                     retries[i] + 1);
             }
             PQclear(m);
         }
@@ -309,10 +322,11 @@ static void op_poll(int who)
     char n[8];
     snprintf(n, sizeof n, "%d", (int)between(1, 10));
     const char *v[1] = {n};
-    PGresult *r = PQexecParams(pg,
-                               "SELECT id, (extract(epoch FROM retry_backoff) * 1000000)::bigint,"
-                               " attempt FROM mq_poll_jobs(NULL, $1::int) WHERE id IS NOT NULL",
-                               1, NULL, v, NULL, NULL, 0);
+    PGresult *r =
+        PQexecParams(pg,
+                     "SELECT id, (extract(epoch FROM retry_backoff) * 1000000)::bigint,"
+                     " attempt FROM mq_poll_jobs(NULL, $1::int) WHERE id IS NOT NULL",
+                     1, NULL, v, NULL, NULL, 0);
     PROP(!*state(r), "poll failed: %s", PQresultErrorMessage(r));
     for (int i = 0; !*state(r) && i < PQntuples(r); i++) {
         const char *id = PQgetvalue(r, i, 0);
@@ -323,8 +337,8 @@ static void op_poll(int who)
         PROP(lease >= 0, "%s leased in the past (%lld us)", id, lease);
         int k = find(id);
         if (k >= 0 && held[k].holder)
-            PROP(held[k].until <= claimed, "%s held by %d until %lld, claimed by %d at %lld", id,
-                 held[k].holder, held[k].until, who, claimed);
+            PROP(held[k].until <= claimed, "%s held by %d until %lld, claimed by %d at %lld",
+                 id, held[k].holder, held[k].until, who, claimed);
         if (k < 0 && nheld < MAXH)
             k = nheld++;
         if (k >= 0) {
@@ -381,7 +395,8 @@ static void op_keep_alive(int who)
         PROP(!*state(r), "keep-alive %s refused: %s", dur, PQresultErrorMessage(r));
         for (int i = 0; i < n; i++) {
             long long at = attempt_at(held[idx[i]].id);
-            PROP(at >= before_at[i], "keep-alive %s shortened %s's lease", dur, held[idx[i]].id);
+            PROP(at >= before_at[i], "keep-alive %s shortened %s's lease", dur,
+                 held[idx[i]].id);
             held[idx[i]].until = at;
         }
     }
@@ -401,8 +416,8 @@ static void op_complete(int who)
         snprintf(attempts, sizeof attempts, "{NULL}");
     char *before = fingerprint();
     const char *v[2] = {ids, shape == 5 ? NULL : attempts};
-    PGresult *r = PQexecParams(pg, "SELECT mq_complete($1::uuid[], $2::int[])", 2, NULL, v, NULL,
-                               NULL, 0);
+    PGresult *r = PQexecParams(pg, "SELECT mq_complete($1::uuid[], $2::int[])", 2, NULL, v,
+                               NULL, NULL, 0);
     ncomplete++;
     if ((shape == 3 || shape == 4) && n > 0) {
         check_refused("mq_complete", r, before, "22023");
@@ -427,8 +442,8 @@ static void op_fail_or_release(int who)
         char a[16];
         snprintf(a, sizeof a, "%d", held[idx[0]].attempt);
         const char *v[2] = {held[idx[0]].id, a};
-        r = PQexecParams(pg, "SELECT mq_fail($1::uuid, 'prop', $2::int)", 2, NULL, v, NULL, NULL,
-                         0);
+        r = PQexecParams(pg, "SELECT mq_fail($1::uuid, 'prop', $2::int)", 2, NULL, v, NULL,
+                         NULL, 0);
         nfail++;
         PROP(!*state(r), "mq_fail refused: %s", PQresultErrorMessage(r));
         held[idx[0]].holder = 0; /* its lease ends with the failure */
@@ -490,18 +505,19 @@ static void test_intervals_agree_on_every_date(void)
     const char *zones[] = {"America/New_York", "Europe/London", "Australia/Lord_Howe"};
     for (int z = 0; z < 3; z++) {
         t_exec(pg, "SET TimeZone = '%s'", zones[z]);
-        CHECK_INT(t_sql_int(pg,
-                            "SELECT count(*) FROM ("
-                            " SELECT timestamptz '1990-01-31 00:30' + k * interval '37 hours 11 min'"
-                            "        AS ts,"
-                            "        make_interval(0, (k %% 5) - 2, 0, ((k * 7) %% 81) - 40,"
-                            "                      0, 0, ((k * 7919) %% 200000) - 100000) AS x"
-                            " FROM generate_series(0, 25000) AS k) s,"
-                            " LATERAL (SELECT mq_fixed_length(s.x) AS f) f "
-                            "WHERE (f.f < interval '0') <> (s.ts + f.f < s.ts)"
-                            "   OR (s.ts + f.f) - s.ts <> f.f"
-                            "   OR f.f <> s.x"),
-                  0);
+        CHECK_INT(
+            t_sql_int(pg,
+                      "SELECT count(*) FROM ("
+                      " SELECT timestamptz '1990-01-31 00:30' + k * interval '37 hours 11 min'"
+                      "        AS ts,"
+                      "        make_interval(0, (k %% 5) - 2, 0, ((k * 7) %% 81) - 40,"
+                      "                      0, 0, ((k * 7919) %% 200000) - 100000) AS x"
+                      " FROM generate_series(0, 25000) AS k) s,"
+                      " LATERAL (SELECT mq_fixed_length(s.x) AS f) f "
+                      "WHERE (f.f < interval '0') <> (s.ts + f.f < s.ts)"
+                      "   OR (s.ts + f.f) - s.ts <> f.f"
+                      "   OR f.f <> s.x"),
+            0);
     }
     t_exec(pg, "RESET TimeZone");
 }

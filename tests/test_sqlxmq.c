@@ -42,7 +42,8 @@ static const struct {
     Oid types[11];
 } crate_sql[] = {
     {"spawn",
-     "SELECT mq_insert(ARRAY[($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)::mq_new_t])", 11,
+     "SELECT mq_insert(ARRAY[($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)::mq_new_t])",
+     11,
      {OID_UUID, OID_INTERVAL, OID_INT4, OID_INTERVAL, OID_TEXT, OID_TEXT, OID_INTERVAL,
       OID_BOOL, OID_TEXT, OID_TEXT, OID_BYTEA}},
     {"commit", "SELECT mq_commit($1)", 1, {OID_UUID_ARRAY}},
@@ -50,7 +51,9 @@ static const struct {
     {"delete_many", "SELECT mq_delete($1)", 1, {OID_UUID_ARRAY}},
     {"delete_one", "SELECT mq_delete(ARRAY[$1])", 1, {OID_UUID}},
     {"keep_alive", "SELECT mq_keep_alive(ARRAY[$1], $2)", 2, {OID_UUID, OID_INTERVAL}},
-    {"checkpoint", "SELECT mq_checkpoint($1, $2, $3, $4, $5)", 5,
+    {"checkpoint",
+     "SELECT mq_checkpoint($1, $2, $3, $4, $5)",
+     5,
      {OID_UUID, OID_INTERVAL, OID_TEXT, OID_BYTEA, OID_INT4}},
     {"clear", "SELECT mq_clear($1)", 1, {OID_TEXT_ARRAY}},
     {"clear_all", "SELECT mq_clear_all()", 0, {0}},
@@ -136,8 +139,15 @@ typedef struct {
 /* JobBuilder::new(name): the crate's defaults. */
 static spawn_t job(const char *name)
 {
-    return (spawn_t){.channel = "", .args = "", .name = name, .json = NULL, .delay_us = 0,
-                     .backoff_us = 1000000, .commit_us = -1, .retries = 4, .ordered = 0};
+    return (spawn_t){.channel = "",
+                     .args = "",
+                     .name = name,
+                     .json = NULL,
+                     .delay_us = 0,
+                     .backoff_us = 1000000,
+                     .commit_us = -1,
+                     .retries = 4,
+                     .ordered = 0};
 }
 
 static void new_id(char out[37])
@@ -157,9 +167,17 @@ static void spawn_state(PGconn *c, const spawn_t *s, char id[37], char *state)
     micros(backoff, sizeof backoff, s->backoff_us);
     micros(commit, sizeof commit, s->commit_us);
     snprintf(retries, sizeof retries, "%d", s->retries);
-    const char *vals[11] = {id, delay, retries, backoff, s->channel, s->args,
-                            s->commit_us < 0 ? NULL : commit, s->ordered ? "t" : "f",
-                            s->name, s->json, NULL};
+    const char *vals[11] = {id,
+                            delay,
+                            retries,
+                            backoff,
+                            s->channel,
+                            s->args,
+                            s->commit_us < 0 ? NULL : commit,
+                            s->ordered ? "t" : "f",
+                            s->name,
+                            s->json,
+                            NULL};
     PGresult *r = crate_exec(c, "spawn", 11, vals);
     const char *st = PQresultErrorField(r, PG_DIAG_SQLSTATE);
     snprintf(state, 6, "%s", ok(r) ? "" : st ? st : "?");
@@ -426,8 +444,9 @@ static void *c_consumer(void *p)
                 uuid_unparse_lower(u, id);
                 seen_add(id, pqmq_job_json(j), a->index);
                 const char *vals[2] = {id, "c"};
-                PGresult *r = PQexecParams(conn, "INSERT INTO app_done (id, by) VALUES ($1, $2)",
-                                           2, NULL, vals, NULL, NULL, 0);
+                PGresult *r =
+                    PQexecParams(conn, "INSERT INTO app_done (id, by) VALUES ($1, $2)", 2, NULL,
+                                 vals, NULL, NULL, 0);
                 if (!ok(r))
                     seen_error("app insert", PQerrorMessage(conn));
                 PQclear(r);
@@ -667,16 +686,20 @@ static void test_long_durations(void)
         PQclear(r);
         PGresult *at = t_sql(pg, "SELECT attempt_at::text FROM mq_msgs WHERE id = '%s'", id);
         if (at && PQntuples(at) == 1) {
-            CHECK(t_sql_int(pg, "SELECT (attempt_at >= '%s'::timestamptz OR '%s' = '')::int "
-                                "FROM mq_msgs WHERE id = '%s'",
+            CHECK(t_sql_int(pg,
+                            "SELECT (attempt_at >= '%s'::timestamptz OR '%s' = '')::int "
+                            "FROM mq_msgs WHERE id = '%s'",
                             prev[0] ? prev : "-infinity", prev, id) == 1);
             snprintf(prev, sizeof prev, "%s", PQgetvalue(at, 0, 0));
         }
         PQclear(at);
     }
     /* Cut to the limit, not refused; and a checkpoint the same way. */
-    CHECK_INT(t_sql_int(pg, "SELECT (attempt_at <= now() + interval '36500001 days')::int "
-                            "FROM mq_msgs WHERE id = '%s'", id), 1);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT (attempt_at <= now() + interval '36500001 days')::int "
+                        "FROM mq_msgs WHERE id = '%s'",
+                        id),
+              1);
     char big[40];
     micros(big, sizeof big, 1LL << 62);
     const char *cp[5] = {id, big, "{\"step\": 2}", NULL, "1"};
@@ -726,8 +749,11 @@ static void test_clear(void)
     s.ordered = 1;
     char again[37];
     spawn(c, &s, again);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = '%s' "
-                            "AND after_message_id = '" NIL_UUID "'", again), 1);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM mq_msgs WHERE id = '%s' "
+                        "AND after_message_id = '" NIL_UUID "'",
+                        again),
+              1);
     /* mq_clear of NULL or of no channel clears nothing. */
     crate_ids(c, "clear", "{}");
     CHECK_INT(t_sql_int(pg, "SELECT mq_clear_count(NULL)"), 0);
@@ -882,8 +908,8 @@ static void test_shared_channels(void)
         for (int ch = 0; ch < 3; ch++) {
             for (int a = 0; a < 3; a++) {
                 char json[96], tmp[37];
-                snprintf(json, sizeof json, "{\"seq\": %d, \"chain\": \"%s/%s\"}",
-                         seq[ch][a]++, channels[ch][0] ? channels[ch] : "-", chain_args[a]);
+                snprintf(json, sizeof json, "{\"seq\": %d, \"chain\": \"%s/%s\"}", seq[ch][a]++,
+                         channels[ch][0] ? channels[ch] : "-", chain_args[a]);
                 if ((round + a) % 2) {
                     spawn_t s = job("shared");
                     s.channel = channels[ch];
@@ -945,7 +971,8 @@ static void test_adopt_original_database(void)
 {
     const char *dir = getenv("PQMQ_MIGRATIONS_DIR");
     char *path = NULL;
-    if (asprintf(&path, "%s/../tests/fixtures/sqlxmq_original.sql", dir ? dir : "migrations") < 0)
+    if (asprintf(&path, "%s/../tests/fixtures/sqlxmq_original.sql", dir ? dir : "migrations") <
+        0)
         abort();
     char *fixture = read_file(path);
     if (!fixture) {
@@ -974,7 +1001,8 @@ static void test_adopt_original_database(void)
     CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_dead_letters(NULL)"), 1);
     CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_chains"), 3);
     CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_chains WHERE tail_id = "
-                              "'b0000000-0000-4000-8000-000000000003'"), 1);
+                              "'b0000000-0000-4000-8000-000000000003'"),
+              1);
     CHECK_OK(mc, pqmq_migrate(mc)); /* again: nothing to do */
 
     /* The crate goes on where it was: a new ordered job joins the end of
@@ -988,8 +1016,10 @@ static void test_adopt_original_database(void)
     s.json = "{\"seq\": 3, \"chain\": \"jobs/acct-1\"}";
     char b4[37];
     spawn(c, &s, b4);
-    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs WHERE id = '%s' AND "
-                              "after_message_id = 'b0000000-0000-4000-8000-000000000003'", b4),
+    CHECK_INT(t_sql_int(orig,
+                        "SELECT count(*) FROM mq_msgs WHERE id = '%s' AND "
+                        "after_message_id = 'b0000000-0000-4000-8000-000000000003'",
+                        b4),
               1);
     crate_ids(c, "commit", "{d0000000-0000-4000-8000-000000000001}");
     t_exec(orig, "CREATE TABLE app_done (id uuid PRIMARY KEY, by text NOT NULL)");

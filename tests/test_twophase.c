@@ -12,8 +12,8 @@ static pqmq_client *q;
 static PGconn *pg;
 
 /* Inserts one message on channel ch; its id goes to id. */
-static void insert_one(const char *ch, int64_t commit_ms, int64_t delay_ms,
-                       int64_t backoff_ms, uuid_t id)
+static void insert_one(const char *ch, int64_t commit_ms, int64_t delay_ms, int64_t backoff_ms,
+                       uuid_t id)
 {
     pqmq_msg *m = t_msg(ch, NULL, "tp", "{\"v\": 1}", 0);
     pqmq_msg_set_commit_interval(m, commit_ms);

@@ -61,8 +61,8 @@ static void rename_session(PGconn *conn)
     if (!worker_name || pid == renamed_backend)
         return;
     const char *params[1] = {worker_name};
-    PGresult *res = PQexecParams(conn, "SELECT set_config('application_name', $1, false)",
-                                 1, NULL, params, NULL, NULL, 0);
+    PGresult *res = PQexecParams(conn, "SELECT set_config('application_name', $1, false)", 1,
+                                 NULL, params, NULL, NULL, 0);
     if (PQresultStatus(res) == PGRES_TUPLES_OK)
         renamed_backend = pid;
     PQclear(res);
@@ -80,11 +80,12 @@ static int effect(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
     uuid_unparse_lower(id, id_text);
     snprintf(attempt, sizeof attempt, "%d", pqmq_job_attempt(job));
     const char *params[4] = {id_text, pqmq_job_channel(job), pqmq_job_json(job), attempt};
-    PGresult *res = PQexecParams(conn,
-                                 "INSERT INTO fault_effects (msg_id, channel, seq, producer, attempt) "
-                                 "VALUES ($1::uuid, $2, ($3::jsonb ->> 'seq')::bigint, "
-                                 "($3::jsonb ->> 'p')::int, $4::int)",
-                                 4, NULL, params, NULL, NULL, 0);
+    PGresult *res =
+        PQexecParams(conn,
+                     "INSERT INTO fault_effects (msg_id, channel, seq, producer, attempt) "
+                     "VALUES ($1::uuid, $2, ($3::jsonb ->> 'seq')::bigint, "
+                     "($3::jsonb ->> 'p')::int, $4::int)",
+                     4, NULL, params, NULL, NULL, 0);
     int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
     if (!ok)
         pqmq_ctx_error(ctx, "effect insert: %s", PQresultErrorMessage(res));

@@ -157,8 +157,10 @@ static int connection_lost(pqmq_client *c, int rc)
     const char *st = pqmq_sqlstate(c);
     if (!st[0]) {
         if (misreported++ == 0)
-            fprintf(stderr, "producer: a lost connection reported as %s with no SQLSTATE: "
-                            "\"%s\"\n", pqmq_strerror(rc), pqmq_errmsg(c));
+            fprintf(stderr,
+                    "producer: a lost connection reported as %s with no SQLSTATE: "
+                    "\"%s\"\n",
+                    pqmq_strerror(rc), pqmq_errmsg(c));
         return 1;
     }
     return !strncmp(st, "57P", 3) || !strncmp(st, "08", 2) ||
@@ -307,8 +309,8 @@ int main(int argc, char **argv)
                 if (stop_requested)
                     goto done;
                 if (now_s() - lost_since > give_up) {
-                    fprintf(stderr, "producer %d: no connection for %ld s, giving up: %s\n",
-                            id, give_up, pqmq_errmsg(c));
+                    fprintf(stderr, "producer %d: no connection for %ld s, giving up: %s\n", id,
+                            give_up, pqmq_errmsg(c));
                     status = 1;
                     goto done;
                 }
@@ -325,8 +327,8 @@ int main(int argc, char **argv)
             n_rej += total;
             b_rej++;
         } else {
-            fprintf(stderr, "producer %d: unexpected failure %s: %s\n", id,
-                    pqmq_strerror(rc), pqmq_errmsg(c));
+            fprintf(stderr, "producer %d: unexpected failure %s: %s\n", id, pqmq_strerror(rc),
+                    pqmq_errmsg(c));
             status = 1;
             break;
         }
@@ -337,8 +339,7 @@ done:
     printf("producer %d: acked %ld (%ld batches), doubt %ld (%ld batches), rejected %ld "
            "(%ld batches), lost connection %ld times (misreported %ld), reconnects %ld, "
            "sqlstates",
-           id, n_acked, b_acked, n_doubt, b_doubt, n_rej, b_rej, lost, misreported,
-           reconnects);
+           id, n_acked, b_acked, n_doubt, b_doubt, n_rej, b_rej, lost, misreported, reconnects);
     for (int i = 0; i < nstates; i++)
         printf(" %s:%ld", states[i].state, states[i].n);
     printf("%s\n", nstates ? "" : " none");

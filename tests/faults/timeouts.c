@@ -82,8 +82,7 @@ static void set_timeouts(pqmq_client *c, int lock_ms, int stmt_ms)
 }
 
 /* The failure a timed-out call must produce. */
-static void expect_timeout(const char *what, pqmq_client *c, int rc, long ms,
-                           const char *state)
+static void expect_timeout(const char *what, pqmq_client *c, int rc, long ms, const char *state)
 {
     char tag[32];
     snprintf(tag, sizeof tag, "SQLSTATE %s", state);
@@ -225,8 +224,8 @@ int main(int argc, char **argv)
         char idt[37], sql[256];
         pqmq_job_id(pqmq_batch_job(b, 0), id);
         uuid_unparse_lower(id, idt);
-        snprintf(sql, sizeof sql,
-                 "BEGIN; SELECT 1 FROM mq_msgs WHERE id = '%s' FOR UPDATE", idt);
+        snprintf(sql, sizeof sql, "BEGIN; SELECT 1 FROM mq_msgs WHERE id = '%s' FOR UPDATE",
+                 idt);
         exec_or_die(holder, sql);
         t0 = now_ms();
         rc = pqmq_complete_batch(c, b);
@@ -246,7 +245,8 @@ int main(int argc, char **argv)
         snprintf(sql, sizeof sql,
                  "SELECT count(*) FROM mq_msgs m JOIN mq_payloads p USING (id) "
                  "WHERE id = '%s' AND deliveries = 1 AND dead_since IS NULL "
-                 "AND p.last_error IS NULL AND attempt_at > now()", idt);
+                 "AND p.last_error IS NULL AND attempt_at > now()",
+                 idt);
         check(scalar(holder, sql) == 1,
               "after the timeouts the message is unchanged: attempt 1, still leased, "
               "not dead, no error recorded");
@@ -264,8 +264,8 @@ int main(int argc, char **argv)
         exec_or_die(holder, "SELECT pg_advisory_lock(hashtext('to_other'), hashtext(''))");
         t0 = now_ms();
         rc = pqmq_complete_batch(c, b);
-        expect_timeout("complete, chain locked, statement_timeout 300ms", c, rc,
-                       now_ms() - t0, "57014");
+        expect_timeout("complete, chain locked, statement_timeout 300ms", c, rc, now_ms() - t0,
+                       "57014");
         exec_or_die(holder, "SELECT pg_advisory_unlock(hashtext('to_other'), hashtext(''))");
         rc = pqmq_complete_batch(c, b);
         check(rc == PQMQ_OK, "complete once the chain lock is gone: rc %d (%s)", rc,
@@ -289,8 +289,8 @@ int main(int argc, char **argv)
         exec_or_die(holder, "SELECT pg_advisory_lock(hashtext('to_chain'), hashtext(''))");
         t0 = now_ms();
         rc = pqmq_insert(w, &m, 1);
-        expect_timeout("insert in the caller's transaction, chain locked, lock_timeout",
-                       w, rc, now_ms() - t0, "55P03");
+        expect_timeout("insert in the caller's transaction, chain locked, lock_timeout", w, rc,
+                       now_ms() - t0, "55P03");
         exec_or_die(pqmq_conn(c), "ROLLBACK");
         exec_or_die(holder, "SELECT pg_advisory_unlock(hashtext('to_chain'), hashtext(''))");
         check(count_ids(holder, "mq_msgs", mid) + count_ids(holder, "mq_payloads", mid) == 0,
@@ -307,8 +307,9 @@ int main(int argc, char **argv)
         check(rc == PQMQ_OK, "to_loose claimable and completed: rc %d", rc);
         pqmq_batch_free(b);
     }
-    long left = scalar(holder, "SELECT (SELECT count(*) FROM mq_msgs WHERE channel_name LIKE 'to\\_%')"
-                               " + (SELECT count(*) FROM mq_chains WHERE channel_name LIKE 'to\\_%')");
+    long left =
+        scalar(holder, "SELECT (SELECT count(*) FROM mq_msgs WHERE channel_name LIKE 'to\\_%')"
+                       " + (SELECT count(*) FROM mq_chains WHERE channel_name LIKE 'to\\_%')");
     check(left == 0 && count_ids(holder, "mq_payloads", ids) == 0,
           "nothing left behind: %ld rows in mq_msgs/mq_chains", left);
 
