@@ -62,10 +62,8 @@ int cmd_dead(tool *t, int argc, char **argv)
             dead_help();
             return EXIT_OK;
         } else if (c == 'n') {
-            if (tool_parse_int(t, "-n", optarg, PQMQ_MAX_BATCH, &max))
+            if (tool_parse_rows(t, optarg, &max))
                 return EXIT_USAGE;
-            if (max == 0)
-                return tool_usage(t, "-n: must be at least 1");
         } else if (tool_common_opt(t, c, optarg)) {
             return EXIT_USAGE;
         }

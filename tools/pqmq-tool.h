@@ -71,6 +71,9 @@ int tool_parse_id(const tool *t, const char *text, uuid_t out);
 /* Parses a non-negative integer option no larger than max. */
 int tool_parse_int(const tool *t, const char *opt, const char *text, long long max,
                    long long *out);
+/* -n N, how many rows: 1..PQMQ_MAX_BATCH. 0, or EXIT_USAGE with the usage
+ * error printed. */
+int tool_parse_rows(tool *t, const char *text, long long *out);
 
 /* Output helpers (output.c). */
 void out_json_str(FILE *f, const char *s, size_t len);

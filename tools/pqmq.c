@@ -264,6 +264,13 @@ int tool_parse_int(const tool *t, const char *opt, const char *text, long long m
     return 0;
 }
 
+int tool_parse_rows(tool *t, const char *text, long long *out)
+{
+    if (tool_parse_int(t, "-n", text, PQMQ_MAX_BATCH, out))
+        return EXIT_USAGE;
+    return *out == 0 ? tool_usage(t, "-n: must be at least 1") : 0;
+}
+
 int main(int argc, char **argv)
 {
     tool t = {0};
