@@ -239,6 +239,31 @@ static void test_poll_bad_inputs(void)
     PQclear(r);
 }
 
+/* A result that is not the job row (a schema whose mq_claim returns other
+ * columns, as an older or foreign schema might) is refused, not misread. */
+static void test_foreign_row_is_refused(void)
+{
+    char schema[96];
+    snprintf(schema, sizeof schema, "%s_foreign", t_schema());
+    t_exec(pg, "DROP SCHEMA IF EXISTS %s CASCADE", schema);
+    t_exec(pg, "CREATE SCHEMA %s", schema);
+    t_exec(pg,
+           "CREATE FUNCTION %s.mq_claim(text[], int) RETURNS TABLE(id uuid, name text) "
+           "LANGUAGE sql AS $$ SELECT gen_random_uuid(), 'x' $$",
+           schema);
+    char *dsn = NULL;
+    if (asprintf(&dsn, "%s options='-c search_path=%s'", t_dsn(), schema) < 0)
+        abort();
+    pqmq_client *c = NULL;
+    CHECK_INT(pqmq_connect(dsn, &c), 0);
+    free(dsn);
+    pqmq_batch *b = NULL;
+    CHECK_ERR(c, pqmq_poll(c, NULL, 0, 10, &b), PQMQ_ESCHEMA, "not a job row");
+    CHECK(b == NULL);
+    pqmq_client_free(c);
+    t_exec(pg, "DROP SCHEMA %s CASCADE", schema);
+}
+
 int main(void)
 {
     t_init("poll");
@@ -253,6 +278,7 @@ int main(void)
     T_RUN(test_poll_cost_does_not_grow_with_backlog);
     T_RUN(test_poll_reads_channels_in_index_order);
     T_RUN(test_poll_bad_inputs);
+    T_RUN(test_foreign_row_is_refused);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
