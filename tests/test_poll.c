@@ -251,16 +251,18 @@ static void test_foreign_row_is_refused(void)
            "CREATE FUNCTION %s.mq_claim(text[], int) RETURNS TABLE(id uuid, name text) "
            "LANGUAGE sql AS $$ SELECT gen_random_uuid(), 'x' $$",
            schema);
-    char *dsn = NULL;
-    if (asprintf(&dsn, "%s options='-c search_path=%s'", t_dsn(), schema) < 0)
-        abort();
+    /* The path for one transaction: also right behind a transaction pooler. */
+    PGconn *conn = t_pg();
+    t_exec(conn, "BEGIN");
+    t_exec(conn, "SET LOCAL search_path TO %s", schema);
     pqmq_client *c = NULL;
-    CHECK_INT(pqmq_connect(dsn, &c), 0);
-    free(dsn);
+    CHECK_INT(pqmq_wrap(conn, &c), 0);
     pqmq_batch *b = NULL;
     CHECK_ERR(c, pqmq_poll(c, NULL, 0, 10, &b), PQMQ_ESCHEMA, "not a job row");
     CHECK(b == NULL);
     pqmq_client_free(c);
+    t_exec(conn, "ROLLBACK");
+    PQfinish(conn);
     t_exec(pg, "DROP SCHEMA %s CASCADE", schema);
 }
 
