@@ -40,18 +40,19 @@ BEGIN
     END IF;
     -- Unordered messages need no chain lock: they go first, and usually
     -- that is all there is.
-    WITH want AS (
-        SELECT * FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
-    ),
-    gone AS (
-        DELETE FROM mq_msgs m USING want w
-        WHERE m.id = w.id
+    -- Rows are found by id = ANY (an index condition whatever the
+    -- statistics say; a join with the array could become a scan of the
+    -- whole primary key after ANALYZE saw an empty table).
+    WITH gone AS (
+        DELETE FROM mq_msgs m
+        WHERE m.id = ANY (msg_ids)
           AND m.after_message_id IS NULL
-          AND (w.attempt IS NULL OR m.deliveries = w.attempt)
+          AND (msg_attempts IS NULL
+               OR m.deliveries = msg_attempts[array_position(msg_ids, m.id)])
         RETURNING m.id
     ),
     cold AS (
-        DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
+        DELETE FROM mq_payloads p WHERE p.id = ANY (ARRAY(SELECT g.id FROM gone g))
     )
     SELECT count(*) INTO n FROM gone;
     IF n = cardinality(msg_ids) THEN
@@ -59,18 +60,16 @@ BEGIN
     END IF;
 
     PERFORM mq_lock_chains(msg_ids);
-    WITH want AS (
-        SELECT * FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
-    ),
-    gone AS (
-        DELETE FROM mq_msgs m USING want w
-        WHERE m.id = w.id
+    WITH gone AS (
+        DELETE FROM mq_msgs m
+        WHERE m.id = ANY (msg_ids)
           AND m.after_message_id IS NOT NULL
-          AND (w.attempt IS NULL OR m.deliveries = w.attempt)
+          AND (msg_attempts IS NULL
+               OR m.deliveries = msg_attempts[array_position(msg_ids, m.id)])
         RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
     ),
     cold AS (
-        DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
+        DELETE FROM mq_payloads p WHERE p.id = ANY (ARRAY(SELECT g.id FROM gone g))
     )
     SELECT array_agg(g.id), array_agg(g.after_message_id),
            array_agg(g.channel_name), array_agg(g.channel_args)
@@ -154,15 +153,18 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     WITH r AS (
+        -- The message keeps its place (ready_at), so the release is a HOT
+        -- update, except for a final attempt, which comes back from
+        -- 'infinity'.
         UPDATE mq_msgs m SET
             attempt_at = ts,
             attempts = m.attempts + 1,
             deliveries = m.deliveries - 1,
             retry_backoff = m.retry_backoff / 2,
-            dead_since = NULL
-        FROM unnest(msg_ids, msg_attempts) AS u(id, attempt)
-        WHERE m.id = u.id
-          AND m.deliveries = u.attempt
+            dead_since = NULL,
+            ready_at = LEAST(m.ready_at, ts)
+        WHERE m.id = ANY (msg_ids)
+          AND m.deliveries = msg_attempts[array_position(msg_ids, m.id)]
           AND m.attempt_at > ts
         RETURNING m.channel_name
     )

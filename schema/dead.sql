@@ -14,9 +14,15 @@ DECLARE
     ts timestamptz := clock_timestamp();
     n  int;
 BEGIN
+    -- Final attempts in flight wait at ready_at 'infinity' (mq_claim): one
+    -- range of mq_msgs_ready_by_time.
     UPDATE mq_msgs m SET dead_since = m.attempt_at
     FROM (SELECT l.id FROM mq_msgs l
-          WHERE l.attempts = 0 AND l.dead_since IS NULL AND l.attempt_at <= ts
+          WHERE l.dead_since IS NULL
+            AND (l.after_message_id IS NULL
+                 OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+            AND l.ready_at = 'infinity'::timestamptz
+            AND l.attempts = 0 AND l.attempt_at <= ts
           FOR NO KEY UPDATE SKIP LOCKED) d
     WHERE m.id = d.id;
     GET DIAGNOSTICS n = ROW_COUNT;
@@ -88,7 +94,8 @@ BEGIN
     END IF;
     PERFORM mq_reap_dead();
     WITH r AS (
-        UPDATE mq_msgs m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL
+        UPDATE mq_msgs m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL,
+                             ready_at = ts
         WHERE m.id = ANY (msg_ids) AND m.dead_since IS NOT NULL
         RETURNING m.channel_name
     )

@@ -88,13 +88,15 @@ BEGIN
     IF NOT has_ordered THEN
         -- No chains to extend: a plain insert.
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
-                             channel_name, channel_args, commit_interval)
+                             channel_name, channel_args, commit_interval, ready_at)
         SELECT t.id, ts,
                ts + COALESCE(t.delay, interval '0')
                   + COALESCE(t.commit_interval, interval '0'),
                LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
                COALESCE(t.retry_backoff, interval '1 second'),
-               t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval
+               t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
+               ts + COALESCE(t.delay, interval '0')
+                  + COALESCE(t.commit_interval, interval '0')
         FROM unnest(new_messages) AS t;
     ELSE
         WITH batch AS (
@@ -120,7 +122,7 @@ BEGIN
         )
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval,
-                             after_message_id)
+                             after_message_id, ready_at)
         SELECT b.id, ts,
                ts + COALESCE(b.delay, interval '0')
                   + COALESCE(b.commit_interval, interval '0'),
@@ -131,7 +133,9 @@ BEGIN
                    lag(b.id) OVER chain,
                    tl.tail_id,
                    '00000000-0000-0000-0000-000000000000'::uuid)
-               END
+               END,
+               ts + COALESCE(b.delay, interval '0')
+                  + COALESCE(b.commit_interval, interval '0')
         FROM batch b
         LEFT JOIN tails tl
           ON b.ordered AND tl.channel_name = b.channel_name AND tl.channel_args = b.args
@@ -164,6 +168,9 @@ BEGIN
             attempt_at = CASE WHEN m.deliveries = 0
                               THEN m.attempt_at - m.commit_interval
                               ELSE m.attempt_at END,
+            ready_at = CASE WHEN m.deliveries = 0
+                            THEN m.attempt_at - m.commit_interval
+                            ELSE m.ready_at END,
             commit_interval = NULL
         WHERE m.id = ANY (msg_ids)
           AND m.commit_interval IS NOT NULL

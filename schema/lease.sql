@@ -36,11 +36,15 @@ BEGIN
     duration := LEAST(duration, (mq_limits()).max_duration);
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
     -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
+    -- A kept-alive message is a long one: it moves out of the polls' way
+    -- (ready_at), a final attempt stays at 'infinity'.
     UPDATE mq_msgs m SET
         attempt_at = ts + duration,
         commit_interval = CASE WHEN m.deliveries = 0 AND m.commit_interval IS NOT NULL
                                THEN m.commit_interval + ((ts + duration) - m.attempt_at)
-                               ELSE m.commit_interval END
+                               ELSE m.commit_interval END,
+        ready_at = CASE WHEN m.ready_at = 'infinity'::timestamptz THEN m.ready_at
+                        ELSE ts + duration END
     FROM (SELECT l.id FROM mq_msgs l
           WHERE l.id = ANY (msg_ids)
             AND l.attempt_at > ts
@@ -99,7 +103,11 @@ BEGIN
     UPDATE mq_msgs m SET
         attempt_at = GREATEST(m.attempt_at, ts + duration),
         attempts = LEAST(m.attempts::bigint + COALESCE(extra_retries, 0),
-                         2147483647)::int
+                         2147483647)::int,
+        -- Moves with the lease, or stays at 'infinity' while no attempt is left.
+        ready_at = CASE WHEN m.attempts::bigint + COALESCE(extra_retries, 0) = 0
+                        THEN 'infinity'::timestamptz
+                        ELSE GREATEST(m.attempt_at, ts + duration) END
     WHERE m.id = msg_id
       AND m.deliveries > 0
       AND m.attempt_at > ts;
@@ -133,7 +141,10 @@ BEGIN
         attempt_at = CASE WHEN m.attempts > 0
                           THEN ts + m.retry_backoff / 2
                           ELSE ts END,
-        dead_since = CASE WHEN m.attempts > 0 THEN NULL ELSE ts END
+        dead_since = CASE WHEN m.attempts > 0 THEN NULL ELSE ts END,
+        ready_at = CASE WHEN m.attempts > 0
+                        THEN ts + m.retry_backoff / 2
+                        ELSE m.ready_at END
     WHERE m.id = msg_id
       AND m.deliveries > 0
       AND m.attempt_at > ts

@@ -63,12 +63,15 @@ BEGIN
     IF channel_names IS NULL AND cardinality(picked) < batch_size THEN
         SELECT array_agg(s.id) INTO got FROM (
             SELECT m.id FROM mq_msgs m
-            WHERE m.attempts > 0
+            WHERE m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.ready_at <= ts
+              -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
+              AND m.attempts > 0
               AND m.id <> ALL (picked)
-            ORDER BY m.attempt_at
+            ORDER BY m.ready_at
             LIMIT batch_size - cardinality(picked)
             FOR NO KEY UPDATE SKIP LOCKED
         ) s;
@@ -83,6 +86,9 @@ BEGIN
     IF cardinality(picked) > 0 THEN
         RETURN QUERY
         WITH claimed AS (
+            -- Writes no indexed column (ready_at stays), so the new row
+            -- version is a HOT update: no index entry is written. Only a
+            -- final attempt moves, to 'infinity', where mq_reap_dead looks.
             UPDATE mq_msgs m SET
                 -- A zero backoff retries at once (mq_fail), but a delivery
                 -- is still leased: one second, extended by keep-alives.
@@ -93,15 +99,16 @@ BEGIN
                 -- Doubling stops at the duration limit so it never overflows.
                 retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur
                                      THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
-                deliveries = m.deliveries + 1
-            -- Joined through unnest and looked up per id (LIMIT 1 keeps the
-            -- payload lookup an index probe): plans cached while the tables
-            -- were small must not turn into scans of a big backlog.
-            FROM unnest(picked) AS k(id)
-            WHERE m.id = k.id
+                deliveries = m.deliveries + 1,
+                ready_at = CASE WHEN m.attempts = 1 THEN 'infinity'::timestamptz
+                                ELSE m.ready_at END
+            -- Looked up by id = ANY: an index condition whatever the
+            -- statistics say (a join with the array could turn into a scan
+            -- of the whole primary key once ANALYZE saw an empty table).
+            WHERE m.id = ANY (picked)
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
-                      m.channel_args, m.deliveries, m.attempts, m.attempt_at
+                      m.channel_args, m.deliveries, m.attempts
         )
         SELECT c.id, c.committed, p.name, p.payload_json::text, p.payload_bytes,
                c.lease, interval '0', c.channel_name, c.channel_args,
@@ -111,30 +118,51 @@ BEGIN
             SELECT p.name, p.payload_json, p.payload_bytes FROM mq_payloads p
             WHERE p.id = c.id LIMIT 1
         ) p ON true
-        ORDER BY c.attempt_at, c.id;
+        -- The order they were picked in: oldest first within a channel.
+        ORDER BY array_position(picked, c.id);
         RETURN;
     END IF;
 
-    -- Nothing claimed: report when the earliest candidate becomes ready.
+    -- Nothing claimed: report when the earliest candidate becomes ready,
+    -- a message that is not ready yet (one probe) or a lease that runs out
+    -- (the messages in flight, which the poll just stepped over).
     IF channel_names IS NULL THEN
-        SELECT min(m.attempt_at) INTO next_at FROM mq_msgs m
-        WHERE m.attempts > 0
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
+        SELECT LEAST(
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at <= ts
+               AND m.attempts > 0))
+        INTO next_at;
     ELSE
-        SELECT min(f.at) INTO next_at
-        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c,
-        LATERAL (
-            SELECT m.attempt_at AS at FROM mq_msgs m
-            WHERE m.attempts > 0
-              AND (m.after_message_id IS NULL
-                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-              AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
-                                    AND (hashtext(c.n)::bigint << 32) | 4294967295
-              AND m.channel_name = c.n
-            ORDER BY m.attempt_at
-            LIMIT 1
-        ) f;
+        SELECT min(LEAST(
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+               AND m.channel_name = c.n
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at <= ts
+               AND m.attempts > 0
+               AND m.channel_name = c.n)))
+        INTO next_at
+        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
     END IF;
     RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
         NULL::bytea, NULL::interval,
@@ -167,14 +195,14 @@ BEGIN
     SELECT array_agg(j.id) INTO got FROM (
         WITH RECURSIVE up(k, n) AS (
             SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.attempts > 0
+                    WHERE m.dead_since IS NULL
                       AND (m.after_message_id IS NULL
                            OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                       AND m.channel_key >= start AND m.channel_key <= hi
                     ORDER BY m.channel_key LIMIT 1), 1
             UNION ALL
             SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.attempts > 0
+                    WHERE m.dead_since IS NULL
                       AND (m.after_message_id IS NULL
                            OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                       AND m.channel_key > up.k AND m.channel_key <= hi
@@ -183,14 +211,14 @@ BEGIN
         ),
         around(k, n) AS (
             SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.attempts > 0
+                    WHERE m.dead_since IS NULL
                       AND (m.after_message_id IS NULL
                            OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                       AND m.channel_key >= lo AND m.channel_key < start
                     ORDER BY m.channel_key LIMIT 1), 1
             UNION ALL
             SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.attempts > 0
+                    WHERE m.dead_since IS NULL
                       AND (m.after_message_id IS NULL
                            OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                       AND m.channel_key > around.k AND m.channel_key < start
@@ -204,13 +232,16 @@ BEGIN
         LATERAL (
             SELECT m.id FROM mq_msgs m
             WHERE m.channel_key = ks.k
-              AND m.attempts > 0
+              AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.ready_at <= ts
+              -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
+              AND m.attempts > 0
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (picked)
-            ORDER BY m.attempt_at
+            ORDER BY m.ready_at
             LIMIT per_key
             FOR NO KEY UPDATE SKIP LOCKED
         ) r
@@ -246,3 +277,25 @@ AS $$
            j.attempt, j.attempts_left
     FROM mq_claim(channel_names, batch_size) j
 $$;
+
+-- Keeps a message's place (ready_at) no later than attempt_at when
+-- attempt_at is set from outside the functions here, e.g. an operator's
+-- UPDATE mq_msgs SET attempt_at = now() to retry at once: polls find
+-- messages by ready_at. The functions keep the two in step themselves, so
+-- the WHEN clause is false for them and this never runs on the hot path.
+CREATE OR REPLACE FUNCTION mq_keep_place()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    NEW.ready_at := NEW.attempt_at;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER mq_msgs_keep_place
+    BEFORE INSERT OR UPDATE OF attempt_at ON mq_msgs
+    FOR EACH ROW
+    WHEN (NEW.attempt_at < NEW.ready_at AND NEW.ready_at <> 'infinity'::timestamptz)
+    EXECUTE FUNCTION mq_keep_place();

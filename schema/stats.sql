@@ -182,13 +182,14 @@ $$;
 -- oldest_ready_age: seconds since the oldest ready message became ready.
 -- removed: messages of the channel deleted so far (completed or purged).
 --
--- Cost: what it reads never includes the ready backlog or the waiting
--- messages. total and waiting come from the counters; dead, in flight,
--- scheduled and uncommitted messages are read through the partial indexes
--- that hold them (mq_msgs_dead, mq_msgs_final_attempt, and the part of
--- mq_msgs_candidates_by_time later than now); ready is what remains. The
--- oldest ready message is one probe of mq_msgs_candidates_by_channel per
--- chain key of the channel.
+-- Cost: what it reads never includes the waiting messages. total and
+-- waiting come from the counters; dead, scheduled and uncommitted messages
+-- and final attempts are read through the partial indexes that hold them
+-- (mq_msgs_dead and the part of mq_msgs_ready_by_time later than now);
+-- messages in flight are told from ready ones by reading the ready range
+-- of mq_msgs_ready_by_time (the price of claims that write no index
+-- entry); ready is what remains. The oldest ready message is a probe of
+-- mq_msgs_ready_by_channel per chain key of the channel.
 CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
 RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
               uncommitted bigint, waiting bigint, dead bigint,
@@ -214,25 +215,40 @@ BEGIN
            OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
         GROUP BY x.channel_name
     ),
-    -- Not ready and not waiting: small sets, each behind a partial index.
+    -- Not ready and not waiting. Messages not ready yet and final attempts
+    -- are ranges of mq_msgs_ready_by_time past now; messages in flight
+    -- that were not kept alive sit among the ready ones (a claim leaves
+    -- ready_at where it was), so that part reads the ready range.
     later AS (
         SELECT m.channel_name,
                CASE WHEN m.deliveries > 0 THEN 'f'
                     WHEN m.commit_interval IS NOT NULL THEN 'u'
                     ELSE 's' END AS st, false AS head
         FROM mq_msgs m
-        WHERE m.attempts > 0
+        WHERE m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-          AND m.attempt_at > ts
+          AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+          AND m.attempts > 0
         UNION ALL
         SELECT m.channel_name, 'f', false FROM mq_msgs m
-        WHERE m.attempts = 0 AND m.dead_since IS NULL AND m.attempt_at > ts
+        WHERE m.dead_since IS NULL
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at <= ts
+          AND m.attempt_at > ts
+          AND m.attempts > 0
         UNION ALL
-        SELECT m.channel_name, 'd',
-               m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        SELECT m.channel_name,
+               CASE WHEN m.attempt_at > ts THEN 'f' ELSE 'd' END,
+               m.attempt_at <= ts
+                 AND m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
         FROM mq_msgs m
-        WHERE m.attempts = 0 AND m.dead_since IS NULL AND m.attempt_at <= ts
+        WHERE m.dead_since IS NULL
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at = 'infinity'::timestamptz
+          AND m.attempts = 0
         UNION ALL
         SELECT m.channel_name, 'd',
                m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
@@ -273,7 +289,7 @@ SET search_path FROM CURRENT
 AS $$
     WITH RECURSIVE keys(k) AS (
         SELECT (SELECT m.channel_key FROM mq_msgs m
-                WHERE m.attempts > 0
+                WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
@@ -282,7 +298,7 @@ AS $$
                 ORDER BY m.channel_key LIMIT 1)
         UNION ALL
         SELECT (SELECT m.channel_key FROM mq_msgs m
-                WHERE m.attempts > 0
+                WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.channel_key > keys.k
@@ -296,11 +312,14 @@ AS $$
     LATERAL (
         SELECT m.attempt_at AS at FROM mq_msgs m
         WHERE m.channel_key = keys.k
-          AND m.attempts > 0
+          AND m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at <= ts
+          AND m.attempt_at <= ts
+          AND m.attempts > 0
           AND m.channel_name = channel
-        ORDER BY m.attempt_at
+        ORDER BY m.ready_at
         LIMIT 1
     ) f
     WHERE keys.k IS NOT NULL AND f.at <= ts
@@ -331,11 +350,12 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH RECURSIVE heads AS (
-        -- Candidates: the (channel_key, attempt_at) index, one key range.
+        -- Candidates: the (channel_key, ready_at) index, one key range.
         SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                m.commit_interval, m.after_message_id
         FROM mq_msgs m
-        WHERE m.attempts > 0
+        WHERE m.dead_since IS NULL
+          AND m.attempts > 0
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)

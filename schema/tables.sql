@@ -17,6 +17,15 @@
 --   candidate  a row a poll may claim: attempts left, and unordered or the head
 --              of its chain (after_message_id NULL or the nil UUID)
 --   lease      attempt_at of a claimed message: it is redelivered after it
+--   place      ready_at: where a row sits in the ready indexes. It equals
+--              attempt_at except while the message is in flight: a claim
+--              leaves it where it was, so that the claim changes no indexed
+--              column and is a HOT update (no index entry written). Polls
+--              therefore step over in-flight rows; keep-alives and failures,
+--              which are rare, move a row to its new attempt_at, and a
+--              final attempt moves to 'infinity' (out of the polls' way,
+--              where mq_reap_dead finds it). Always ready_at <= attempt_at,
+--              or 'infinity'.
 --   chain      the ordered messages of one (channel_name, channel_args)
 --   chain key  (hashtext(channel_name) << 32) | hashtext(channel_args): groups a
 --              channel's rows together in an index and spreads channels
@@ -92,21 +101,24 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     channel_key      bigint GENERATED ALWAYS AS (
         (hashtext(channel_name)::bigint << 32)
         | (hashtext(channel_args)::bigint & 4294967295)
-    ) STORED
+    ) STORED,
+    ready_at         timestamptz NOT NULL DEFAULT now()
 );
 
 -- Polls walk this index channel by channel (loose index scan on channel_key)
--- and take each channel's oldest ready rows.
-CREATE INDEX IF NOT EXISTS mq_msgs_candidates_by_channel
-    ON mq_msgs (channel_key, attempt_at)
-    WHERE attempts > 0
+-- and take each channel's oldest ready rows. No index keys on attempt_at,
+-- attempts, deliveries or retry_backoff: those are what a claim writes.
+CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_channel
+    ON mq_msgs (channel_key, ready_at)
+    WHERE dead_since IS NULL
       AND (after_message_id IS NULL
            OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
 
--- The exact ready set in time order: fills a batch and answers wait_time.
-CREATE INDEX IF NOT EXISTS mq_msgs_candidates_by_time
-    ON mq_msgs (attempt_at)
-    WHERE attempts > 0
+-- The ready set in time order: fills a batch and answers wait_time; its
+-- 'infinity' end holds the final attempts in flight.
+CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_time
+    ON mq_msgs (ready_at)
+    WHERE dead_since IS NULL
       AND (after_message_id IS NULL
            OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
 
@@ -115,11 +127,6 @@ CREATE UNIQUE INDEX IF NOT EXISTS mq_msgs_successor
     ON mq_msgs (after_message_id)
     WHERE after_message_id IS NOT NULL
       AND after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid;
-
--- Messages on their final attempt, found when their lease runs out.
-CREATE INDEX IF NOT EXISTS mq_msgs_final_attempt
-    ON mq_msgs (attempt_at)
-    WHERE attempts = 0 AND dead_since IS NULL;
 
 -- Dead letters, oldest first.
 CREATE INDEX IF NOT EXISTS mq_msgs_dead
@@ -132,7 +139,10 @@ ALTER TABLE mq_msgs SET (
     autovacuum_vacuum_threshold = 500,
     autovacuum_vacuum_insert_scale_factor = 0.05,
     autovacuum_analyze_scale_factor = 0.05,
-    autovacuum_vacuum_cost_delay = 0
+    autovacuum_vacuum_cost_delay = 0,
+    -- Room on every page for the row version a claim writes, so the claim
+    -- can stay on its page (HOT).
+    fillfactor = 60
 );
 
 -- The large, cold row: written once, read once per delivery.
