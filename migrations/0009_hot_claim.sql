@@ -21,7 +21,9 @@
 -- Statements on arrays of ids now look rows up with id = ANY (...), an
 -- index condition whatever ANALYZE last saw, instead of joining the array
 -- (a generic plan made while the table looked empty scanned the whole
--- primary key for every completion).
+-- primary key for every completion), and the hot functions may not plan a
+-- sequential scan, a hash join or a merge join: a plan cached while the
+-- queue looked empty must still probe indexes when it is huge.
 
 ALTER TABLE mq_msgs ADD COLUMN IF NOT EXISTS ready_at timestamptz;
 
@@ -55,11 +57,193 @@ DROP INDEX IF EXISTS mq_msgs_candidates_by_channel;
 DROP INDEX IF EXISTS mq_msgs_candidates_by_time;
 DROP INDEX IF EXISTS mq_msgs_final_attempt;
 
+-- Serializes producers (and mq_complete, mq_skip) per chain: the advisory
+-- locks of the chains the batch appends to, in key order against deadlock.
+CREATE OR REPLACE FUNCTION mq_lock_new_chains(new_messages mq_new_t[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(k.a, k.b)
+    FROM (
+        SELECT DISTINCT hashtext(t.channel_name) AS a,
+                        hashtext(COALESCE(t.channel_args, '')) AS b
+        FROM unnest(new_messages) AS t
+        WHERE t.ordered
+        ORDER BY 1, 2
+    ) k;
+END;
+$$;
+
+-- Records each touched chain's new tail: the batch's last message on it.
+-- Called by mq_insert under the chains' locks.
+CREATE OR REPLACE FUNCTION mq_record_tails(new_messages mq_new_t[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+BEGIN
+    WITH last AS (
+        SELECT DISTINCT ON (t.channel_name, COALESCE(t.channel_args, ''))
+               t.channel_name, COALESCE(t.channel_args, '') AS args, t.id
+        FROM unnest(new_messages) WITH ORDINALITY AS t
+        WHERE t.ordered
+        ORDER BY t.channel_name, COALESCE(t.channel_args, ''), t.ordinality DESC
+    ),
+    moved AS (
+        UPDATE mq_chains c SET tail_id = l.id
+        FROM last l
+        -- The keys as an array: an index condition in any join order.
+        WHERE c.channel_key = ANY (ARRAY(
+                  SELECT (hashtext(k.channel_name)::bigint << 32)
+                         | (hashtext(k.args)::bigint & 4294967295) FROM last k))
+          AND c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
+                               | (hashtext(l.args)::bigint & 4294967295))
+          AND c.channel_name = l.channel_name
+          AND c.channel_args = l.args
+        RETURNING c.channel_name, c.channel_args
+    )
+    INSERT INTO mq_chains (channel_name, channel_args, tail_id)
+    SELECT l.channel_name, l.args, l.id
+    FROM last l
+    WHERE NOT EXISTS (SELECT 1 FROM moved mv
+                      WHERE mv.channel_name = l.channel_name
+                        AND mv.channel_args = l.args);
+END;
+$$;
+
+-- Takes the advisory locks of the chains the given messages belong to, in
+-- key order (as mq_insert does): chain structure changes only under them.
+CREATE OR REPLACE FUNCTION mq_lock_chains(msg_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(k.a, k.b)
+    FROM (
+        SELECT DISTINCT hashtext(m.channel_name) AS a, hashtext(m.channel_args) AS b
+        FROM mq_msgs m
+        WHERE m.id = ANY (msg_ids) AND m.after_message_id IS NOT NULL
+        ORDER BY 1, 2
+    ) k;
+END;
+$$;
+
+-- Repairs chains after members left them (deleted, or detached by mq_skip):
+-- each successor is linked to its nearest predecessor that stayed, and a
+-- chain's recorded tail moves back the same way (an emptied chain is
+-- forgotten). Arrays: the members that left, with their old predecessor,
+-- channel and args. Returns the channels whose chain got a new head.
+-- Callers hold the chains' locks (mq_lock_chains).
+CREATE OR REPLACE FUNCTION mq_unlink(g_id uuid[], g_after uuid[], g_name text[],
+                                     g_args text[])
+RETURNS text[]
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+DECLARE
+    r_id    uuid[];
+    r_pred  uuid[];
+    r_name  text[];
+    r_args  text[];
+    chans   text[];
+BEGIN
+    WITH RECURSIVE g AS (
+        SELECT * FROM unnest(g_id, g_after, g_name, g_args) AS u(id, after, cn, ca)
+    ),
+    walk(id, pred, cn, ca) AS (
+        SELECT g.id, g.after, g.cn, g.ca FROM g
+        UNION ALL
+        SELECT w.id, g.after, w.cn, w.ca FROM walk w JOIN g ON g.id = w.pred
+    )
+    SELECT array_agg(w.id), array_agg(w.pred), array_agg(w.cn), array_agg(w.ca)
+    INTO r_id, r_pred, r_name, r_args
+    FROM walk w
+    WHERE NOT (w.pred = ANY (g_id));
+
+    WITH moved AS (
+        UPDATE mq_msgs s SET after_message_id = r.pred
+        FROM unnest(r_id, r_pred) AS r(id, pred)
+        WHERE s.after_message_id = r.id
+          -- (the predicate of mq_msgs_successor, so that index is used)
+          AND s.after_message_id IS NOT NULL
+          AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid
+        RETURNING s.channel_name, r.pred
+    )
+    SELECT array_agg(DISTINCT mv.channel_name) INTO chans
+    FROM moved mv
+    WHERE mv.pred = '00000000-0000-0000-0000-000000000000'::uuid;
+
+    WITH r AS (
+        SELECT * FROM unnest(r_id, r_pred, r_name, r_args) AS u(id, pred, cn, ca)
+    ),
+    keys AS (
+        SELECT array_agg((hashtext(r.cn)::bigint << 32)
+                         | (hashtext(r.ca)::bigint & 4294967295)) AS k
+        FROM r
+    ),
+    handed AS (
+        UPDATE mq_chains c SET tail_id = r.pred
+        FROM r
+        -- The keys as an array: an index condition in any join order.
+        WHERE c.channel_key = ANY ((SELECT keys.k FROM keys)::bigint[])
+          AND c.channel_key = ((hashtext(r.cn)::bigint << 32)
+                               | (hashtext(r.ca)::bigint & 4294967295))
+          AND c.channel_name = r.cn
+          AND c.channel_args = r.ca
+          AND c.tail_id = r.id
+          AND r.pred <> '00000000-0000-0000-0000-000000000000'::uuid
+    )
+    DELETE FROM mq_chains c
+    USING r
+    WHERE c.channel_key = ANY ((SELECT keys.k FROM keys)::bigint[])
+      AND c.channel_key = ((hashtext(r.cn)::bigint << 32)
+                           | (hashtext(r.ca)::bigint & 4294967295))
+      AND c.channel_name = r.cn
+      AND c.channel_args = r.ca
+      AND c.tail_id = r.id
+      AND r.pred = '00000000-0000-0000-0000-000000000000'::uuid;
+    RETURN chans;
+END;
+$$;
+
 -- Inserts a batch in one statement: all of it, or (on any error) none of it.
 CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 -- Custom plans (a new session's first five calls) pick hash joins over the
 -- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
@@ -165,11 +349,13 @@ BEGIN
             FROM (SELECT DISTINCT b.channel_name, b.args FROM batch b WHERE b.ordered) w,
             LATERAL (
                 SELECT c.tail_id FROM mq_chains c
-                JOIN mq_msgs m ON m.id = c.tail_id
                 WHERE c.channel_key = ((hashtext(w.channel_name)::bigint << 32)
                                        | (hashtext(w.args)::bigint & 4294967295))
                   AND c.channel_name = w.channel_name
                   AND c.channel_args = w.args
+                  -- (a scalar subquery stays a probe by id; EXISTS could
+                  -- become a join that reads the primary key whole)
+                  AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
                 LIMIT 1
             ) t
         )
@@ -212,6 +398,12 @@ CREATE OR REPLACE FUNCTION mq_commit(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     chans text[];
@@ -246,6 +438,12 @@ CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 -- Custom plans (a new session's first five calls) pick hash joins over the
 -- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
@@ -414,6 +612,12 @@ CREATE OR REPLACE FUNCTION mq_pick(only_name text, lo bigint, hi bigint,
 RETURNS uuid[]
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 -- (version 2) Without bitmap scans the ordered index scan, which stops after
 -- per_key rows, is the only fit; the bitmap plan read and sorted whole channels.
 SET enable_bitmapscan = off
@@ -492,6 +696,12 @@ CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAUL
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 -- Custom plans (a new session's first five calls) pick hash joins over the
 -- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
@@ -569,6 +779,12 @@ CREATE OR REPLACE FUNCTION mq_release(msg_ids uuid[], msg_attempts int[])
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();
@@ -608,6 +824,12 @@ CREATE OR REPLACE FUNCTION mq_keep_alive_count(msg_ids uuid[], duration interval
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
@@ -632,12 +854,11 @@ BEGIN
                                ELSE m.commit_interval END,
         ready_at = CASE WHEN m.ready_at = 'infinity'::timestamptz THEN m.ready_at
                         ELSE ts + duration END
-    FROM (SELECT l.id FROM mq_msgs l
-          WHERE l.id = ANY (msg_ids)
-            AND l.attempt_at > ts
-            AND l.attempt_at < ts + duration
-          FOR NO KEY UPDATE SKIP LOCKED) held
-    WHERE m.id = held.id;
+    WHERE m.id = ANY (ARRAY(SELECT l.id FROM mq_msgs l
+                            WHERE l.id = ANY (msg_ids)
+                              AND l.attempt_at > ts
+                              AND l.attempt_at < ts + duration
+                            FOR NO KEY UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END;
@@ -651,6 +872,12 @@ CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
@@ -702,6 +929,12 @@ CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFA
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     ts   timestamptz := clock_timestamp();
@@ -738,6 +971,12 @@ CREATE OR REPLACE FUNCTION mq_reap_dead()
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
@@ -746,14 +985,14 @@ BEGIN
     -- Final attempts in flight wait at ready_at 'infinity' (mq_claim): one
     -- range of mq_msgs_ready_by_time.
     UPDATE mq_msgs m SET dead_since = m.attempt_at
-    FROM (SELECT l.id FROM mq_msgs l
-          WHERE l.dead_since IS NULL
-            AND (l.after_message_id IS NULL
-                 OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-            AND l.ready_at = 'infinity'::timestamptz
-            AND l.attempts = 0 AND l.attempt_at <= ts
-          FOR NO KEY UPDATE SKIP LOCKED) d
-    WHERE m.id = d.id;
+    WHERE m.id = ANY (ARRAY(
+        SELECT l.id FROM mq_msgs l
+        WHERE l.dead_since IS NULL
+          AND (l.after_message_id IS NULL
+               OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND l.ready_at = 'infinity'::timestamptz
+          AND l.attempts = 0 AND l.attempt_at <= ts
+        FOR NO KEY UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
         PERFORM pg_notify('mq_dead', '');

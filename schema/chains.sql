@@ -8,6 +8,12 @@ CREATE OR REPLACE FUNCTION mq_lock_new_chains(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(k.a, k.b)
@@ -27,6 +33,12 @@ CREATE OR REPLACE FUNCTION mq_record_tails(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 BEGIN
     WITH last AS (
@@ -39,7 +51,11 @@ BEGIN
     moved AS (
         UPDATE mq_chains c SET tail_id = l.id
         FROM last l
-        WHERE c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
+        -- The keys as an array: an index condition in any join order.
+        WHERE c.channel_key = ANY (ARRAY(
+                  SELECT (hashtext(k.channel_name)::bigint << 32)
+                         | (hashtext(k.args)::bigint & 4294967295) FROM last k))
+          AND c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
                                | (hashtext(l.args)::bigint & 4294967295))
           AND c.channel_name = l.channel_name
           AND c.channel_args = l.args
@@ -60,6 +76,12 @@ CREATE OR REPLACE FUNCTION mq_lock_chains(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(k.a, k.b)
@@ -83,6 +105,12 @@ CREATE OR REPLACE FUNCTION mq_unlink(g_id uuid[], g_after uuid[], g_name text[],
 RETURNS text[]
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     r_id    uuid[];
@@ -120,10 +148,17 @@ BEGIN
     WITH r AS (
         SELECT * FROM unnest(r_id, r_pred, r_name, r_args) AS u(id, pred, cn, ca)
     ),
+    keys AS (
+        SELECT array_agg((hashtext(r.cn)::bigint << 32)
+                         | (hashtext(r.ca)::bigint & 4294967295)) AS k
+        FROM r
+    ),
     handed AS (
         UPDATE mq_chains c SET tail_id = r.pred
         FROM r
-        WHERE c.channel_key = ((hashtext(r.cn)::bigint << 32)
+        -- The keys as an array: an index condition in any join order.
+        WHERE c.channel_key = ANY ((SELECT keys.k FROM keys)::bigint[])
+          AND c.channel_key = ((hashtext(r.cn)::bigint << 32)
                                | (hashtext(r.ca)::bigint & 4294967295))
           AND c.channel_name = r.cn
           AND c.channel_args = r.ca
@@ -132,7 +167,8 @@ BEGIN
     )
     DELETE FROM mq_chains c
     USING r
-    WHERE c.channel_key = ((hashtext(r.cn)::bigint << 32)
+    WHERE c.channel_key = ANY ((SELECT keys.k FROM keys)::bigint[])
+      AND c.channel_key = ((hashtext(r.cn)::bigint << 32)
                            | (hashtext(r.ca)::bigint & 4294967295))
       AND c.channel_name = r.cn
       AND c.channel_args = r.ca

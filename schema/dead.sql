@@ -9,6 +9,12 @@ CREATE OR REPLACE FUNCTION mq_reap_dead()
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- A queue table swings between empty and huge: plans made while it looked
+-- empty must still probe indexes (tests/test_plans.c), so no plan here may
+-- read a whole table or join by hashing or merging one.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
@@ -17,14 +23,14 @@ BEGIN
     -- Final attempts in flight wait at ready_at 'infinity' (mq_claim): one
     -- range of mq_msgs_ready_by_time.
     UPDATE mq_msgs m SET dead_since = m.attempt_at
-    FROM (SELECT l.id FROM mq_msgs l
-          WHERE l.dead_since IS NULL
-            AND (l.after_message_id IS NULL
-                 OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-            AND l.ready_at = 'infinity'::timestamptz
-            AND l.attempts = 0 AND l.attempt_at <= ts
-          FOR NO KEY UPDATE SKIP LOCKED) d
-    WHERE m.id = d.id;
+    WHERE m.id = ANY (ARRAY(
+        SELECT l.id FROM mq_msgs l
+        WHERE l.dead_since IS NULL
+          AND (l.after_message_id IS NULL
+               OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND l.ready_at = 'infinity'::timestamptz
+          AND l.attempts = 0 AND l.attempt_at <= ts
+        FOR NO KEY UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
         PERFORM pg_notify('mq_dead', '');
