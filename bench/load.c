@@ -294,6 +294,10 @@ static void run_target(const struct opts *o, PGconn *admin, const struct load_op
     double seconds = o->held_xmin ? o->held_xmin : o->duration;
 
     ops->reset(admin);
+    /* A TRUNCATE zeroes the table's n_live_tup and n_dead_tup when its
+     * backend flushes its statistics, which an idle backend may put off
+     * until its next statement: the end of the first phase. Flush now. */
+    bench_sql(admin, "SELECT pg_stat_force_next_flush()");
     for (int i = 0; i < 2; i++)
         table_stats(admin, ops->tables[i], &run->base[i]);
     struct client_arg *args;

@@ -81,7 +81,7 @@ static void rows_reset(struct rows *w)
 static void put(char *buf, size_t *n, size_t cap, const char *elem)
 {
     int k = snprintf(buf + *n, cap - *n, "%s\"%s\"", *n ? "," : "{", elem);
-    if (k < 0 || (size_t)k >= cap - *n)
+    if (k < 0 || (size_t)k + 2 > cap - *n) /* room left for "}" and NUL */
         die("exactly-once: row buffer too small");
     *n += (size_t)k;
 }
