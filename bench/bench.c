@@ -7,6 +7,7 @@
  *              [--payload-bytes N] [--floor] [--json]
  *              [--sweep consumers=1,2,4,8 | --sweep batch=10,100,1000]
  *              [--backlog] [--profile]   (--help lists every option)
+ *   pqmq-bench [--rate N [--duration S]] [--held-xmin S] [--floor] ...
  *
  * The default run, in order (every phase starts its clock once all its
  * clients are connected):
@@ -22,6 +23,8 @@
  *      are against the first, the second is printed beside them;
  *   4. enqueue again, then processing with the polling API: --consumers
  *      threads, each pqmq_complete_and_poll(last batch, --batch) in a loop;
+ *   4b. with --floor: exactly-once processing, pqmq's and the floor's: each
+ *      batch's result rows commit with its completion (see once.c);
  *   5. the same (enqueue, runner, poll API) with every message on one of
  *      --chains ordered chains;
  *   6. latency: single messages every --latency-gap-ms ms into an idle
@@ -34,7 +37,8 @@
  * --sweep NAME=V1,V2,... repeats steps 1-4 for each value of consumers,
  * producers, batch or runner-threads, writes bench-sweep.csv and (with
  * gnuplot) a plot, bench-sweep.png. --backlog runs the poll-cost scaling
- * check instead.
+ * check instead. --rate and --held-xmin run the queue under steady load
+ * instead (see load.c), and with --floor the floor after it.
  *
  * Peak memory (maxrss) must stay flat in --messages: nothing here or in the
  * library may buffer more than a batch per client.
@@ -78,7 +82,15 @@ static void usage(FILE *f, const char *argv0)
             "                        needs a superuser (track_functions)\n"
             "  --split-complete      poll API consumers complete with their own\n"
             "                        statement (pqmq_poll + pqmq_complete_batch)\n"
-            "                        instead of pqmq_complete_and_poll\n",
+            "                        instead of pqmq_complete_and_poll\n"
+            "  --rate N              steady load instead of the phases: producers offer\n"
+            "                        N messages/s in all, poll-API consumers keep up or\n"
+            "                        not; a line a second on stderr (with --floor, the\n"
+            "                        floor runs the same load after pqmq)\n"
+            "  --duration S          seconds of a --rate run (60)\n"
+            "  --held-xmin S         load (--rate, or saturated without it) for S seconds\n"
+            "                        before, during and after a held REPEATABLE READ\n"
+            "                        snapshot: rates, poll times, dead rows, sizes\n",
             argv0);
 }
 
@@ -171,6 +183,8 @@ static void run_default(const struct opts *o, PGconn *admin)
     r.floor_insert = fl[0];
     r.floor_drain = fl[1];
     r.floor_drain_ctid = fl[2];
+    if (o->floor)
+        run_once(o, admin, &r.once, &r.floor_once);
 
     struct shape chains = {o->chains, 1.0};
     char tag[64];
@@ -273,6 +287,7 @@ int main(int argc, char **argv)
         .latency_samples = 200,
         .latency_gap_ms = 5,
         .sweep_out = "bench-sweep",
+        .duration = 60,
     };
     enum {
         O_DSN = 256,
@@ -295,6 +310,9 @@ int main(int argc, char **argv)
         O_PROFILE,
         O_SPLIT,
         O_LISTEN,
+        O_RATE,
+        O_DURATION,
+        O_HELD,
         O_HELP
     };
     static const struct option longs[] = {{"dsn", required_argument, 0, O_DSN},
@@ -317,6 +335,9 @@ int main(int argc, char **argv)
                                           {"backlog", no_argument, 0, O_BACKLOG},
                                           {"profile", no_argument, 0, O_PROFILE},
                                           {"split-complete", no_argument, 0, O_SPLIT},
+                                          {"rate", required_argument, 0, O_RATE},
+                                          {"duration", required_argument, 0, O_DURATION},
+                                          {"held-xmin", required_argument, 0, O_HELD},
                                           {"help", no_argument, 0, O_HELP},
                                           {0, 0, 0, 0}};
     int ch;
@@ -351,6 +372,9 @@ int main(int argc, char **argv)
         case O_BACKLOG: o.backlog = 1; break;
         case O_PROFILE: o.profile = 1; break;
         case O_SPLIT: o.split_complete = 1; break;
+        case O_RATE: o.rate = int_arg("rate", optarg, 1, 100000000); break;
+        case O_DURATION: o.duration = int_arg("duration", optarg, 1, 86400); break;
+        case O_HELD: o.held_xmin = int_arg("held-xmin", optarg, 1, 86400); break;
         case O_HELP: usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }
@@ -363,11 +387,15 @@ int main(int argc, char **argv)
     o.conninfo = bench_conninfo(o.dsn, o.profile);
     PGconn *admin = bench_connect(&o);
     queue_setup(admin, &o);
+    if (o.floor)
+        floor_setup(admin);
     if (o.backlog) {
         run_backlog(&o, admin);
+    } else if (o.rate || o.held_xmin) {
+        run_load(&o, admin);
     } else {
         if (o.floor)
-            floor_setup(admin);
+            once_setup(admin);
         if (o.sweep)
             run_sweep(&o, admin);
         else

@@ -6,6 +6,9 @@
  *   progress.c  the progress bar on a terminal
  *   queue.c     pqmq phases: enqueue, runner and poll-API processing, latency
  *   floor.c     the SQL floor: the cheapest insert and drain of the same work
+ *   once.c      exactly-once processing: a result row committed with each completion
+ *   load.c      --rate and --held-xmin: offered load, a held snapshot, phases
+ *   hist.c      a lock-free latency histogram of fixed size
  *   backlog.c   --backlog: poll cost over a small and a large backlog
  *   profile.c   --profile: SQL function times and client CPU per phase
  *   report.c    text table, JSON, sweep CSV and plot
@@ -38,6 +41,9 @@ struct opts {
     int split_complete;    /* poll API: pqmq_poll + pqmq_complete_batch */
     const char *sweep;     /* "consumers=1,2,4" or NULL */
     const char *sweep_out; /* file name prefix of the sweep's CSV and PNG */
+    int rate;              /* --rate: offered messages/s; 0: not a load run */
+    int duration;          /* --duration: seconds of a --rate run */
+    int held_xmin;         /* --held-xmin: seconds of each of the three phases */
 };
 
 /* Which messages a phase moves: message seq goes to chain/channel
@@ -61,8 +67,61 @@ struct results {
     int runner_threads;
     struct rates main, ordered; /* ordered: every message on --chains chains */
     double floor_insert, floor_drain, floor_drain_ctid;
+    double once, floor_once; /* exactly-once processing: pqmq, the floor's */
     struct latency idle, idle_ordered;
     long maxrss_kb;
+};
+
+/* ---- load runs (--rate, --held-xmin) ---- */
+
+/* A table's statistics, summed over the tables of its name (see load.c). */
+struct table_stats {
+    long live, dead, bytes;
+    long autovacuums, autoanalyzes; /* since the run started */
+};
+
+struct load_phase {
+    const char *name; /* "run", or "before", "during", "after" the held snapshot */
+    double seconds;
+    long inserted, processed; /* in the phase */
+    long backlog_end, backlog_max;
+    struct latency poll;         /* every poll call; n: how many */
+    struct table_stats stats[2]; /* the target's tables at the phase's end */
+};
+
+struct load_result {
+    const char *target;    /* "pqmq" or "floor" */
+    const char *tables[2]; /* names of stats[0] and stats[1]; NULL: none */
+    int nphases;
+    struct load_phase ph[3];
+};
+
+/*
+ * One queue under load, for load.c: pqmq (queue.c) or the floor (floor.c).
+ * Each producer and consumer thread opens its own state. produce inserts
+ * the k messages seq first.. in one batch; consume makes one poll call and
+ * returns how many messages it claimed (0: none ready), adding to
+ * *completed those whose completion it committed; consumer_free settles
+ * what the consumer still holds, likewise.
+ */
+struct load_ops {
+    const char *name;
+    const char *tables[2];
+    void (*reset)(PGconn *admin);
+    void *(*producer_new)(const struct opts *o, const struct shape *s);
+    void (*produce)(void *p, long first, int k);
+    void (*producer_free)(void *p);
+    void *(*consumer_new)(const struct opts *o);
+    int (*consume)(void *c, long *completed);
+    void (*consumer_free)(void *c, long *completed);
+};
+
+#define HIST_SUB 32
+#define HIST_BUCKETS (HIST_SUB + 40 * HIST_SUB)
+
+struct hist {
+    atomic_long count[HIST_BUCKETS];
+    atomic_long max_us; /* since the last hist_take_max */
 };
 
 /* ---- util.c ---- */
@@ -93,6 +152,15 @@ long maxrss_kb(void);
  * for `consumers` runners, at most batch. */
 int derive_runner_threads(PGconn *admin, int consumers, int batch);
 
+/* ---- hist.c ---- */
+/* h starts zeroed. Any thread may add; one monitor snaps and takes max. */
+void hist_add(struct hist *h, double ms);
+double hist_take_max(struct hist *h); /* ms; resets it to 0 */
+void hist_snap(struct hist *h, long *out /* [HIST_BUCKETS] */);
+/* p50/p99 of the samples in now minus before (before NULL: none), max as
+ * given. */
+void hist_summary(const long *now, const long *before, double max_ms, struct latency *out);
+
 /* ---- progress.c ---- */
 /* Shows label and done/total on stderr until progress_end (only when stderr
  * is a terminal). done is read, never written. */
@@ -114,12 +182,31 @@ double queue_enqueue(const struct opts *o, const struct shape *s, const char *la
 double queue_drain_runner(const struct opts *o, int threads, const char *label);
 double queue_drain_poll(const struct opts *o, const char *label);
 void queue_latency(const struct opts *o, int ordered, struct latency *out);
+/* Fills msgs[0..k) with new messages seq first.. of shape s; json is a
+ * buffer of bench_payload_cap bytes. */
+void queue_fill_batch(const struct opts *o, const struct shape *s, long first, int k,
+                      pqmq_msg **msgs, char *json);
+extern const struct load_ops queue_load_ops;
 
 /* ---- floor.c ---- */
 void floor_setup(PGconn *admin);
 double floor_insert(const struct opts *o, PGconn *admin);
 /* by_ctid 0: the DELETE ... WHERE id IN (...); 1: by ctid. */
 double floor_drain(const struct opts *o, PGconn *admin, int by_ctid);
+/* The floor's drain by id, as SQL with $1 the batch size. */
+extern const char floor_drain_sql[];
+extern const struct load_ops floor_load_ops;
+
+/* ---- once.c ---- */
+/* With --floor, after the poll-API phase: pqmq's and the floor's rate of
+ * exactly-once processing (messages/s). */
+void once_setup(PGconn *admin);
+void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *floor_rate);
+
+/* ---- load.c ---- */
+/* --rate and/or --held-xmin: runs pqmq (and with --floor the floor) under
+ * load and prints the report. */
+void run_load(const struct opts *o, PGconn *admin);
 
 /* ---- profile.c ---- */
 /* With --profile: per-phase SQL function times and the bench's CPU time,
@@ -134,6 +221,8 @@ void run_backlog(const struct opts *o, PGconn *admin);
 /* ---- report.c ---- */
 void report_text(const struct opts *o, const struct results *r);
 void report_json(const struct opts *o, const struct results *r);
+/* The load run's summary of n targets (text or JSON per --json). */
+void report_load(const struct opts *o, const struct load_result *r, int n);
 
 struct sweep_row {
     int value;

@@ -59,20 +59,66 @@ struct floor_worker {
     long nbatches;
 };
 
+/* A producer's connection with its INSERT prepared for a full batch (and
+ * for a shorter last one: tail rows), and buffers for one batch. */
+struct floor_inserter {
+    const struct opts *o;
+    PGconn *conn;
+    size_t cap, row;
+    char *buf;
+    const char **vals;
+};
+
+static void inserter_open(struct floor_inserter *f, const struct opts *o, int tail)
+{
+    f->o = o;
+    f->conn = bench_connect(o);
+    f->cap = bench_payload_cap(o->payload_bytes);
+    f->row = 40 + 24 + f->cap;
+    f->buf = malloc((size_t)o->batch * f->row);
+    f->vals = malloc(3 * (size_t)o->batch * sizeof *f->vals);
+    if (!f->buf || !f->vals)
+        die("out of memory");
+    prepare_insert(f->conn, "ins_full", o->batch);
+    if (tail)
+        prepare_insert(f->conn, "ins_tail", tail);
+}
+
+/* Inserts messages seq first .. first + k - 1 (k: the batch or the tail). */
+static void insert_batch(struct floor_inserter *f, long first, int k)
+{
+    for (int i = 0; i < k; i++) {
+        long seq = first + i;
+        char *id = f->buf + (size_t)i * f->row, *ch = id + 40, *json = ch + 24;
+        uuid_t u;
+        pqmq_uuid_generate(u); /* the same time-ordered ids pqmq uses */
+        uuid_unparse_lower(u, id);
+        snprintf(ch, 24, "c%ld", seq % f->o->channels);
+        bench_payload(json, f->cap, seq, 0, f->o->payload_bytes);
+        f->vals[3 * i] = id;
+        f->vals[3 * i + 1] = ch;
+        f->vals[3 * i + 2] = json;
+    }
+    PGresult *r = PQexecPrepared(f->conn, k == f->o->batch ? "ins_full" : "ins_tail", 3 * k,
+                                 f->vals, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        die("floor insert: %s", PQerrorMessage(f->conn));
+    PQclear(r);
+}
+
+static void inserter_close(struct floor_inserter *f)
+{
+    free(f->vals);
+    free(f->buf);
+    PQfinish(f->conn);
+}
+
 static void *inserter_main(void *arg)
 {
     struct floor_worker *p = arg;
     const struct opts *o = p->o;
-    PGconn *conn = bench_connect(o);
-    size_t cap = bench_payload_cap(o->payload_bytes), row = 40 + 24 + cap;
-    char *buf = malloc((size_t)o->batch * row);
-    const char **vals = malloc(3 * (size_t)o->batch * sizeof *vals);
-    if (!buf || !vals)
-        die("out of memory");
-    prepare_insert(conn, "ins_full", o->batch);
-    int tail = o->messages % o->batch;
-    if (tail)
-        prepare_insert(conn, "ins_tail", tail);
+    struct floor_inserter f;
+    inserter_open(&f, o, o->messages % o->batch);
     pthread_barrier_wait(p->start);
     for (;;) {
         long b = atomic_fetch_add(p->next_batch, 1);
@@ -80,28 +126,10 @@ static void *inserter_main(void *arg)
             break;
         long first = b * o->batch;
         int k = o->messages - first < o->batch ? (int)(o->messages - first) : o->batch;
-        for (int i = 0; i < k; i++) {
-            long seq = first + i;
-            char *id = buf + (size_t)i * row, *ch = id + 40, *json = ch + 24;
-            uuid_t u;
-            pqmq_uuid_generate(u); /* the same time-ordered ids pqmq uses */
-            uuid_unparse_lower(u, id);
-            snprintf(ch, 24, "c%ld", seq % o->channels);
-            bench_payload(json, cap, seq, 0, o->payload_bytes);
-            vals[3 * i] = id;
-            vals[3 * i + 1] = ch;
-            vals[3 * i + 2] = json;
-        }
-        PGresult *r = PQexecPrepared(conn, k == o->batch ? "ins_full" : "ins_tail", 3 * k, vals,
-                                     NULL, NULL, 0);
-        if (PQresultStatus(r) != PGRES_COMMAND_OK)
-            die("floor insert: %s", PQerrorMessage(conn));
-        PQclear(r);
+        insert_batch(&f, first, k);
         atomic_fetch_add(p->done, k);
     }
-    free(vals);
-    free(buf);
-    PQfinish(conn);
+    inserter_close(&f);
     return NULL;
 }
 
@@ -127,12 +155,14 @@ static void drainer(struct floor_worker *p, const char *sql)
     PQfinish(conn);
 }
 
+const char floor_drain_sql[] = "DELETE FROM floor_msgs WHERE id IN ("
+                               " SELECT id FROM floor_msgs ORDER BY created_at LIMIT $1"
+                               " FOR UPDATE SKIP LOCKED)"
+                               " RETURNING id, channel, payload";
+
 static void *drainer_in(void *arg)
 {
-    drainer(arg, "DELETE FROM floor_msgs WHERE id IN ("
-                 " SELECT id FROM floor_msgs ORDER BY created_at LIMIT $1"
-                 " FOR UPDATE SKIP LOCKED)"
-                 " RETURNING id, channel, payload");
+    drainer(arg, floor_drain_sql);
     return NULL;
 }
 
@@ -177,3 +207,81 @@ double floor_drain(const struct opts *o, PGconn *admin, int by_ctid)
         die("floor drain left %ld rows", left);
     return t;
 }
+
+/* ---- under load (load.c) ----------------------------------------------- */
+
+static void load_reset(PGconn *admin)
+{
+    bench_sql(admin, "TRUNCATE floor_msgs");
+}
+
+static void *load_producer_new(const struct opts *o, const struct shape *s)
+{
+    (void)s; /* the floor has no order */
+    struct floor_inserter *f = malloc(sizeof *f);
+    if (!f)
+        die("out of memory");
+    inserter_open(f, o, 0);
+    return f;
+}
+
+static void load_produce(void *arg, long first, int k)
+{
+    insert_batch(arg, first, k);
+}
+
+static void load_producer_free(void *arg)
+{
+    inserter_close(arg);
+    free(arg);
+}
+
+struct floor_consumer {
+    PGconn *conn;
+    char lim[16];
+};
+
+static void *load_consumer_new(const struct opts *o)
+{
+    struct floor_consumer *fc = malloc(sizeof *fc);
+    if (!fc)
+        die("out of memory");
+    fc->conn = bench_connect(o);
+    prepare(fc->conn, "drain", floor_drain_sql);
+    snprintf(fc->lim, sizeof fc->lim, "%d", o->batch);
+    return fc;
+}
+
+/* The DELETE claims and completes at once: what it returns is done. */
+static int load_consume(void *arg, long *completed)
+{
+    struct floor_consumer *fc = arg;
+    const char *vals[1] = {fc->lim};
+    PGresult *r = PQexecPrepared(fc->conn, "drain", 1, vals, NULL, NULL, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        die("floor drain: %s", PQerrorMessage(fc->conn));
+    int n = PQntuples(r);
+    PQclear(r);
+    *completed += n;
+    return n;
+}
+
+static void load_consumer_free(void *arg, long *completed)
+{
+    (void)completed; /* it holds nothing */
+    struct floor_consumer *fc = arg;
+    PQfinish(fc->conn);
+    free(fc);
+}
+
+const struct load_ops floor_load_ops = {
+    .name = "floor",
+    .tables = {"floor_msgs", NULL},
+    .reset = load_reset,
+    .producer_new = load_producer_new,
+    .produce = load_produce,
+    .producer_free = load_producer_free,
+    .consumer_new = load_consumer_new,
+    .consume = load_consume,
+    .consumer_free = load_consumer_free,
+};

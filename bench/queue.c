@@ -42,14 +42,31 @@ struct producer {
     long nbatches;
 };
 
+void queue_fill_batch(const struct opts *o, const struct shape *s, long first, int k,
+                      pqmq_msg **msgs, char *json)
+{
+    size_t cap = bench_payload_cap(o->payload_bytes);
+    for (int i = 0; i < k; i++) {
+        long seq = first + i;
+        char args[24];
+        snprintf(args, sizeof args, "c%ld", seq % s->channels);
+        bench_payload(json, cap, seq, 0, o->payload_bytes);
+        pqmq_msg *m = msgs[i] = pqmq_msg_new();
+        if (!m || pqmq_msg_set_channel(m, BENCH_CHANNEL, args) ||
+            pqmq_msg_set_name(m, "work") || pqmq_msg_set_json(m, json) ||
+            pqmq_msg_set_backoff(m, 600000) || /* no redelivery mid-run */
+            pqmq_msg_set_ordered(m, shape_ordered(s, seq)))
+            die("out of memory");
+    }
+}
+
 static void *producer_main(void *arg)
 {
     struct producer *p = arg;
     const struct opts *o = p->o;
     pqmq_client *c = bench_client(o);
     pqmq_msg **msgs = calloc((size_t)o->batch, sizeof *msgs);
-    size_t cap = bench_payload_cap(o->payload_bytes);
-    char *json = malloc(cap);
+    char *json = malloc(bench_payload_cap(o->payload_bytes));
     if (!msgs || !json)
         die("out of memory");
     pthread_barrier_wait(p->start);
@@ -59,18 +76,7 @@ static void *producer_main(void *arg)
             break;
         long first = b * o->batch;
         int k = o->messages - first < o->batch ? (int)(o->messages - first) : o->batch;
-        for (int i = 0; i < k; i++) {
-            long seq = first + i;
-            char args[24];
-            snprintf(args, sizeof args, "c%ld", seq % p->s->channels);
-            bench_payload(json, cap, seq, 0, o->payload_bytes);
-            pqmq_msg *m = msgs[i] = pqmq_msg_new();
-            if (!m || pqmq_msg_set_channel(m, BENCH_CHANNEL, args) ||
-                pqmq_msg_set_name(m, "work") || pqmq_msg_set_json(m, json) ||
-                pqmq_msg_set_backoff(m, 600000) || /* no redelivery mid-run */
-                pqmq_msg_set_ordered(m, shape_ordered(p->s, seq)))
-                die("out of memory");
-        }
+        queue_fill_batch(o, p->s, first, k, msgs, json);
         if (pqmq_insert(c, msgs, (size_t)k))
             die("pqmq_insert: %s", pqmq_errmsg(c));
         for (int i = 0; i < k; i++)
@@ -295,6 +301,103 @@ double queue_drain_poll(const struct opts *o, const char *label)
     free(ps);
     return t;
 }
+
+/* ---- under load (load.c) ----------------------------------------------- */
+
+struct load_producer {
+    const struct opts *o;
+    const struct shape *s;
+    pqmq_client *c;
+    pqmq_msg **msgs;
+    char *json;
+};
+
+static void *load_producer_new(const struct opts *o, const struct shape *s)
+{
+    struct load_producer *p = calloc(1, sizeof *p);
+    if (!p)
+        die("out of memory");
+    *p = (struct load_producer){o, s, bench_client(o), calloc((size_t)o->batch, sizeof(void *)),
+                                malloc(bench_payload_cap(o->payload_bytes))};
+    if (!p->msgs || !p->json)
+        die("out of memory");
+    return p;
+}
+
+static void load_produce(void *arg, long first, int k)
+{
+    struct load_producer *p = arg;
+    queue_fill_batch(p->o, p->s, first, k, p->msgs, p->json);
+    if (pqmq_insert(p->c, p->msgs, (size_t)k))
+        die("pqmq_insert: %s", pqmq_errmsg(p->c));
+    for (int i = 0; i < k; i++)
+        pqmq_msg_free(p->msgs[i]);
+}
+
+static void load_producer_free(void *arg)
+{
+    struct load_producer *p = arg;
+    pqmq_client_free(p->c);
+    free(p->msgs);
+    free(p->json);
+    free(p);
+}
+
+struct load_consumer {
+    pqmq_client *c;
+    int batch;
+    pqmq_batch *held; /* claimed, to be completed with the next poll */
+};
+
+static void *load_consumer_new(const struct opts *o)
+{
+    struct load_consumer *lc = calloc(1, sizeof *lc);
+    if (!lc)
+        die("out of memory");
+    lc->c = bench_client(o);
+    lc->batch = o->batch;
+    return lc;
+}
+
+/* The poll API's loop, as the poll phase runs it: complete what is held
+ * and claim the next batch in one call. */
+static int load_consume(void *arg, long *completed)
+{
+    struct load_consumer *lc = arg;
+    pqmq_batch *b = NULL;
+    int rc = pqmq_complete_and_poll(lc->c, lc->held, NULL, 0, lc->batch, &b);
+    if (rc && rc != PQMQ_ESTALE)
+        die("pqmq_complete_and_poll: %s", pqmq_errmsg(lc->c));
+    *completed += (long)pqmq_batch_count(lc->held);
+    pqmq_batch_free(lc->held);
+    lc->held = b;
+    return (int)pqmq_batch_count(b);
+}
+
+static void load_consumer_free(void *arg, long *completed)
+{
+    struct load_consumer *lc = arg;
+    if (pqmq_batch_count(lc->held)) {
+        if (pqmq_complete_batch(lc->c, lc->held))
+            die("pqmq_complete_batch: %s", pqmq_errmsg(lc->c));
+        *completed += (long)pqmq_batch_count(lc->held);
+    }
+    pqmq_batch_free(lc->held);
+    pqmq_client_free(lc->c);
+    free(lc);
+}
+
+const struct load_ops queue_load_ops = {
+    .name = "pqmq",
+    .tables = {"mq_msgs", "mq_payloads"},
+    .reset = queue_reset,
+    .producer_new = load_producer_new,
+    .produce = load_produce,
+    .producer_free = load_producer_free,
+    .consumer_new = load_consumer_new,
+    .consume = load_consume,
+    .consumer_free = load_consumer_free,
+};
 
 /* ---- latency ----------------------------------------------------------- */
 

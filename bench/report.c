@@ -14,6 +14,7 @@
 #define TARGET_ENQUEUE 0.8 /* enqueue / floor insert */
 #define TARGET_PROCESS 0.6 /* runner processing / floor drain */
 #define TARGET_ORDERED 0.5 /* ordered runner processing / unordered */
+#define TARGET_ONCE 0.5    /* exactly-once processing / floor drain */
 #define TARGET_P50_MS 1.5
 #define TARGET_P99_MS 5.0
 
@@ -84,6 +85,10 @@ void report_text(const struct opts *o, const struct results *r)
         rate_row("processing, runner, vs ctid floor", r->main.runner, r->floor_drain_ctid, 0);
         rate_row("processing, poll API, vs ctid floor", r->main.poll, r->floor_drain_ctid, 0);
     }
+    if (r->once > 0) {
+        rate_row("exactly-once, poll API (messages/s)", r->once, r->floor_drain, TARGET_ONCE);
+        rate_row("exactly-once, vs exactly-once floor", r->once, r->floor_once, 0);
+    }
     if (r->ordered.runner > 0) {
         char f[64];
         snprintf(f, sizeof f, "%d ordered chains: enqueue *", o->chains);
@@ -103,6 +108,10 @@ void report_text(const struct opts *o, const struct results *r)
                "\n  in batches (no lease, no retry, no order, no fairness).\n"
                "ctid floor: the same DELETE matched by ctid (a TID scan at any table size):"
                "\n  faster still, the limit of a delete-based queue.\n");
+    if (r->once > 0)
+        printf("exactly-once: per batch, one row per message into a results table and the\n"
+               "  completion, committed together (BEGIN, INSERT, pqmq_complete_and_poll,\n"
+               "  COMMIT); its floor: BEGIN, the floor's DELETE, the same INSERT, COMMIT.\n");
     if (r->ordered.runner > 0)
         printf("%s* ordered rows: every message on an ordered chain; the floor column "
                "holds the\n  main scenario's rate and the ratio is against it.\n",
@@ -165,6 +174,10 @@ void report_json(const struct opts *o, const struct results *r)
     jnum("floor_drain_ctid_per_s", r->floor_drain_ctid, "%.0f", 0);
     jnum("ratio_process_runner_ctid", ratio(r->main.runner, r->floor_drain_ctid), "%.3f", 0);
     jnum("ratio_process_poll_ctid", ratio(r->main.poll, r->floor_drain_ctid), "%.3f", 0);
+    jnum("process_exactly_once_per_s", r->once, "%.0f", 0);
+    jnum("floor_exactly_once_per_s", r->floor_once, "%.0f", 0);
+    jnum("ratio_exactly_once", ratio(r->once, r->floor_drain), "%.3f", 0);
+    jnum("ratio_exactly_once_to_its_floor", ratio(r->once, r->floor_once), "%.3f", 0);
     printf("\"ordered\": ");
     if (r->ordered.runner > 0) {
         printf("{\"chains\": %d, ", o->chains);
@@ -313,4 +326,158 @@ void report_sweep(const struct opts *o, const char *param, const struct sweep_ro
     }
     printf("\nwrote %s%s%s; peak memory %ld kB\n", csv, have_gnuplot() ? " and " : "",
            have_gnuplot() ? png : "", maxrss);
+}
+
+/* ---- --rate, --held-xmin ----------------------------------------------- */
+
+/* A count: like grouped, but 0 is a measured 0. */
+static const char *count(double v, char *buf)
+{
+    return v > 0 ? grouped(v, buf) : "0";
+}
+
+static double per_s(long n, double seconds)
+{
+    return seconds > 0 ? n / seconds : 0;
+}
+
+/* Kept up: the last phase ended with less than a second of offered load
+ * waiting. -1: saturated producers, nothing was offered. */
+static int kept_up(const struct opts *o, const struct load_result *r)
+{
+    if (!o->rate)
+        return -1;
+    return r->ph[r->nphases - 1].backlog_end < o->rate;
+}
+
+static void load_title(const struct opts *o)
+{
+    char a[32];
+    if (o->rate)
+        printf("pqmq-bench: offered %s messages/s", grouped(o->rate, a));
+    else
+        printf("pqmq-bench: saturated producers");
+    if (o->held_xmin)
+        printf(", %d s before, during and after a held snapshot", o->held_xmin);
+    else
+        printf(" for %d s", o->duration);
+    printf(", batch %d, %d producer%s, %d poll-API consumer%s, %d channels\n\n", o->batch,
+           o->producers, o->producers == 1 ? "" : "s", o->consumers,
+           o->consumers == 1 ? "" : "s", o->channels);
+}
+
+static void load_rows(const struct load_result *r)
+{
+    for (int i = 0; i < r->nphases; i++) {
+        const struct load_phase *p = &r->ph[i];
+        char a[32], b[32], c[32], d[32];
+        printf("%-6s %-7s %12s %12s %10s %10s %8.2f %8.2f %8.2f\n", r->target, p->name,
+               count(per_s(p->inserted, p->seconds), a),
+               count(per_s(p->processed, p->seconds), b), count(p->backlog_end, c),
+               count(p->backlog_max, d), p->poll.p50, p->poll.p99, p->poll.max);
+    }
+}
+
+static void load_table_rows(const struct load_result *r)
+{
+    for (int i = 0; i < r->nphases; i++)
+        for (int t = 0; t < 2 && r->tables[t]; t++) {
+            const struct table_stats *s = &r->ph[i].stats[t];
+            char a[32], b[32], c[32], v[48];
+            snprintf(v, sizeof v, "%ld / %ld", s->autovacuums, s->autoanalyzes);
+            printf("%-6s %-7s %-12s %12s %12s %12s %10s\n", r->target, r->ph[i].name,
+                   r->tables[t], count(s->live, a), count(s->dead, b),
+                   count(s->bytes / 1024.0, c), v);
+        }
+}
+
+static void load_summary(const struct opts *o, const struct load_result *r)
+{
+    char a[32];
+    long max = 0;
+    for (int i = 0; i < r->nphases; i++)
+        if (r->ph[i].backlog_max > max)
+            max = r->ph[i].backlog_max;
+    int k = kept_up(o, r);
+    printf("%s: kept up: %s", r->target, k < 0 ? "n/a (saturated)" : k ? "yes" : "no");
+    printf(" (backlog at the end %s", count(r->ph[r->nphases - 1].backlog_end, a));
+    if (o->rate)
+        printf(", at most %.1f s of offered load", (double)max / o->rate);
+    printf(")\n");
+    if (r->nphases == 3) {
+        double before = per_s(r->ph[0].processed, r->ph[0].seconds);
+        printf("%s: processed during / before the held snapshot: %.2f, after / before: %.2f\n",
+               r->target, ratio(per_s(r->ph[1].processed, r->ph[1].seconds), before),
+               ratio(per_s(r->ph[2].processed, r->ph[2].seconds), before));
+    }
+}
+
+static void load_text(const struct opts *o, const struct load_result *r, int n)
+{
+    load_title(o);
+    printf("%-6s %-7s %12s %12s %10s %10s %8s %8s %8s\n", "target", "phase", "inserted/s",
+           "processed/s", "backlog", "max", "poll p50", "p99", "max ms");
+    for (int i = 0; i < n; i++)
+        load_rows(&r[i]);
+    printf("\n%-6s %-7s %-12s %12s %12s %12s %10s\n", "target", "end of", "table", "n_live_tup",
+           "n_dead_tup", "size (kB)", "autovac.");
+    for (int i = 0; i < n; i++)
+        load_table_rows(&r[i]);
+    printf("\n");
+    for (int i = 0; i < n; i++)
+        load_summary(o, &r[i]);
+    printf("\nbacklog: inserted minus completed (at the phase's end, and its maximum); "
+           "poll:\n  each poll call's time; tables: pg_stat_user_tables and "
+           "pg_total_relation_size;\n  autovac.: autovacuums / autoanalyzes since the "
+           "start (their counts include\n  what they found, so n_*_tup jump when one "
+           "runs).\n");
+}
+
+static void jphase(const struct load_result *r, const struct load_phase *p, int last)
+{
+    printf("{\"phase\": \"%s\", \"seconds\": %.2f, ", p->name, p->seconds);
+    printf("\"inserted_per_s\": %.0f, \"processed_per_s\": %.0f, ",
+           per_s(p->inserted, p->seconds), per_s(p->processed, p->seconds));
+    printf("\"backlog_end\": %ld, \"backlog_max\": %ld, ", p->backlog_end, p->backlog_max);
+    jlatency("poll_ms", &p->poll, 0);
+    printf("\"tables\": {");
+    for (int t = 0; t < 2 && r->tables[t]; t++)
+        printf("%s\"%s\": {\"n_live_tup\": %ld, \"n_dead_tup\": %ld, \"bytes\": %ld, "
+               "\"autovacuums\": %ld, \"autoanalyzes\": %ld}",
+               t ? ", " : "", r->tables[t], p->stats[t].live, p->stats[t].dead,
+               p->stats[t].bytes, p->stats[t].autovacuums, p->stats[t].autoanalyzes);
+    printf("}}%s", last ? "" : ", ");
+}
+
+static void load_json(const struct opts *o, const struct load_result *r, int n)
+{
+    printf("{");
+    jparams(o, 0);
+    printf("\"load\": {");
+    jnum("offered_per_s", o->rate, "%.0f", 0);
+    jnum("duration_s", o->held_xmin ? 0 : o->duration, "%.0f", 0);
+    jnum("held_xmin_s", o->held_xmin, "%.0f", 0);
+    printf("\"targets\": [");
+    for (int i = 0; i < n; i++) {
+        printf("%s{\"target\": \"%s\", \"phases\": [", i ? ", " : "", r[i].target);
+        for (int k = 0; k < r[i].nphases; k++)
+            jphase(&r[i], &r[i].ph[k], k == r[i].nphases - 1);
+        int up = kept_up(o, &r[i]);
+        printf("], \"kept_up\": %s, ", up < 0 ? "null" : up ? "true" : "false");
+        double before = per_s(r[i].ph[0].processed, r[i].ph[0].seconds);
+        jnum("ratio_during_before",
+             r[i].nphases == 3 ? ratio(per_s(r[i].ph[1].processed, r[i].ph[1].seconds), before)
+                               : 0,
+             "%.3f", 1);
+        printf("}");
+    }
+    printf("]}, \"maxrss_kb\": %ld}\n", maxrss_kb());
+}
+
+void report_load(const struct opts *o, const struct load_result *r, int n)
+{
+    if (o->json)
+        load_json(o, r, n);
+    else
+        load_text(o, r, n);
 }
