@@ -7,7 +7,7 @@
 -- over. Here the ready indexes key on a new column, ready_at (the message's
 -- place in the ready order), which a claim leaves alone; no index reads
 -- attempt_at, attempts, deliveries or retry_backoff. A claim is then a HOT
--- update: one heap tuple on the same page (the table keeps 40% of each page
+-- update: one heap tuple on the same page (the table keeps half of each page
 -- free for it), no index entry.
 --
 -- The price: a message in flight keeps its index entry among the ready
@@ -38,7 +38,7 @@ ALTER TABLE mq_msgs ALTER COLUMN ready_at SET NOT NULL;
 
 -- Room on every page for the row version a claim writes, so the claim can
 -- stay on its page (HOT). Applies to pages written from now on.
-ALTER TABLE mq_msgs SET (fillfactor = 60);
+ALTER TABLE mq_msgs SET (fillfactor = 50);
 
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_channel
     ON mq_msgs (channel_key, ready_at)
@@ -65,10 +65,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(k.a, k.b)
@@ -90,10 +93,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 BEGIN
     WITH last AS (
@@ -133,10 +139,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(k.a, k.b)
@@ -162,10 +171,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     r_id    uuid[];
@@ -240,10 +252,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 -- Custom plans (a new session's first five calls) pick hash joins over the
 -- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
@@ -400,10 +415,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     chans text[];
@@ -440,10 +458,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 -- Custom plans (a new session's first five calls) pick hash joins over the
 -- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
@@ -614,10 +635,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 -- (version 2) Without bitmap scans the ordered index scan, which stops after
 -- per_key rows, is the only fit; the bitmap plan read and sorted whole channels.
 SET enable_bitmapscan = off
@@ -698,10 +722,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 -- Custom plans (a new session's first five calls) pick hash joins over the
 -- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
@@ -781,10 +808,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();
@@ -826,10 +856,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
@@ -874,10 +907,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
@@ -931,10 +967,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     ts   timestamptz := clock_timestamp();
@@ -973,10 +1012,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();

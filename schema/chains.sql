@@ -10,10 +10,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(k.a, k.b)
@@ -35,10 +38,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 BEGIN
     WITH last AS (
@@ -78,10 +84,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(k.a, k.b)
@@ -107,10 +116,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     r_id    uuid[];

@@ -15,10 +15,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 -- Custom plans (a new session's first five calls) pick hash joins over the
 -- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
@@ -148,10 +151,13 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- A queue table swings between empty and huge: plans made while it looked
 -- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one.
+-- read a whole table or join by hashing or merging one. Those switches
+-- price plans they must keep (a seq scan of a small helper table, in a
+-- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();

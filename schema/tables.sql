@@ -142,7 +142,7 @@ ALTER TABLE mq_msgs SET (
     autovacuum_vacuum_cost_delay = 0,
     -- Room on every page for the row version a claim writes, so the claim
     -- can stay on its page (HOT).
-    fillfactor = 60
+    fillfactor = 50
 );
 
 -- The large, cold row: written once, read once per delivery.

@@ -221,6 +221,55 @@ static void test_poll_reads_channels_in_index_order(void)
     CHECK(read < 400);
 }
 
+/* mq_msgs' update counters: [0] all updates, [1] HOT ones (after every
+ * backend involved has flushed its statistics). */
+static void update_counts(long long out[2])
+{
+    t_exec(pqmq_conn(q), "SELECT pg_stat_force_next_flush()");
+    t_exec(pg, "SELECT pg_stat_force_next_flush()");
+    t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    const char *from = "FROM pg_stat_user_tables WHERE schemaname = current_schema() "
+                       "AND relname = 'mq_msgs'";
+    out[0] = t_sql_int(pg, "SELECT n_tup_upd %s", from);
+    out[1] = t_sql_int(pg, "SELECT n_tup_hot_upd %s", from);
+}
+
+/* A claim changes no indexed column, so PostgreSQL writes it as a HOT
+ * update: a new row version on the same page and no index entry at all
+ * (migration 0009). A claim that moved an indexed column (the lease in the
+ * candidate indexes, as before) would count 0 HOT updates here. */
+static void test_claim_writes_no_index_entry(void)
+{
+    t_exec(pg, "SET stats_fetch_consistency = none");
+    t_truncate();
+    for (int c = 0; c < 3; c++) {
+        char ch[8];
+        snprintf(ch, sizeof ch, "h%d", c);
+        insert_n(ch, NULL, 100, 3, 60000);
+    }
+    long long before[2], after[2];
+    update_counts(before);
+    size_t claimed = 0;
+    for (int i = 0; i < 3; i++) {
+        pqmq_batch *b = NULL;
+        CHECK_OK(q, pqmq_poll(q, NULL, 0, 100, &b));
+        claimed += pqmq_batch_count(b);
+        pqmq_batch_free(b);
+    }
+    update_counts(after);
+    CHECK_INT(claimed, 300);
+    printf("    claims: %lld updates, %lld of them HOT\n", after[0] - before[0],
+           after[1] - before[1]);
+    CHECK_INT(after[0] - before[0], 300);
+    CHECK_INT(after[1] - before[1], 300);
+    /* The messages in flight kept their place and are not claimed again. */
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 100, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    pqmq_batch_free(b);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE ready_at < attempt_at"), 300);
+}
+
 static void test_poll_bad_inputs(void)
 {
     pqmq_batch *b = (pqmq_batch *)1;
@@ -279,6 +328,7 @@ int main(void)
     T_RUN(test_busy_channel_does_not_starve_quiet_one);
     T_RUN(test_poll_cost_does_not_grow_with_backlog);
     T_RUN(test_poll_reads_channels_in_index_order);
+    T_RUN(test_claim_writes_no_index_entry);
     T_RUN(test_poll_bad_inputs);
     T_RUN(test_foreign_row_is_refused);
     pqmq_client_free(q);
