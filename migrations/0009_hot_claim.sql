@@ -50,7 +50,8 @@ CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_time
     ON mq_msgs (ready_at)
     WHERE dead_since IS NULL
       AND (after_message_id IS NULL
-           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
+           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND ready_at > '-infinity'::timestamptz;
 
 -- Each of these reads a column a claim writes.
 DROP INDEX IF EXISTS mq_msgs_candidates_by_channel;
@@ -516,6 +517,7 @@ BEGIN
             WHERE m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
@@ -582,12 +584,14 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
              ORDER BY m.ready_at LIMIT 1),
             (SELECT min(m.attempt_at) FROM mq_msgs m
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at <= ts
                AND m.attempts > 0))
         INTO next_at;
@@ -1032,6 +1036,7 @@ BEGIN
         WHERE l.dead_since IS NULL
           AND (l.after_message_id IS NULL
                OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND l.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
           AND l.ready_at = 'infinity'::timestamptz
           AND l.attempts = 0 AND l.attempt_at <= ts
         FOR NO KEY UPDATE SKIP LOCKED));
@@ -1130,6 +1135,7 @@ BEGIN
         WHERE m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
           AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
           AND m.attempts > 0
         UNION ALL
@@ -1137,6 +1143,7 @@ BEGIN
         WHERE m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at <= ts
           AND m.attempt_at > ts
           AND m.attempts > 0
@@ -1149,6 +1156,7 @@ BEGIN
         WHERE m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at = 'infinity'::timestamptz
           AND m.attempts = 0
         UNION ALL

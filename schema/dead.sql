@@ -31,6 +31,7 @@ BEGIN
         WHERE l.dead_since IS NULL
           AND (l.after_message_id IS NULL
                OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND l.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
           AND l.ready_at = 'infinity'::timestamptz
           AND l.attempts = 0 AND l.attempt_at <= ts
         FOR NO KEY UPDATE SKIP LOCKED));

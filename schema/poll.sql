@@ -75,6 +75,7 @@ BEGIN
             WHERE m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
@@ -141,12 +142,14 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
              ORDER BY m.ready_at LIMIT 1),
             (SELECT min(m.attempt_at) FROM mq_msgs m
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at <= ts
                AND m.attempts > 0))
         INTO next_at;

@@ -228,6 +228,7 @@ BEGIN
         WHERE m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
           AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
           AND m.attempts > 0
         UNION ALL
@@ -235,6 +236,7 @@ BEGIN
         WHERE m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at <= ts
           AND m.attempt_at > ts
           AND m.attempts > 0
@@ -247,6 +249,7 @@ BEGIN
         WHERE m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at = 'infinity'::timestamptz
           AND m.attempts = 0
         UNION ALL

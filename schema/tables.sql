@@ -115,12 +115,17 @@ CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_channel
            OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
 
 -- The ready set in time order: fills a batch and answers wait_time; its
--- 'infinity' end holds the final attempts in flight.
+-- 'infinity' end holds the final attempts in flight. Only a query that says
+-- ready_at > '-infinity' (always true) can use it: a poll of one channel
+-- must walk mq_msgs_ready_by_channel, and a plan that took this index and
+-- filtered by channel read the whole ready backlog for every channel once
+-- statistics said the table was small.
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_time
     ON mq_msgs (ready_at)
     WHERE dead_since IS NULL
       AND (after_message_id IS NULL
-           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
+           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND ready_at > '-infinity'::timestamptz;
 
 -- A chain never forks: each message has at most one successor.
 CREATE UNIQUE INDEX IF NOT EXISTS mq_msgs_successor
