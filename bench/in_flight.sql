@@ -1,0 +1,55 @@
+-- bench/in_flight.sql: what messages in flight cost a poll. A claim leaves
+-- a message's place in the ready indexes (migration 0009), so polls step
+-- over the short jobs in flight; this times a poll of 100 over 2,000 ready
+-- messages, first alone, then behind 10,000 messages in flight (claimed,
+-- leases of an hour), on :channels channels (default 100).
+--
+--   build/tools/pqmq -d CONNINFO --schema inflight migrate
+--   psql -X -d CONNINFO -v channels=100 -f bench/in_flight.sql
+--
+-- It empties the queue of schema "inflight" (a scratch schema).
+\if :{?channels}
+\else
+\set channels 100
+\endif
+SET search_path = inflight;
+SET client_min_messages = warning;
+CREATE FUNCTION pg_temp.fill(n int, channels int) RETURNS void LANGUAGE sql AS $$
+    SELECT inflight.mq_insert(ARRAY(
+        SELECT ROW(gen_random_uuid(), NULL, 3, interval '1 hour', 'c' || (g % channels), '',
+                   NULL, false, 'n', '{}', NULL)::inflight.mq_new_t
+        FROM generate_series(1, n) g))
+$$;
+-- Milliseconds per poll of 100, each rolled back so every poll sees the same queue.
+CREATE FUNCTION pg_temp.time_polls(k int) RETURNS numeric LANGUAGE plpgsql AS $$
+DECLARE
+    t0    timestamptz;
+    total double precision := 0;
+    n     int;
+BEGIN
+    FOR i IN 1..k LOOP
+        t0 := clock_timestamp();
+        BEGIN
+            SELECT count(*) INTO n FROM inflight.mq_claim(NULL, 100);
+            RAISE EXCEPTION 'roll back';
+        EXCEPTION WHEN raise_exception THEN NULL;
+        END;
+        total := total + extract(epoch FROM clock_timestamp() - t0);
+    END LOOP;
+    RETURN round((total / k * 1000)::numeric, 3);
+END
+$$;
+TRUNCATE mq_msgs, mq_payloads, mq_chains;
+SELECT pg_temp.fill(2000, :channels);
+VACUUM ANALYZE mq_msgs;
+SELECT pg_temp.time_polls(30) AS idle_ms \gset
+TRUNCATE mq_msgs, mq_payloads, mq_chains;
+SELECT pg_temp.fill(10000, :channels);
+SELECT count(*) FROM (SELECT mq_claim(NULL, 100) FROM generate_series(1, 100)) c;
+SELECT pg_temp.fill(2000, :channels);
+VACUUM ANALYZE mq_msgs;
+SELECT pg_temp.time_polls(30) AS busy_ms \gset
+SELECT :channels AS channels, :idle_ms AS "ms per poll, 2,000 ready",
+       :busy_ms AS "same behind 10,000 in flight",
+       round(:busy_ms / :idle_ms, 2) AS ratio;
+TRUNCATE mq_msgs, mq_payloads, mq_chains;
