@@ -655,49 +655,70 @@ DECLARE
                           + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
     got   uuid[];
 BEGIN
+    -- Each probe finds the next chain key that has a claimable message, and
+    -- where in the key that message is (at): the messages in flight and the
+    -- dead entries before it are stepped over once, by the probe, and the
+    -- key's scan starts at it. A key with nothing claimable is passed by.
     SELECT array_agg(j.id) INTO got FROM (
-        WITH RECURSIVE up(k, n) AS (
-            SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.dead_since IS NULL
-                      AND (m.after_message_id IS NULL
-                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                      AND m.channel_key >= start AND m.channel_key <= hi
-                    ORDER BY m.channel_key LIMIT 1), 1
+        WITH RECURSIVE up(k, at, n) AS (
+            SELECT f.k, f.at, 1 FROM (
+                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (picked)
+                  AND m.channel_key >= start AND m.channel_key <= hi
+                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             UNION ALL
-            SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.dead_since IS NULL
-                      AND (m.after_message_id IS NULL
-                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                      AND m.channel_key > up.k AND m.channel_key <= hi
-                    ORDER BY m.channel_key LIMIT 1), up.n + 1
-            FROM up WHERE up.k IS NOT NULL AND up.n < budget
+            SELECT f.k, f.at, up.n + 1 FROM up, LATERAL (
+                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (picked)
+                  AND m.channel_key > up.k AND m.channel_key <= hi
+                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
+            WHERE up.n < budget
         ),
-        around(k, n) AS (
-            SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.dead_since IS NULL
-                      AND (m.after_message_id IS NULL
-                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                      AND m.channel_key >= lo AND m.channel_key < start
-                    ORDER BY m.channel_key LIMIT 1), 1
+        around(k, at, n) AS (
+            SELECT f.k, f.at, 1 FROM (
+                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (picked)
+                  AND m.channel_key >= lo AND m.channel_key < start
+                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             UNION ALL
-            SELECT (SELECT m.channel_key FROM mq_msgs m
-                    WHERE m.dead_since IS NULL
-                      AND (m.after_message_id IS NULL
-                           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                      AND m.channel_key > around.k AND m.channel_key < start
-                    ORDER BY m.channel_key LIMIT 1), around.n + 1
-            FROM around WHERE around.k IS NOT NULL AND around.n < budget
+            SELECT f.k, f.at, around.n + 1 FROM around, LATERAL (
+                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (picked)
+                  AND m.channel_key > around.k AND m.channel_key < start
+                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
+            WHERE around.n < budget
         )
         SELECT r.id
-        FROM (SELECT up.k FROM up WHERE up.k IS NOT NULL
+        FROM (SELECT up.k, up.at FROM up
               UNION ALL
-              SELECT around.k FROM around WHERE around.k IS NOT NULL) ks,
+              SELECT around.k, around.at FROM around) ks,
         LATERAL (
             SELECT m.id FROM mq_msgs m
             WHERE m.channel_key = ks.k
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.ready_at >= ks.at
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
