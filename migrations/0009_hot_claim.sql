@@ -1160,14 +1160,33 @@ BEGIN
           AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
           AND m.attempts > 0
         UNION ALL
+        -- (all channels: the whole ready range of the time index)
         SELECT m.channel_name, 'f', false FROM mq_msgs m
-        WHERE m.dead_since IS NULL
+        WHERE channel_names IS NULL
+          AND m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
           AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at <= ts
           AND m.attempt_at > ts
           AND m.attempts > 0
+        UNION ALL
+        -- (named channels: only their ranges of the channel index)
+        SELECT m.channel_name, 'f', false
+        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
+        LATERAL (
+            SELECT m.channel_name FROM mq_msgs m
+            WHERE m.channel_key >= (pg_catalog.hashtext(c.n)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
+              AND m.channel_name = c.n
+              AND m.dead_since IS NULL
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.ready_at <= ts
+              AND m.attempt_at > ts
+              AND m.attempts > 0
+        ) m
+        WHERE channel_names IS NOT NULL
         UNION ALL
         SELECT m.channel_name,
                CASE WHEN m.attempt_at > ts THEN 'f' ELSE 'd' END,
