@@ -64,11 +64,7 @@ CREATE OR REPLACE FUNCTION mq_lock_new_chains(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -92,11 +88,7 @@ CREATE OR REPLACE FUNCTION mq_record_tails(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -138,11 +130,7 @@ CREATE OR REPLACE FUNCTION mq_lock_chains(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -170,11 +158,7 @@ CREATE OR REPLACE FUNCTION mq_unlink(g_id uuid[], g_after uuid[], g_name text[],
 RETURNS text[]
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -251,11 +235,7 @@ CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -414,11 +394,7 @@ CREATE OR REPLACE FUNCTION mq_commit(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -457,11 +433,7 @@ CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -560,7 +532,7 @@ BEGIN
             WHERE m.id = ANY (picked)
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
-                      m.channel_args, m.deliveries, m.attempts
+                      m.channel_args, m.deliveries, m.attempts, m.ready_at
         )
         SELECT c.id, c.committed, p.name, p.payload_json::text, p.payload_bytes,
                c.lease, interval '0', c.channel_name, c.channel_args,
@@ -570,8 +542,8 @@ BEGIN
             SELECT p.name, p.payload_json, p.payload_bytes FROM mq_payloads p
             WHERE p.id = c.id LIMIT 1
         ) p ON true
-        -- The order they were picked in: oldest first within a channel.
-        ORDER BY array_position(picked, c.id);
+        -- Oldest first (final attempts, now at 'infinity', last).
+        ORDER BY c.ready_at, c.id;
         RETURN;
     END IF;
 
@@ -637,11 +609,7 @@ CREATE OR REPLACE FUNCTION mq_pick(only_name text, lo bigint, hi bigint,
 RETURNS uuid[]
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -745,11 +713,7 @@ CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAUL
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -764,6 +728,8 @@ DECLARE
     g_after uuid[];
     g_name  text[];
     g_args  text[];
+    by_id   uuid[]; -- msg_ids sorted, and their attempt numbers
+    att     int[];
 BEGIN
     IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
         RETURN 0;
@@ -779,6 +745,14 @@ BEGIN
             array_position(msg_attempts, NULL)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A row's attempt number is found by binary search (width_bucket) in
+    -- the ids sorted once: a linear search per row made large batches
+    -- quadratic.
+    IF msg_attempts IS NOT NULL THEN
+        SELECT array_agg(u.id ORDER BY u.id), array_agg(u.a ORDER BY u.id)
+        INTO by_id, att
+        FROM unnest(msg_ids, msg_attempts) AS u(id, a);
+    END IF;
     -- Unordered messages need no chain lock: they go first, and usually
     -- that is all there is.
     -- Rows are found by id = ANY (an index condition whatever the
@@ -788,8 +762,7 @@ BEGIN
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
           AND m.after_message_id IS NULL
-          AND (msg_attempts IS NULL
-               OR m.deliveries = msg_attempts[array_position(msg_ids, m.id)])
+          AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id
     ),
     cold AS (
@@ -805,8 +778,7 @@ BEGIN
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
           AND m.after_message_id IS NOT NULL
-          AND (msg_attempts IS NULL
-               OR m.deliveries = msg_attempts[array_position(msg_ids, m.id)])
+          AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
     ),
     cold AS (
@@ -831,11 +803,7 @@ CREATE OR REPLACE FUNCTION mq_release(msg_ids uuid[], msg_attempts int[])
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -845,6 +813,8 @@ DECLARE
     ts    timestamptz := clock_timestamp();
     n     int;
     chans text[];
+    by_id uuid[]; -- as in mq_complete
+    att   int[];
 BEGIN
     IF cardinality(msg_ids) IS DISTINCT FROM cardinality(msg_attempts)
        OR array_position(msg_attempts, NULL) IS NOT NULL THEN
@@ -852,6 +822,9 @@ BEGIN
             cardinality(msg_ids), cardinality(msg_attempts)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.a ORDER BY u.id)
+    INTO by_id, att
+    FROM unnest(msg_ids, msg_attempts) AS u(id, a);
     WITH r AS (
         -- The message keeps its place (ready_at), so the release is a HOT
         -- update, except for a final attempt, which comes back from
@@ -864,7 +837,7 @@ BEGIN
             dead_since = NULL,
             ready_at = LEAST(m.ready_at, ts)
         WHERE m.id = ANY (msg_ids)
-          AND m.deliveries = msg_attempts[array_position(msg_ids, m.id)]
+          AND m.deliveries = att[width_bucket(m.id, by_id)]
           AND m.attempt_at > ts
         RETURNING m.channel_name
     )
@@ -879,11 +852,7 @@ CREATE OR REPLACE FUNCTION mq_keep_alive_count(msg_ids uuid[], duration interval
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -930,11 +899,7 @@ CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -990,11 +955,7 @@ CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFA
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -1035,11 +996,7 @@ CREATE OR REPLACE FUNCTION mq_reap_dead()
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off

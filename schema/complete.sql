@@ -13,11 +13,7 @@ CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAUL
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -32,6 +28,8 @@ DECLARE
     g_after uuid[];
     g_name  text[];
     g_args  text[];
+    by_id   uuid[]; -- msg_ids sorted, and their attempt numbers
+    att     int[];
 BEGIN
     IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
         RETURN 0;
@@ -47,6 +45,14 @@ BEGIN
             array_position(msg_attempts, NULL)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A row's attempt number is found by binary search (width_bucket) in
+    -- the ids sorted once: a linear search per row made large batches
+    -- quadratic.
+    IF msg_attempts IS NOT NULL THEN
+        SELECT array_agg(u.id ORDER BY u.id), array_agg(u.a ORDER BY u.id)
+        INTO by_id, att
+        FROM unnest(msg_ids, msg_attempts) AS u(id, a);
+    END IF;
     -- Unordered messages need no chain lock: they go first, and usually
     -- that is all there is.
     -- Rows are found by id = ANY (an index condition whatever the
@@ -56,8 +62,7 @@ BEGIN
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
           AND m.after_message_id IS NULL
-          AND (msg_attempts IS NULL
-               OR m.deliveries = msg_attempts[array_position(msg_ids, m.id)])
+          AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id
     ),
     cold AS (
@@ -73,8 +78,7 @@ BEGIN
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
           AND m.after_message_id IS NOT NULL
-          AND (msg_attempts IS NULL
-               OR m.deliveries = msg_attempts[array_position(msg_ids, m.id)])
+          AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
     ),
     cold AS (
@@ -149,11 +153,7 @@ CREATE OR REPLACE FUNCTION mq_release(msg_ids uuid[], msg_attempts int[])
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -163,6 +163,8 @@ DECLARE
     ts    timestamptz := clock_timestamp();
     n     int;
     chans text[];
+    by_id uuid[]; -- as in mq_complete
+    att   int[];
 BEGIN
     IF cardinality(msg_ids) IS DISTINCT FROM cardinality(msg_attempts)
        OR array_position(msg_attempts, NULL) IS NOT NULL THEN
@@ -170,6 +172,9 @@ BEGIN
             cardinality(msg_ids), cardinality(msg_attempts)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.a ORDER BY u.id)
+    INTO by_id, att
+    FROM unnest(msg_ids, msg_attempts) AS u(id, a);
     WITH r AS (
         -- The message keeps its place (ready_at), so the release is a HOT
         -- update, except for a final attempt, which comes back from
@@ -182,7 +187,7 @@ BEGIN
             dead_since = NULL,
             ready_at = LEAST(m.ready_at, ts)
         WHERE m.id = ANY (msg_ids)
-          AND m.deliveries = msg_attempts[array_position(msg_ids, m.id)]
+          AND m.deliveries = att[width_bucket(m.id, by_id)]
           AND m.attempt_at > ts
         RETURNING m.channel_name
     )

@@ -9,11 +9,7 @@ CREATE OR REPLACE FUNCTION mq_reap_dead()
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off

@@ -21,11 +21,7 @@ CREATE OR REPLACE FUNCTION mq_keep_alive_count(msg_ids uuid[], duration interval
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -89,11 +85,7 @@ CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -149,11 +141,7 @@ CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFA
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off

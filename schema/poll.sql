@@ -15,11 +15,7 @@ CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
@@ -118,7 +114,7 @@ BEGIN
             WHERE m.id = ANY (picked)
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
-                      m.channel_args, m.deliveries, m.attempts
+                      m.channel_args, m.deliveries, m.attempts, m.ready_at
         )
         SELECT c.id, c.committed, p.name, p.payload_json::text, p.payload_bytes,
                c.lease, interval '0', c.channel_name, c.channel_args,
@@ -128,8 +124,8 @@ BEGIN
             SELECT p.name, p.payload_json, p.payload_bytes FROM mq_payloads p
             WHERE p.id = c.id LIMIT 1
         ) p ON true
-        -- The order they were picked in: oldest first within a channel.
-        ORDER BY array_position(picked, c.id);
+        -- Oldest first (final attempts, now at 'infinity', last).
+        ORDER BY c.ready_at, c.id;
         RETURN;
     END IF;
 
@@ -195,11 +191,7 @@ CREATE OR REPLACE FUNCTION mq_pick(only_name text, lo bigint, hi bigint,
 RETURNS uuid[]
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- A queue table swings between empty and huge: plans made while it looked
--- empty must still probe indexes (tests/test_plans.c), so no plan here may
--- read a whole table or join by hashing or merging one. Those switches
--- price plans they must keep (a seq scan of a small helper table, in a
--- trigger) far above jit_above_cost; JIT would then compile for 100+ ms.
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off

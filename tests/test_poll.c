@@ -157,15 +157,21 @@ static void test_busy_channel_does_not_starve_quiet_one(void)
 
 /* Index and heap tuples the server read for one poll of batch_size, from
  * the statistics of this test's tables. */
-/* Rows of mq_msgs read by one mq_poll_jobs(NULL, batch_size) on conn. */
-static long long tuples_read_by_poll_on(PGconn *conn, int batch_size)
+/* A backend flushes its counters before it reports idle, when forced: so
+ * after this the statistics pg reads hold every earlier statement of q's
+ * connection, of conn and of pg. */
+static void flush_stats(PGconn *conn)
 {
-    /* A backend flushes its counters before it reports idle, when forced:
-     * so after these calls the totals hold every earlier statement's reads. */
     t_exec(pqmq_conn(q), "SELECT pg_stat_force_next_flush()");
     t_exec(conn, "SELECT pg_stat_force_next_flush()");
     t_exec(pg, "SELECT pg_stat_force_next_flush()");
     t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+}
+
+/* Rows of mq_msgs read by one mq_poll_jobs(NULL, batch_size) on conn. */
+static long long tuples_read_by_poll_on(PGconn *conn, int batch_size)
+{
+    flush_stats(conn);
     const char *sql =
         "SELECT COALESCE(sum(COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0)), 0) "
         "FROM pg_stat_user_tables WHERE schemaname = current_schema() "
@@ -173,9 +179,7 @@ static long long tuples_read_by_poll_on(PGconn *conn, int batch_size)
     long long before = t_sql_int(pg, "%s", sql);
     PGresult *r = t_sql(conn, "SELECT count(*) FROM mq_poll_jobs(NULL, %d)", batch_size);
     PQclear(r);
-    t_exec(conn, "SELECT pg_stat_force_next_flush()");
-    t_exec(pg, "SELECT pg_stat_force_next_flush()");
-    t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    flush_stats(conn);
     return t_sql_int(pg, "%s", sql) - before;
 }
 
@@ -233,9 +237,7 @@ static void test_poll_reads_channels_in_index_order(void)
  * backend involved has flushed its statistics). */
 static void update_counts(long long out[2])
 {
-    t_exec(pqmq_conn(q), "SELECT pg_stat_force_next_flush()");
-    t_exec(pg, "SELECT pg_stat_force_next_flush()");
-    t_exec(pg, "SELECT pg_stat_clear_snapshot()");
+    flush_stats(pg);
     const char *from = "FROM pg_stat_user_tables WHERE schemaname = current_schema() "
                        "AND relname = 'mq_msgs'";
     out[0] = t_sql_int(pg, "SELECT n_tup_upd %s", from);
