@@ -1,5 +1,6 @@
 /* test_poll.c: claiming (semantic 3), cost (6), fairness (7), wait_time (8). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "harness.h"
 
@@ -280,6 +281,42 @@ static void test_claim_writes_no_index_entry(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE ready_at < attempt_at"), 300);
 }
 
+/* Where a message sits in the ready order (ready_at) moves only when its
+ * lease does by more than a claim: a keep-alive or a failure moves it to the
+ * new attempt_at (out of the polls' way), a final attempt moves to
+ * 'infinity', where mq_reap_dead finds it once its lease has run out. */
+static void test_place_moves_with_keep_alive_and_failure(void)
+{
+    t_truncate();
+    insert_n("place", "a", 1, 3, 60000); /* kept alive */
+    insert_n("place", "b", 1, 3, 60000); /* fails */
+    insert_n("place", "c", 1, 0, 100);   /* final attempt, lease 0.1 s */
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 3);
+    for (size_t i = 0; i < pqmq_batch_count(b); i++) {
+        const pqmq_job *j = pqmq_batch_job(b, i);
+        uuid_t id;
+        pqmq_job_id(j, id);
+        if (strcmp(pqmq_job_args(j), "a") == 0)
+            CHECK_OK(q, pqmq_keep_alive(q, (const uuid_t *)&id, 1, 120000, NULL));
+        else if (strcmp(pqmq_job_args(j), "b") == 0)
+            CHECK_OK(q, pqmq_fail(q, id, "no"));
+    }
+    pqmq_batch_free(b);
+    const char *where = "FROM mq_msgs WHERE channel_args = '%s'";
+    char sql[128];
+    snprintf(sql, sizeof sql, "SELECT (ready_at = attempt_at)::int %s", where);
+    CHECK_INT(t_sql_int(pg, sql, "a"), 1);
+    CHECK_INT(t_sql_int(pg, sql, "b"), 1);
+    snprintf(sql, sizeof sql, "SELECT (ready_at = 'infinity')::int %s", where);
+    CHECK_INT(t_sql_int(pg, sql, "c"), 1);
+    t_sleep_ms(150);
+    CHECK_INT(t_sql_int(pg, "SELECT mq_reap_dead()"), 1);
+    snprintf(sql, sizeof sql, "SELECT (dead_since IS NOT NULL)::int %s", where);
+    CHECK_INT(t_sql_int(pg, sql, "c"), 1);
+}
+
 /* Statistics lag a queue: ANALYZE saw it empty, then 20,000 messages came.
  * A plan made then (a new session's) must still walk each channel's range
  * of the channel index: a plan that took the time index and filtered by
@@ -368,6 +405,7 @@ int main(void)
     T_RUN(test_poll_cost_does_not_grow_with_backlog);
     T_RUN(test_poll_reads_channels_in_index_order);
     T_RUN(test_claim_writes_no_index_entry);
+    T_RUN(test_place_moves_with_keep_alive_and_failure);
     T_RUN(test_poll_cost_with_stale_statistics);
     T_RUN(test_poll_bad_inputs);
     T_RUN(test_foreign_row_is_refused);
