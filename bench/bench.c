@@ -19,7 +19,8 @@
  *      connections) and a handler that does nothing;
  *   3. with --floor: the floor's insert and drain of the same messages with
  *      the same clients and batch size, twice: drained with
- *      DELETE ... WHERE id IN (SELECT ... SKIP LOCKED), and by ctid (see floor.c); the ratios
+ *      DELETE ... WHERE id = ANY (ARRAY(SELECT ... SKIP LOCKED)), and by ctid (see
+ *      floor.c); the ratios
  *      are against the first, the second is printed beside them;
  *   4. enqueue again, then processing with the polling API: --consumers
  *      threads, each pqmq_complete_and_poll(last batch, --batch) in a loop;

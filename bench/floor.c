@@ -2,8 +2,9 @@
  * floor.c: the SQL floor. The cheapest SQL that moves the same messages
  * with the same clients and batch sizes: a plain table with a time index,
  * one prepared multi-row INSERT per batch, and a prepared
- *   DELETE ... WHERE id IN (SELECT ... ORDER BY created_at LIMIT batch
- *                           FOR UPDATE SKIP LOCKED) RETURNING ...
+ *   DELETE ... WHERE id = ANY (ARRAY(SELECT ... ORDER BY created_at
+ *                                    LIMIT batch FOR UPDATE SKIP LOCKED))
+ *   RETURNING ...
  * per batch. No ordering, retries, leases, fairness or wake-ups: whatever
  * pqmq costs beyond this is the price of those.
  *

@@ -104,7 +104,8 @@ void report_text(const struct opts *o, const struct results *r)
     if (r->floor_drain_ctid > 0)
         printf("\nfloor: the cheapest SQL that moves the same messages with the same clients:"
                "\n  a plain INSERT of each batch into one table indexed by id, and\n"
-               "  DELETE ... WHERE id IN (SELECT id ... LIMIT batch FOR UPDATE SKIP LOCKED)"
+               "  DELETE ... WHERE id = ANY (ARRAY(SELECT id ... LIMIT batch\n"
+               "    FOR UPDATE SKIP LOCKED))"
                "\n  in batches (no lease, no retry, no order, no fairness).\n"
                "ctid floor: the same DELETE matched by ctid (a TID scan at any table size):"
                "\n  faster still, the limit of a delete-based queue.\n");
