@@ -193,6 +193,26 @@ typedef struct pqmq_job pqmq_job;
 PQMQ_EXPORT int pqmq_poll(pqmq_client *client, const char *const *channels, size_t nchannels,
                           int batch_size, pqmq_batch **out);
 
+/*
+ * The locked lane, for short handlers and exactly-once work: claims up to
+ * batch_size first deliveries for the transaction open on the connection
+ * (BEGIN first; otherwise PQMQ_EINVAL) and writes nothing. The jobs are
+ * held by that transaction's row locks: complete them in it
+ * (pqmq_complete_batch) and COMMIT, so your writes and the completion
+ * commit together, one commit per batch. pqmq_fail in that transaction
+ * counts a failed attempt. A rollback, a crash or a lost connection makes
+ * the jobs ready again at once, with no attempt spent; such a message, and
+ * every retry, is delivered from then on by pqmq_poll only, whose lease
+ * counts the attempt before your code runs, so a message that kills its
+ * consumer still ends dead. A consumer of this lane also calls pqmq_poll,
+ * at least whenever this returns fewer jobs than it asked for. Hold the
+ * transaction briefly: it holds back vacuum like any other.
+ * Returns 0 or a negative code (*out is then NULL). Caller owns *out; free
+ * with pqmq_batch_free.
+ */
+PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *client, const char *const *channels,
+                                 size_t nchannels, int batch_size, pqmq_batch **out);
+
 /* ---- batches and jobs (job.c) ------------------------------------------ */
 
 PQMQ_EXPORT void pqmq_batch_free(pqmq_batch *batch);

@@ -21,6 +21,26 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nc
     return pqmq__poll(c, channels, nchannels, batch_size, "pqmq_poll", out);
 }
 
+PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *c, const char *const *channels, size_t nchannels,
+                                 int batch_size, pqmq_batch **out)
+{
+    const char *what = "pqmq_poll_locked";
+    int rc = pqmq__begin_batch(c, out, what);
+    if (rc)
+        return rc;
+    /* Outside a transaction the locks would end with the statement. */
+    if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_INTRANS)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "%s: no transaction is open on the connection (BEGIN first): "
+                            "the jobs are held by its row locks",
+                            what);
+    rc = pqmq__query_jobs(c, what, "SELECT * FROM mq_claim_locked($1, $2)", channels, nchannels,
+                          "batch_size", batch_size, out);
+    if (!rc)
+        pqmq__batch_set_locked(*out);
+    return rc;
+}
+
 int pqmq__stale_check(pqmq_client *c, const char *what, size_t done, size_t n)
 {
     if (done >= n)

@@ -21,6 +21,7 @@ struct pqmq_job {
     int committed;
     int retries_left;
     int blocking;
+    int locked; /* locked lane: delivery.attempt is the row's deliveries */
     int64_t lease_ms;
 };
 
@@ -175,6 +176,14 @@ int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, pqmq__delivery *
     return 0;
 }
 
+void pqmq__batch_set_locked(pqmq_batch *b)
+{
+    for (size_t i = 0; b && i < b->n; i++) {
+        b->jobs[i].locked = 1;
+        b->jobs[i].delivery.attempt -= 1; /* nothing counted it yet */
+    }
+}
+
 const pqmq__delivery *pqmq__job_delivery(const pqmq_job *j)
 {
     return &j->delivery;
@@ -242,7 +251,7 @@ PQMQ_EXPORT int pqmq_job_is_committed(const pqmq_job *j)
 }
 PQMQ_EXPORT int pqmq_job_attempt(const pqmq_job *j)
 {
-    return j ? j->delivery.attempt : 0;
+    return j ? j->delivery.attempt + j->locked : 0;
 }
 PQMQ_EXPORT int pqmq_job_retries_left(const pqmq_job *j)
 {

@@ -143,6 +143,10 @@ int pqmq__batch_from(pqmq_client *c, PGresult *res, const char *what, pqmq_batch
 /* The deliveries of a batch's jobs, malloc'd into *out (NULL when none). */
 int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, pqmq__delivery **out,
                            const char *what);
+/* Marks the jobs of b as held by row locks (mq_claim_locked): their
+ * deliveries then carry the attempt number the row still has, which is what
+ * completions and failures are fenced by. */
+void pqmq__batch_set_locked(pqmq_batch *b);
 /* The delivery a job came with; borrowed from the job. */
 const pqmq__delivery *pqmq__job_delivery(const pqmq_job *j);
 

@@ -136,7 +136,8 @@ $$;
 -- Records why an attempt failed and schedules the retry one backoff from now
 -- (the backoff of the attempt that failed). With no attempts left the
 -- message is dead at once: kept, never delivered again, announced on mq_dead.
--- With an attempt number, only that delivery may fail the message.
+-- With an attempt number, only that delivery may fail the message. A job of
+-- the locked lane fails inside the transaction that holds it.
 CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -164,6 +165,26 @@ BEGIN
       AND m.attempt_at > ts
       AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
     RETURNING m.attempts = 0 INTO dead;
+    IF NOT FOUND THEN
+        -- A locked delivery (mq_claim_locked) held by this transaction:
+        -- its attempt is counted here, as a lease would have counted it.
+        UPDATE mq_msgs m SET
+            attempts = m.attempts - 1,
+            deliveries = m.deliveries + 1,
+            retry_backoff = CASE WHEN m.retry_backoff * 2 > (mq_limits()).max_duration
+                                 THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
+            attempt_at = CASE WHEN m.attempts > 1 THEN ts + m.retry_backoff ELSE ts END,
+            dead_since = CASE WHEN m.attempts > 1 THEN NULL ELSE ts END,
+            ready_at = CASE WHEN m.attempts > 1 THEN ts + m.retry_backoff
+                            ELSE m.ready_at END
+        WHERE m.id = msg_id
+          AND m.attempt_at <= ts
+          AND m.dead_since IS NULL
+          AND m.attempts > 0
+          AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
+          AND m.xmax = xid(pg_current_xact_id_if_assigned())
+        RETURNING m.attempts = 0 INTO dead;
+    END IF;
     IF NOT FOUND THEN
         RETURN false;
     END IF;

@@ -3,7 +3,33 @@
 -- Today's definitions; the migrations that created them must carry the same
 -- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
--- Claims up to batch_size ready messages (see DESIGN.md, the SQL contract).
+-- Whether the locked lane must pass a row by, from its locker (xmax): the
+-- locker ended without committing, so the row's locked delivery died with
+-- its consumer (a crash, a lost connection, a rollback); or the locker is
+-- this transaction, which holds the row already (SKIP LOCKED skips only
+-- other transactions' locks). xmax has 32 bits: its full id is found from
+-- the current transaction's (both within 2^31 of each other). A locker newer
+-- than the caller counts as alive (it may still be running).
+CREATE OR REPLACE FUNCTION mq_lock_spent(locker xid)
+RETURNS boolean
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT CASE WHEN x < 3 OR back < 0 THEN false
+                WHEN back = 0 THEN true
+                ELSE COALESCE(pg_xact_status((cur - back)::text::xid8) = 'aborted', false)
+           END
+    FROM (SELECT c.cur, c.x,
+                 ((c.cur & 4294967295) - c.x + 6442450944) % 4294967296 - 2147483648 AS back
+          FROM (SELECT pg_current_xact_id()::text::bigint AS cur,
+                       COALESCE(locker::text::bigint, 0) AS x) c) d
+$$;
+
+-- Picks up to batch_size ready messages fairly across channels and locks
+-- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids. lane 0: every
+-- ready message (the lease lane); lane 1 (the locked lane, mq_claim_locked):
+-- first deliveries whose last locked delivery did not die and that this
+-- transaction does not hold yet.
 --
 -- Fairness: channels are visited from a random point of the chain-key space
 -- (one random point per name when the poll names channels), taking at most a
@@ -11,8 +37,9 @@
 -- Cost: each channel visited is one index probe (loose index scan); a budget
 -- bounds the visits, and the time index fills whatever is left. Nothing here
 -- groups or sorts the whole backlog.
-CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
-RETURNS SETOF mq_job_t
+CREATE OR REPLACE FUNCTION mq_pick_batch(channel_names text[], batch_size int,
+                                         ts timestamptz, lane int)
+RETURNS uuid[]
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
@@ -20,12 +47,9 @@ SET enable_seqscan = off
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
--- Custom plans (a new session's first five calls) pick hash joins over the
--- whole table for arrays of ids; the generic plan probes the indexes.
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    ts      timestamptz := clock_timestamp();
     picked  uuid[] := '{}';
     got     uuid[];
     per_key int;
@@ -33,8 +57,6 @@ DECLARE
     nm      text;
     lo      bigint;
     hi      bigint;
-    next_at timestamptz;
-    max_dur interval := (mq_limits()).max_duration; -- once, not per row
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
@@ -46,7 +68,7 @@ BEGIN
 
     IF channel_names IS NULL THEN
         picked := mq_pick(NULL, -9223372036854775808, 9223372036854775807,
-                          per_key, batch_size, budget, picked, ts);
+                          per_key, batch_size, budget, picked, ts, lane);
     ELSE
         -- Round 1 takes up to per_key from each named channel; round 2 takes
         -- more from channels that had more to give.
@@ -59,7 +81,7 @@ BEGIN
                 hi := lo | 4294967295;
                 picked := mq_pick(nm, lo, hi,
                                   CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, picked, ts);
+                                  batch_size, budget, picked, ts, lane);
             END LOOP;
         END LOOP;
     END IF;
@@ -76,6 +98,8 @@ BEGIN
               -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
               AND m.attempts > 0
+              AND (lane = 0 OR (m.deliveries = 0
+                                AND (m.xmax = '0'::xid OR NOT mq_lock_spent(m.xmax))))
               AND m.id <> ALL (picked)
             ORDER BY m.ready_at
             LIMIT batch_size - cardinality(picked)
@@ -83,6 +107,93 @@ BEGIN
         ) s;
         picked := picked || COALESCE(got, '{}');
     END IF;
+    RETURN picked;
+END;
+$$;
+
+-- How long until the earliest candidate of these channels (NULL: all)
+-- becomes ready: a message that is not ready yet (one probe) or a lease
+-- that runs out (the messages in flight, which the poll just stepped over).
+-- NULL when there is none.
+CREATE OR REPLACE FUNCTION mq_wait_time(channel_names text[], ts timestamptz)
+RETURNS interval
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    next_at timestamptz;
+BEGIN
+    IF channel_names IS NULL THEN
+        SELECT LEAST(
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
+               AND m.ready_at <= ts
+               AND m.attempts > 0))
+        INTO next_at;
+    ELSE
+        SELECT min(LEAST(
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+               AND m.channel_name = c.n
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at <= ts
+               AND m.attempts > 0
+               AND m.channel_name = c.n)))
+        INTO next_at
+        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
+    END IF;
+    RETURN CASE WHEN next_at IS NOT NULL
+                THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
+END;
+$$;
+
+-- Claims up to batch_size ready messages (see DESIGN.md, the SQL contract):
+-- picks them (mq_pick_batch, lane 0) and leases them.
+CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
+RETURNS SETOF mq_job_t
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+-- Custom plans (a new session's first five calls) pick hash joins over the
+-- whole table for arrays of ids; the generic plan probes the indexes.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    ts      timestamptz := clock_timestamp();
+    picked  uuid[];
+    max_dur interval := (mq_limits()).max_duration; -- once, not per row
+BEGIN
+    picked := mq_pick_batch(channel_names, batch_size, ts, 0);
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
     IF cardinality(picked) < batch_size THEN
@@ -129,53 +240,54 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Nothing claimed: report when the earliest candidate becomes ready,
-    -- a message that is not ready yet (one probe) or a lease that runs out
-    -- (the messages in flight, which the poll just stepped over).
-    IF channel_names IS NULL THEN
-        SELECT LEAST(
-            (SELECT m.ready_at FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.ready_at > '-infinity'::timestamptz
-               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
-             ORDER BY m.ready_at LIMIT 1),
-            (SELECT min(m.attempt_at) FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.ready_at > '-infinity'::timestamptz
-               AND m.ready_at <= ts
-               AND m.attempts > 0))
-        INTO next_at;
-    ELSE
-        SELECT min(LEAST(
-            (SELECT m.ready_at FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
-                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
-               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
-               AND m.channel_name = c.n
-             ORDER BY m.ready_at LIMIT 1),
-            (SELECT min(m.attempt_at) FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
-                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
-               AND m.ready_at <= ts
-               AND m.attempts > 0
-               AND m.channel_name = c.n)))
-        INTO next_at
-        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
+    -- Nothing claimed: the one row says when to poll again.
+    RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
+        NULL::bytea, NULL::interval, mq_wait_time(channel_names, ts),
+        NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
+END;
+$$;
+
+-- The locked lane: claims up to batch_size first deliveries for the
+-- caller's open transaction and writes nothing. The jobs are held by row
+-- locks (FOR NO KEY UPDATE, SKIP LOCKED by other pollers) until that
+-- transaction ends: completing them there (mq_complete, attempt 0) commits
+-- with the caller's own writes; a rollback or a crash leaves them ready
+-- again at once, with no attempt spent. A message whose locked delivery
+-- died that way, and every retry, is delivered by mq_claim only, whose
+-- lease counts the attempt before the handler runs: so a message that kills
+-- its consumer still ends dead after its retries.
+CREATE OR REPLACE FUNCTION mq_claim_locked(channel_names text[], batch_size int)
+RETURNS SETOF mq_job_t
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    ts     timestamptz := clock_timestamp();
+    picked uuid[];
+BEGIN
+    picked := mq_pick_batch(channel_names, batch_size, ts, 1);
+    IF cardinality(picked) > 0 THEN
+        RETURN QUERY
+        SELECT m.id, m.commit_interval IS NULL, p.name, p.payload_json::text,
+               p.payload_bytes, interval '0', interval '0', m.channel_name,
+               m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
+        FROM mq_msgs m
+        LEFT JOIN LATERAL (
+            SELECT p.name, p.payload_json, p.payload_bytes FROM mq_payloads p
+            WHERE p.id = m.id LIMIT 1
+        ) p ON true
+        WHERE m.id = ANY (picked)
+        ORDER BY m.ready_at, m.id;
+        RETURN;
     END IF;
     RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
-        NULL::bytea, NULL::interval,
-        CASE WHEN next_at IS NOT NULL
-             THEN GREATEST(next_at - clock_timestamp(), interval '0') END,
+        NULL::bytea, NULL::interval, mq_wait_time(channel_names, ts),
         NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
 END;
 $$;
@@ -184,10 +296,11 @@ $$;
 -- random key and wrapping around once: takes up to per_key ready messages
 -- from each channel, up to `want` in all, visiting at most `budget` channels
 -- per direction. Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
--- concurrent pollers skip each other's rows instead of waiting.
+-- concurrent pollers skip each other's rows instead of waiting. lane: as in
+-- mq_pick_batch.
 CREATE OR REPLACE FUNCTION mq_pick(only_name text, lo bigint, hi bigint,
                                    per_key int, want int, budget int,
-                                   picked uuid[], ts timestamptz)
+                                   picked uuid[], ts timestamptz, lane int)
 RETURNS uuid[]
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -275,6 +388,9 @@ BEGIN
               AND m.attempts > 0
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (picked)
+              -- The locked lane: first deliveries not left by a dead locker.
+              AND (lane = 0 OR (m.deliveries = 0
+                                AND (m.xmax = '0'::xid OR NOT mq_lock_spent(m.xmax))))
             ORDER BY m.ready_at
             LIMIT per_key
             FOR NO KEY UPDATE SKIP LOCKED

@@ -25,7 +25,8 @@ LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
     VALUES ('produce', 'mq_insert'), ('produce', 'mq_commit'),
-           ('consume', 'mq_claim'), ('consume', 'mq_complete_claim'),
+           ('consume', 'mq_claim'), ('consume', 'mq_claim_locked'),
+           ('consume', 'mq_complete_claim'),
            ('consume', 'mq_poll'), ('consume', 'mq_poll_jobs'),
            ('consume', 'mq_complete'), ('consume', 'mq_complete_poll'),
            ('consume', 'mq_delete'), ('consume', 'mq_fail'),

@@ -344,6 +344,15 @@ static pqmq_batch *api_poll(pqmq_client *q, const char *label, const char *ch, i
     return b;
 }
 
+static pqmq_batch *api_poll_locked(pqmq_client *q, const char *label, const char *ch, int max)
+{
+    pqmq_batch *b = NULL;
+    const char *chans[1] = {ch};
+    begin_call(label);
+    CHECK_OK(q, pqmq_poll_locked(q, ch ? chans : NULL, ch ? 1 : 0, max, &b));
+    return b;
+}
+
 /* Appends the ids of b's jobs to ids (room for max). */
 static void collect(const pqmq_batch *b, uuid_t *ids, size_t *n, size_t max)
 {
@@ -408,7 +417,30 @@ static void api_workload(pqmq_client *q, PGconn *locker)
     begin_call("pqmq_complete_batch");
     CHECK_OK(q, pqmq_complete_batch(q, last));
 
+    /* The locked lane: claim, fail one and complete the others in one
+     * transaction. */
+    api_insert(q, "pqmq_insert", "api-lk", NULL, 6, 0, -1, NULL);
+    t_exec(pqmq_conn(q), "BEGIN");
+    pqmq_batch *lk_one = api_poll_locked(q, "pqmq_poll_locked (one channel)", "api-lk", 3);
+    pqmq_batch *lk_all = api_poll_locked(q, "pqmq_poll_locked (all channels)", NULL, 10);
+    CHECK(pqmq_batch_count(lk_one) == 3);
+    CHECK(pqmq_batch_count(lk_all) >= 3); /* none of lk_one's again */
+    pqmq_job_id(pqmq_batch_job(lk_one, 0), id0);
+    begin_call("pqmq_fail (locked)");
+    CHECK_OK(q, pqmq_fail(q, id0, "boom"));
+    begin_call("pqmq_complete_batch (locked)");
+    CHECK_OK(q, pqmq_complete_batch(q, lk_all));
+    t_exec(pqmq_conn(q), "COMMIT");
+    pqmq_batch_free(lk_one);
+    pqmq_batch_free(lk_all);
+
     lock_everything(locker);
+    t_exec(pqmq_conn(q), "BEGIN");
+    pqmq_batch *lk_idle =
+        api_poll_locked(q, "pqmq_poll_locked (all channels, nothing claimable)", NULL, 10);
+    t_exec(pqmq_conn(q), "COMMIT");
+    CHECK(pqmq_batch_count(lk_idle) == 0);
+    pqmq_batch_free(lk_idle);
     pqmq_batch *idle = api_poll(q, "pqmq_poll (all channels, nothing claimable)", NULL, 10);
     pqmq_batch *none = api_poll(q, "pqmq_poll (one channel, nothing claimable)", "api", 10);
     t_exec(locker, "ROLLBACK");
