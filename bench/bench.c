@@ -165,6 +165,17 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
     profile_end(o, admin, label, o->messages);
     expect_empty(admin, label);
     out->enqueue = 2.0 * o->messages / t_in;
+
+    /* The locked lane drains the same enqueue again (not timed as one). */
+    queue_reset(admin);
+    snprintf(label, sizeof label, "%s: enqueue", tag);
+    queue_enqueue(o, s, label);
+    analyze_queue(admin);
+    snprintf(label, sizeof label, "%s: locked lane", tag);
+    profile_begin(o, admin);
+    out->locked = o->messages / queue_drain_locked(o, label);
+    profile_end(o, admin, label, o->messages);
+    expect_empty(admin, label);
 }
 
 static int threads_for(const struct opts *o, PGconn *admin)
@@ -185,7 +196,7 @@ static void run_default(const struct opts *o, PGconn *admin)
     r.floor_drain = fl[1];
     r.floor_drain_ctid = fl[2];
     if (o->floor)
-        run_once(o, admin, &r.once, &r.floor_once);
+        run_once(o, admin, &r.once, &r.once_locked, &r.floor_once);
 
     struct shape chains = {o->chains, 1.0};
     char tag[64];

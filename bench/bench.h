@@ -60,7 +60,7 @@ struct latency {
 
 /* One scenario's rates in messages/s (0: not measured). */
 struct rates {
-    double enqueue, runner, poll;
+    double enqueue, runner, poll, locked; /* locked: the poll API's locked lane */
 };
 
 struct results {
@@ -68,6 +68,7 @@ struct results {
     struct rates main, ordered; /* ordered: every message on --chains chains */
     double floor_insert, floor_drain, floor_drain_ctid;
     double once, floor_once; /* exactly-once processing: pqmq, the floor's */
+    double once_locked;      /* exactly-once processing with the locked lane */
     struct latency idle, idle_ordered;
     long maxrss_kb;
 };
@@ -181,6 +182,8 @@ void queue_reset(PGconn *admin);
 double queue_enqueue(const struct opts *o, const struct shape *s, const char *label);
 double queue_drain_runner(const struct opts *o, int threads, const char *label);
 double queue_drain_poll(const struct opts *o, const char *label);
+/* The same with the locked lane (pqmq_poll_locked, one transaction a batch). */
+double queue_drain_locked(const struct opts *o, const char *label);
 void queue_latency(const struct opts *o, int ordered, struct latency *out);
 /* Fills msgs[0..k) with new messages seq first.. of shape s; json is a
  * buffer of bench_payload_cap bytes. */
@@ -201,7 +204,8 @@ extern const struct load_ops floor_load_ops;
 /* With --floor, after the poll-API phase: pqmq's and the floor's rate of
  * exactly-once processing (messages/s). */
 void once_setup(PGconn *admin);
-void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *floor_rate);
+void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *locked_rate,
+              double *floor_rate);
 
 /* ---- load.c ---- */
 /* --rate and/or --held-xmin: runs pqmq (and with --floor the floor) under

@@ -9,6 +9,8 @@
  * pqmq_wrap; per batch BEGIN, the INSERT of the batch's rows,
  * pqmq_complete_and_poll (completes this batch, claims the next, inside
  * the transaction), COMMIT.
+ * pqmq's locked lane: per batch BEGIN, pqmq_poll_locked, the INSERT,
+ * pqmq_complete_batch, COMMIT (five round trips, one commit).
  * The floor: per batch BEGIN, the floor's DELETE ... RETURNING, the same
  * INSERT of the rows it returned, COMMIT.
  * Both make four round trips and one commit per batch, and insert a
@@ -177,6 +179,66 @@ static void *pqmq_main(void *arg)
     return NULL;
 }
 
+/* ---- pqmq: the locked lane ---------------------------------------------- */
+
+/* One batch: BEGIN, pqmq_poll_locked, the INSERT of its rows,
+ * pqmq_complete_batch, COMMIT. Returns how many messages it recorded. */
+static size_t locked_batch(pqmq_client *c, PGconn *conn, struct rows *w, int batch)
+{
+    exec_ok(conn, "BEGIN");
+    pqmq_batch *b = NULL;
+    if (pqmq_poll_locked(c, NULL, 0, batch, &b))
+        die("exactly-once: pqmq_poll_locked: %s", pqmq_errmsg(c));
+    size_t n = pqmq_batch_count(b);
+    rows_reset(w);
+    for (size_t i = 0; i < n; i++) {
+        const pqmq_job *job = pqmq_batch_job(b, i);
+        uuid_t id;
+        char text[37];
+        pqmq_job_id(job, id);
+        uuid_unparse_lower(id, text);
+        rows_add(w, text, pqmq_job_args(job));
+    }
+    if (n) {
+        rows_record(w, conn);
+        if (pqmq_complete_batch(c, b))
+            die("exactly-once: pqmq_complete_batch: %s", pqmq_errmsg(c));
+    }
+    exec_ok(conn, "COMMIT");
+    pqmq_batch_free(b);
+    return n;
+}
+
+static void *locked_main(void *arg)
+{
+    struct once_worker *p = arg;
+    const struct opts *o = p->o;
+    PGconn *conn = bench_connect(o);
+    pqmq_client *c = NULL;
+    if (pqmq_wrap(conn, &c))
+        die("pqmq_wrap: %s", pqmq_errmsg(c));
+    prepare(conn, "record", record_sql);
+    struct rows w;
+    rows_init(&w, o->batch);
+    pthread_barrier_wait(p->start);
+    double last = now_s();
+    while (atomic_load(p->done) < o->messages) {
+        size_t n = locked_batch(c, conn, &w, o->batch);
+        if (n) {
+            atomic_fetch_add(p->done, (long)n);
+            last = now_s();
+        } else if (now_s() - last > STALL_S) {
+            die("exactly-once: stalled at %ld of %d", atomic_load(p->done), o->messages);
+        } else {
+            sleep_s(0.0005); /* the rest is held by other consumers */
+        }
+    }
+    rows_free(&w);
+    pqmq_client_free(c);
+    PQfinish(conn);
+    return NULL;
+}
+
 /* ---- the floor: the same transaction around its DELETE ----------------- */
 
 /* One batch: returns how many messages it recorded and deleted. */
@@ -248,7 +310,8 @@ static void check(const struct opts *o, PGconn *admin, const char *label, const 
             o->messages, left);
 }
 
-void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *floor_rate)
+void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *locked_rate,
+              double *floor_rate)
 {
     struct shape s = {o->channels, o->ordered};
     const char *label = "exactly-once: poll API";
@@ -258,6 +321,16 @@ void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *fl
     bench_sql(admin, "TRUNCATE bench_results");
     profile_begin(o, admin);
     *pqmq_rate = o->messages / timed(o, pqmq_main, label);
+    profile_end(o, admin, label, o->messages);
+    check(o, admin, label, "SELECT count(*) FROM mq_msgs");
+
+    label = "exactly-once: locked lane";
+    queue_reset(admin);
+    queue_enqueue(o, &s, "exactly-once: enqueue");
+    bench_sql(admin, "ANALYZE mq_msgs, mq_payloads");
+    bench_sql(admin, "TRUNCATE bench_results");
+    profile_begin(o, admin);
+    *locked_rate = o->messages / timed(o, locked_main, label);
     profile_end(o, admin, label, o->messages);
     check(o, admin, label, "SELECT count(*) FROM mq_msgs");
 

@@ -284,7 +284,49 @@ static void *poller_main(void *arg)
     return NULL;
 }
 
-double queue_drain_poll(const struct opts *o, const char *label)
+static void exec_ok(PGconn *conn, const char *sql)
+{
+    PGresult *r = PQexec(conn, sql);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK)
+        die("%s: %s", sql, PQerrorMessage(conn));
+    PQclear(r);
+}
+
+/* The locked lane: per batch BEGIN, pqmq_poll_locked, pqmq_complete_batch,
+ * COMMIT. */
+static void *locked_main(void *arg)
+{
+    struct poller *p = arg;
+    const struct opts *o = p->o;
+    pqmq_client *c = bench_client(o);
+    PGconn *conn = pqmq_conn(c);
+    pthread_barrier_wait(p->start);
+    double last = now_s();
+    while (atomic_load(p->done) < o->messages) {
+        pqmq_batch *b = NULL;
+        exec_ok(conn, "BEGIN");
+        if (pqmq_poll_locked(c, NULL, 0, o->batch, &b))
+            die("locked lane: %s", pqmq_errmsg(c));
+        size_t n = pqmq_batch_count(b);
+        if (n && pqmq_complete_batch(c, b))
+            die("locked lane: %s", pqmq_errmsg(c));
+        exec_ok(conn, "COMMIT");
+        pqmq_batch_free(b);
+        if (n) {
+            atomic_fetch_add(p->done, (long)n);
+            last = now_s();
+        } else if (now_s() - last > STALL_S) {
+            die("locked lane drain stalled at %ld of %d messages", atomic_load(p->done),
+                o->messages);
+        } else {
+            sleep_s(0.0005); /* the rest is held by other consumers */
+        }
+    }
+    pqmq_client_free(c);
+    return NULL;
+}
+
+static double drain_with(const struct opts *o, void *(*fn)(void *), const char *label)
 {
     int n = o->consumers;
     struct poller *ps = calloc((size_t)n, sizeof *ps);
@@ -295,11 +337,20 @@ double queue_drain_poll(const struct opts *o, const char *label)
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
     for (int i = 0; i < n; i++)
         ps[i] = (struct poller){o, &start, &done};
-    double t =
-        bench_timed_threads(n, poller_main, ps, sizeof *ps, &start, label, o->messages, &done);
+    double t = bench_timed_threads(n, fn, ps, sizeof *ps, &start, label, o->messages, &done);
     pthread_barrier_destroy(&start);
     free(ps);
     return t;
+}
+
+double queue_drain_poll(const struct opts *o, const char *label)
+{
+    return drain_with(o, poller_main, label);
+}
+
+double queue_drain_locked(const struct opts *o, const char *label)
+{
+    return drain_with(o, locked_main, label);
 }
 
 /* ---- under load (load.c) ----------------------------------------------- */

@@ -15,6 +15,7 @@
 #define TARGET_PROCESS 0.6 /* runner processing / floor drain */
 #define TARGET_ORDERED 0.5 /* ordered runner processing / unordered */
 #define TARGET_ONCE 0.5    /* exactly-once processing / floor drain */
+#define TARGET_POLL 0.7    /* processing with the poll API / floor drain */
 #define TARGET_P50_MS 1.5
 #define TARGET_P99_MS 5.0
 
@@ -80,14 +81,19 @@ void report_text(const struct opts *o, const struct results *r)
     printf("%-42s %12s %12s %7s  %s\n", "figure", "value", "floor", "ratio", "target");
     rate_row("enqueue (messages/s)", r->main.enqueue, r->floor_insert, TARGET_ENQUEUE);
     rate_row("processing, runner (messages/s)", r->main.runner, r->floor_drain, TARGET_PROCESS);
-    rate_row("processing, poll API (messages/s)", r->main.poll, r->floor_drain, 0);
+    rate_row("processing, poll API (messages/s)", r->main.poll, r->floor_drain, TARGET_POLL);
+    rate_row("processing, locked lane (messages/s)", r->main.locked, r->floor_drain, TARGET_POLL);
     if (r->floor_drain_ctid > 0) {
         rate_row("processing, runner, vs ctid floor", r->main.runner, r->floor_drain_ctid, 0);
         rate_row("processing, poll API, vs ctid floor", r->main.poll, r->floor_drain_ctid, 0);
+        rate_row("processing, locked lane, vs ctid floor", r->main.locked, r->floor_drain_ctid,
+                 0);
     }
     if (r->once > 0) {
         rate_row("exactly-once, poll API (messages/s)", r->once, r->floor_drain, TARGET_ONCE);
+        rate_row("exactly-once, locked lane", r->once_locked, r->floor_drain, TARGET_ONCE);
         rate_row("exactly-once, vs exactly-once floor", r->once, r->floor_once, 0);
+        rate_row("exactly-once, locked, vs its floor", r->once_locked, r->floor_once, 0);
     }
     if (r->ordered.runner > 0) {
         char f[64];
@@ -97,6 +103,8 @@ void report_text(const struct opts *o, const struct results *r)
         rate_row(f, r->ordered.runner, r->main.runner, TARGET_ORDERED);
         snprintf(f, sizeof f, "%d ordered chains: poll API *", o->chains);
         rate_row(f, r->ordered.poll, r->main.poll, 0);
+        snprintf(f, sizeof f, "%d ordered chains: locked lane *", o->chains);
+        rate_row(f, r->ordered.locked, r->main.locked, 0);
     }
     latency_rows("idle runner", &r->idle);
     latency_rows("one ordered chain", &r->idle_ordered);
@@ -112,7 +120,9 @@ void report_text(const struct opts *o, const struct results *r)
     if (r->once > 0)
         printf("exactly-once: per batch, one row per message into a results table and the\n"
                "  completion, committed together (BEGIN, INSERT, pqmq_complete_and_poll,\n"
-               "  COMMIT); its floor: BEGIN, the floor's DELETE, the same INSERT, COMMIT.\n");
+               "  COMMIT; the locked lane: BEGIN, pqmq_poll_locked, INSERT,\n"
+               "  pqmq_complete_batch, COMMIT); its floor: BEGIN, the floor's DELETE, the\n"
+               "  same INSERT, COMMIT.\n");
     if (r->ordered.runner > 0)
         printf("%s* ordered rows: every message on an ordered chain; the floor column "
                "holds the\n  main scenario's rate and the ratio is against it.\n",
@@ -160,11 +170,13 @@ static void jrates(const struct rates *x, double floor_insert, double floor_drai
     jnum("enqueue_per_s", x->enqueue, "%.0f", 0);
     jnum("process_runner_per_s", x->runner, "%.0f", 0);
     jnum("process_poll_per_s", x->poll, "%.0f", 0);
+    jnum("process_locked_per_s", x->locked, "%.0f", 0);
     jnum("floor_insert_per_s", floor_insert, "%.0f", 0);
     jnum("floor_drain_per_s", floor_drain, "%.0f", 0);
     jnum("ratio_enqueue", ratio(x->enqueue, floor_insert), "%.3f", 0);
     jnum("ratio_process_runner", ratio(x->runner, floor_drain), "%.3f", 0);
     jnum("ratio_process_poll", ratio(x->poll, floor_drain), "%.3f", 0);
+    jnum("ratio_process_locked", ratio(x->locked, floor_drain), "%.3f", 0);
 }
 
 void report_json(const struct opts *o, const struct results *r)
@@ -179,12 +191,15 @@ void report_json(const struct opts *o, const struct results *r)
     jnum("floor_exactly_once_per_s", r->floor_once, "%.0f", 0);
     jnum("ratio_exactly_once", ratio(r->once, r->floor_drain), "%.3f", 0);
     jnum("ratio_exactly_once_to_its_floor", ratio(r->once, r->floor_once), "%.3f", 0);
+    jnum("process_exactly_once_locked_per_s", r->once_locked, "%.0f", 0);
+    jnum("ratio_exactly_once_locked", ratio(r->once_locked, r->floor_drain), "%.3f", 0);
     printf("\"ordered\": ");
     if (r->ordered.runner > 0) {
         printf("{\"chains\": %d, ", o->chains);
         jnum("enqueue_per_s", r->ordered.enqueue, "%.0f", 0);
         jnum("process_runner_per_s", r->ordered.runner, "%.0f", 0);
         jnum("process_poll_per_s", r->ordered.poll, "%.0f", 0);
+        jnum("process_locked_per_s", r->ordered.locked, "%.0f", 0);
         jnum("ratio_runner_to_main", ratio(r->ordered.runner, r->main.runner), "%.3f", 0);
         jnum("ratio_poll_to_main", ratio(r->ordered.poll, r->main.poll), "%.3f", 1);
         printf("}, ");
