@@ -82,7 +82,8 @@ void report_text(const struct opts *o, const struct results *r)
     rate_row("enqueue (messages/s)", r->main.enqueue, r->floor_insert, TARGET_ENQUEUE);
     rate_row("processing, runner (messages/s)", r->main.runner, r->floor_drain, TARGET_PROCESS);
     rate_row("processing, poll API (messages/s)", r->main.poll, r->floor_drain, TARGET_POLL);
-    rate_row("processing, locked lane (messages/s)", r->main.locked, r->floor_drain, TARGET_POLL);
+    rate_row("processing, locked lane (messages/s)", r->main.locked, r->floor_drain,
+             TARGET_POLL);
     if (r->floor_drain_ctid > 0) {
         rate_row("processing, runner, vs ctid floor", r->main.runner, r->floor_drain_ctid, 0);
         rate_row("processing, poll API, vs ctid floor", r->main.poll, r->floor_drain_ctid, 0);

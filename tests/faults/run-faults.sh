@@ -14,6 +14,10 @@
 #                       autocommit, then plain batched completion): nothing
 #                       lost, chains in order; duplicates allowed only from a
 #                       redelivery (attempt >= 2, one effect per attempt).
+#   kill9-locked        the same with tests/faults/locked_worker (the locked
+#                       lane, effects committed with the completion, and the
+#                       lease lane for what a killed worker held): nothing
+#                       lost, chains in order, no duplicate effect at all.
 #   restart             pg_ctl restart -m immediate (PQMQ_FAULTS_RESTARTS,
 #                       default 6) while 3 producers insert and 2
 #                       exactly_once runners poll and complete: every
@@ -72,13 +76,14 @@ bindir=${PQMQ_FAULTS_BINDIR:-$build/tests/faults}
 eo_bin=${PQMQ_FAULTS_EXACTLY_ONCE:-$build/examples/exactly_once}
 producer_bin=$bindir/producer
 plain_bin=$bindir/plain_worker
+locked_bin=$bindir/locked_worker
 timeouts_bin=$bindir/timeouts
 kills_wanted=${PQMQ_FAULTS_KILLS:-30}
 restarts_wanted=${PQMQ_FAULTS_RESTARTS:-6}
 terms_wanted=${PQMQ_FAULTS_TERMINATIONS:-40}
 drain_limit=${PQMQ_FAULTS_DRAIN_SECONDS:-90}
 
-all_scenarios=(kill9-exactly-once kill9-plain restart terminate timeouts worker-reconnect-refused)
+all_scenarios=(kill9-exactly-once kill9-plain kill9-locked restart terminate timeouts worker-reconnect-refused)
 if (( $# )); then scenarios=("$@"); else scenarios=("${all_scenarios[@]}"); fi
 
 logdir=$build/tests/faults-logs
@@ -301,11 +306,14 @@ stop_producers() {
     return $ok
 }
 
-# start_runner KIND CONNINFO_EXTRA: KIND eo (examples/exactly_once) or plain.
+# start_runner KIND CONNINFO_EXTRA: KIND eo (examples/exactly_once), locked
+# (tests/faults/locked_worker) or plain.
 start_runner() {
     local kind=$1 extra=$2
     if [[ $kind == eo ]]; then
         start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra"
+    elif [[ $kind == locked ]]; then
+        start_bg "$logdir/$scenario.locked.log" "$locked_bin" "$conninfo $extra"
     else
         start_bg "$logdir/$scenario.plain.log" "$plain_bin" "$conninfo $extra" \
             --worker-name fault_worker
@@ -372,7 +380,7 @@ load_sent() {
 # RESULT line; the faults done are in $faults_text.
 check() {
     local fx
-    if [[ $1 == eo ]]; then
+    if [[ $1 == eo || $1 == locked ]]; then
         fx="SELECT msg_id, 0 AS attempt,
                    extract(epoch FROM done_at)::numeric * 1000000 AS ord FROM example_ledger"
     else
@@ -385,6 +393,10 @@ check() {
         sql "$PQMQ_FAULTS_SABOTAGE" >/dev/null || note "the sabotage SQL failed"
     fi
 
+    # Redelivered: delivered more than once; the locked lane counts no
+    # delivery, so there one leased delivery is a redelivery.
+    local again=1
+    [[ $1 == locked ]] && again=0
     local r
     r=$(sql "WITH acked AS (SELECT DISTINCT id FROM fault_sent WHERE kind = 'acked'),
                   per_msg AS (SELECT msg_id, count(*) AS n FROM fx GROUP BY msg_id),
@@ -426,7 +438,7 @@ check() {
                     (SELECT count(*) FROM mq_payloads) + (SELECT count(*) FROM mq_chains),
                     (SELECT count(DISTINCT (channel, producer)) FROM fault_sent
                      WHERE ordered <> 'f' AND kind = 'acked'),
-                    (SELECT count(*) FROM fault_completed WHERE deliveries > 1)" | tr '|' ' ') \
+                    (SELECT count(*) FROM fault_completed WHERE deliveries > $again)" | tr '|' ' ') \
         || { note "the checking query failed (see $logdir/psql.err)"; return 1; }
     local inserted delivered lost dups dup_msgs unexplained ghosts rejected rej_present
     local doubt doubt_present doubt_partial doubt_misreported left dead cold chains
@@ -460,7 +472,7 @@ check() {
     (( lost == 0 )) || note "$lost acknowledged messages were never processed"
     (( disorder == 0 )) || note "$disorder ordered messages took effect before their predecessor"
     (( unexplained == 0 )) || note "$unexplained unexplained duplicates (two effects of one attempt, duplicates of a message delivered once, or attempts the queue never made)"
-    if [[ $1 == eo ]]; then
+    if [[ $1 == eo || $1 == locked ]]; then
         (( dups == 0 )) || note "$dups duplicate effects with transactional completion"
     fi
     (( ghosts == 0 )) || note "$ghosts effects of messages no producer sent"
@@ -484,7 +496,7 @@ check() {
 scenario_kill9() {
     local kind=$1 kills=0 i victim
     new_schema "f_$kind" || return
-    if [[ $kind == eo ]]; then create_ledger || return; fi
+    if [[ $kind == eo || $kind == locked ]]; then create_ledger || return; fi
     start_producers 2
     # A backlog first, so that the runners are busy when they are killed.
     sleep "${PQMQ_FAULTS_BACKLOG_SECONDS:-2}"
@@ -506,7 +518,7 @@ scenario_kill9() {
         start_runner "$kind" "application_name=fault_runner"
         runner_pids[victim]=$last_pid
     done
-    say "  $kills runners killed with SIGKILL; ledger/effects so far: $(sql "SELECT count(*) FROM $([[ $kind == eo ]] && echo example_ledger || echo fault_effects)")"
+    say "  $kills runners killed with SIGKILL; ledger/effects so far: $(sql "SELECT count(*) FROM $([[ $kind == plain ]] && echo fault_effects || echo example_ledger)")"
     stop_producers || note "a producer failed"
     drain
     stop_runners || note "a runner did not stop cleanly"
@@ -828,6 +840,7 @@ for scenario in "${scenarios[@]}"; do
     case $scenario in
         kill9-exactly-once) scenario_kill9 eo ;;
         kill9-plain) scenario_kill9 plain ;;
+        kill9-locked) scenario_kill9 locked ;;
         restart) scenario_restart ;;
         terminate) scenario_terminate ;;
         timeouts) scenario_timeouts ;;
