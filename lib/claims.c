@@ -34,7 +34,8 @@ struct pqmq__claims {
     uint64_t next_seq;
     pqmq__delivery *done; /* handlers that succeeded, to be completed */
     size_t ndone, done_cap;
-    int *down; /* per worker: cannot reach the server, takes no job */
+    int64_t done_since_ms; /* when the oldest of them finished (monotonic) */
+    int *down;             /* per worker: cannot reach the server, takes no job */
     int workers;
     void (*wake)(void *);
     void *wake_arg;
@@ -181,7 +182,17 @@ void pqmq__claims_drop_done(pqmq__claims *q, size_t n)
     /* Workers may have appended meanwhile: keep those. */
     memmove(q->done, q->done + n, (q->ndone - n) * sizeof *q->done);
     q->ndone -= n;
+    if (q->ndone)
+        q->done_since_ms = pqmq__now_ms(); /* close enough: they are newer */
     pthread_mutex_unlock(&q->lock);
+}
+
+int64_t pqmq__claims_done_since(pqmq__claims *q)
+{
+    pthread_mutex_lock(&q->lock);
+    int64_t since = q->ndone ? q->done_since_ms : INT64_MAX;
+    pthread_mutex_unlock(&q->lock);
+    return since;
 }
 
 size_t pqmq__claims_take_queued(pqmq__claims *q, pqmq__delivery **out)
@@ -326,6 +337,8 @@ static void push_done(pqmq__claims *q, const pqmq__delivery *d)
         q->done = grown;
         q->done_cap = cap;
     }
+    if (q->ndone == 0)
+        q->done_since_ms = pqmq__now_ms();
     q->done[q->ndone++] = *d;
 }
 

@@ -42,6 +42,8 @@ void pqmq__claims_add(pqmq__claims *q, pqmq_batch *b);
 /* A copy of the deliveries whose handlers succeeded, in order (malloc'd,
  * caller frees); 0 and NULL when none (or out of memory: they wait). */
 size_t pqmq__claims_done(pqmq__claims *q, pqmq__delivery **out);
+/* When the oldest of those finished (monotonic ms); INT64_MAX: none. */
+int64_t pqmq__claims_done_since(pqmq__claims *q);
 /* The first n of those were settled: forgets them. */
 void pqmq__claims_drop_done(pqmq__claims *q, size_t n);
 /* Takes the queued (unstarted) jobs out, for handing back to the server;

@@ -17,6 +17,9 @@
 #include "workers.h"
 
 #define FOREVER INT64_MAX
+/* Completions of finished jobs wait at most this long for the next claim
+ * to carry them (ms). */
+#define DONE_WAIT_MS 20
 /* Channel names of at most this many bytes (in the server's encoding) have
  * a notify channel of their own, mq_<name> (mq_wake). */
 #define PQMQ_MAX_CHANNEL_NOTIFY 60
@@ -368,7 +371,11 @@ static void poll_once(struct loop *L)
     pqmq_runner *r = L->r;
     int free_n = pqmq__claims_room(L->q);
     if (!free_n) {
-        flush_done(L);
+        /* Completions ride with the next claim, which comes once half the
+         * queue is free: sent alone, each worker's finish cost a statement
+         * and a commit. Alone only once one has waited DONE_WAIT_MS. */
+        if (pqmq__now_ms() - pqmq__claims_done_since(L->q) >= DONE_WAIT_MS)
+            flush_done(L);
         return; /* a finishing worker wakes us; poll_due stays set */
     }
     int want = free_n < r->batch ? free_n : r->batch;
@@ -515,6 +522,9 @@ static void loop_run(struct loop *L)
             deadline = L->poll_at;
         if (!stopping && L->poll_due && pqmq__claims_room(L->q))
             deadline = pqmq__now_ms(); /* more to claim right away */
+        int64_t done_since = pqmq__claims_done_since(L->q);
+        if (done_since != INT64_MAX && done_since + DONE_WAIT_MS < deadline)
+            deadline = done_since + DONE_WAIT_MS; /* poll_once flushes them */
         wait_events(L, deadline);
     }
     flush_done(L);
