@@ -9,8 +9,9 @@
  * pqmq_wrap; per batch BEGIN, the INSERT of the batch's rows,
  * pqmq_complete_and_poll (completes this batch, claims the next, inside
  * the transaction), COMMIT.
- * pqmq's locked lane: per batch BEGIN, pqmq_poll_locked, the INSERT,
- * pqmq_complete_batch, COMMIT (five round trips, one commit).
+ * pqmq's locked lane: per batch pqmq_poll_locked (BEGIN and the poll in one
+ * round trip), the INSERT, pqmq_complete_commit (the completion and COMMIT
+ * in one): three round trips, one commit.
  * The floor: per batch BEGIN, the floor's DELETE ... RETURNING, the same
  * INSERT of the rows it returned, COMMIT.
  * Both make four round trips and one commit per batch, and insert a
@@ -181,11 +182,11 @@ static void *pqmq_main(void *arg)
 
 /* ---- pqmq: the locked lane ---------------------------------------------- */
 
-/* One batch: BEGIN, pqmq_poll_locked, the INSERT of its rows,
- * pqmq_complete_batch, COMMIT. Returns how many messages it recorded. */
+/* One batch: pqmq_poll_locked (BEGIN and the poll), the INSERT of its rows,
+ * pqmq_complete_commit (the completion and COMMIT): three round trips.
+ * Returns how many messages it recorded. */
 static size_t locked_batch(pqmq_client *c, PGconn *conn, struct rows *w, int batch)
 {
-    exec_ok(conn, "BEGIN");
     pqmq_batch *b = NULL;
     if (pqmq_poll_locked(c, NULL, 0, batch, &b))
         die("exactly-once: pqmq_poll_locked: %s", pqmq_errmsg(c));
@@ -199,12 +200,10 @@ static size_t locked_batch(pqmq_client *c, PGconn *conn, struct rows *w, int bat
         uuid_unparse_lower(id, text);
         rows_add(w, text, pqmq_job_args(job));
     }
-    if (n) {
+    if (n)
         rows_record(w, conn);
-        if (pqmq_complete_batch(c, b))
-            die("exactly-once: pqmq_complete_batch: %s", pqmq_errmsg(c));
-    }
-    exec_ok(conn, "COMMIT");
+    if (pqmq_complete_commit(c, b))
+        die("exactly-once: pqmq_complete_commit: %s", pqmq_errmsg(c));
     pqmq_batch_free(b);
     return n;
 }

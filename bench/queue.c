@@ -284,33 +284,22 @@ static void *poller_main(void *arg)
     return NULL;
 }
 
-static void exec_ok(PGconn *conn, const char *sql)
-{
-    PGresult *r = PQexec(conn, sql);
-    if (PQresultStatus(r) != PGRES_COMMAND_OK)
-        die("%s: %s", sql, PQerrorMessage(conn));
-    PQclear(r);
-}
-
-/* The locked lane: per batch BEGIN, pqmq_poll_locked, pqmq_complete_batch,
- * COMMIT. */
+/* The locked lane: per batch pqmq_poll_locked (BEGIN and the poll) and
+ * pqmq_complete_commit (the completion and COMMIT): two round trips. */
 static void *locked_main(void *arg)
 {
     struct poller *p = arg;
     const struct opts *o = p->o;
     pqmq_client *c = bench_client(o);
-    PGconn *conn = pqmq_conn(c);
     pthread_barrier_wait(p->start);
     double last = now_s();
     while (atomic_load(p->done) < o->messages) {
         pqmq_batch *b = NULL;
-        exec_ok(conn, "BEGIN");
-        if (pqmq_poll_locked(c, NULL, 0, o->batch, &b))
+        if (pqmq_poll_locked(c, NULL, 0, o->batch, &b)) /* BEGIN and the poll */
             die("locked lane: %s", pqmq_errmsg(c));
         size_t n = pqmq_batch_count(b);
-        if (n && pqmq_complete_batch(c, b))
+        if (pqmq_complete_commit(c, b)) /* the completion and COMMIT */
             die("locked lane: %s", pqmq_errmsg(c));
-        exec_ok(conn, "COMMIT");
         pqmq_batch_free(b);
         if (n) {
             atomic_fetch_add(p->done, (long)n);

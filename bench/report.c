@@ -121,9 +121,9 @@ void report_text(const struct opts *o, const struct results *r)
     if (r->once > 0)
         printf("exactly-once: per batch, one row per message into a results table and the\n"
                "  completion, committed together (BEGIN, INSERT, pqmq_complete_and_poll,\n"
-               "  COMMIT; the locked lane: BEGIN, pqmq_poll_locked, INSERT,\n"
-               "  pqmq_complete_batch, COMMIT); its floor: BEGIN, the floor's DELETE, the\n"
-               "  same INSERT, COMMIT.\n");
+               "  COMMIT; the locked lane: pqmq_poll_locked (BEGIN and the poll), INSERT,\n"
+               "  pqmq_complete_commit (completion and COMMIT)); its floor: BEGIN, the\n"
+               "  floor's DELETE, the same INSERT, COMMIT.\n");
     if (r->ordered.runner > 0)
         printf("%s* ordered rows: every message on an ordered chain; the floor column "
                "holds the\n  main scenario's rate and the ratio is against it.\n",

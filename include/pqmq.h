@@ -195,10 +195,11 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *client, const char *const *channels, size
 
 /*
  * The locked lane, for short handlers and exactly-once work: claims up to
- * batch_size first deliveries for the transaction open on the connection
- * (BEGIN first; otherwise PQMQ_EINVAL) and writes nothing. The jobs are
- * held by that transaction's row locks: complete them in it
- * (pqmq_complete_batch) and COMMIT, so your writes and the completion
+ * batch_size first deliveries for the connection's transaction and writes
+ * nothing. With no transaction open it opens one (BEGIN, in the same round
+ * trip); a failed one is refused (PQMQ_EINVAL). The jobs are held by that
+ * transaction's row locks: do your writes in it, then pqmq_complete_commit
+ * (or pqmq_complete_batch and COMMIT), so your writes and the completion
  * commit together, one commit per batch. pqmq_fail in that transaction
  * counts a failed attempt. A rollback, a crash or a lost connection makes
  * the jobs ready again at once, with no attempt spent; such a message, and
@@ -207,11 +208,23 @@ PQMQ_EXPORT int pqmq_poll(pqmq_client *client, const char *const *channels, size
  * consumer still ends dead. A consumer of this lane also calls pqmq_poll,
  * at least whenever this returns fewer jobs than it asked for. Hold the
  * transaction briefly: it holds back vacuum like any other.
- * Returns 0 or a negative code (*out is then NULL). Caller owns *out; free
- * with pqmq_batch_free.
+ * Returns 0 or a negative code (*out is then NULL, and a transaction this
+ * call opened is rolled back). Caller owns *out; free with pqmq_batch_free.
  */
 PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *client, const char *const *channels,
                                  size_t nchannels, int batch_size, pqmq_batch **out);
+
+/*
+ * Completes every job of batch (fenced by attempt, as pqmq_complete_batch)
+ * and commits the connection's open transaction, in one round trip: all of
+ * it or none. If any job is no longer this delivery's (its lease ran out
+ * and it went to another consumer, or it is gone), nothing is committed:
+ * the transaction is rolled back and PQMQ_ESTALE returned, so effects of a
+ * message that is not yours never commit. Any other error also rolls back.
+ * No transaction open: PQMQ_EINVAL. An empty batch just commits. batch
+ * stays the caller's.
+ */
+PQMQ_EXPORT int pqmq_complete_commit(pqmq_client *client, const pqmq_batch *batch);
 
 /* ---- batches and jobs (job.c) ------------------------------------------ */
 

@@ -28,16 +28,64 @@ PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *c, const char *const *channels, si
     int rc = pqmq__begin_batch(c, out, what);
     if (rc)
         return rc;
-    /* Outside a transaction the locks would end with the statement. */
-    if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_INTRANS)
+    PGTransactionStatusType st = PQtransactionStatus(pqmq_conn(c));
+    if (st != PQTRANS_IDLE && st != PQTRANS_INTRANS)
         return pqmq__seterr(c, PQMQ_EINVAL,
-                            "%s: no transaction is open on the connection (BEGIN first): "
-                            "the jobs are held by its row locks",
-                            what);
-    rc = pqmq__query_jobs(c, what, "SELECT * FROM mq_claim_locked($1, $2)", channels, nchannels,
-                          "batch_size", batch_size, out);
+                            "%s: the connection's transaction %s (ROLLBACK first)", what,
+                            st == PQTRANS_INERROR ? "has failed" : "is busy or unknown");
+    PGparam *param;
+    rc = pqmq__begin(c, &param);
+    if (!rc)
+        rc = pqmq__put_channels(c, param, channels, nchannels, what);
+    if (!rc)
+        rc = pqmq__put_count(c, param, "batch_size", batch_size, what);
+    PGresult *res = NULL;
+    /* The jobs live as long as the transaction's locks: open one (in the
+     * same round trip) when none is. */
+    if (!rc)
+        res = pqmq__exec_piped(c, st == PQTRANS_IDLE ? "BEGIN" : NULL, param,
+                               "SELECT * FROM mq_claim_locked($1, $2)", NULL, what, &rc);
+    PQparamClear(param);
+    if (!rc)
+        rc = pqmq__batch_from(c, res, what, out);
+    if (rc && st == PQTRANS_IDLE && PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
+        PQclear(PQexec(pqmq_conn(c), "ROLLBACK")); /* ours: leave none behind */
     if (!rc)
         pqmq__batch_set_locked(*out);
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_complete_commit(pqmq_client *c, const pqmq_batch *b)
+{
+    const char *what = "pqmq_complete_commit";
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_INTRANS)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: no transaction is open on the connection",
+                            what);
+    size_t n = pqmq_batch_count(b);
+    if (n == 0) {
+        int rc = 0;
+        PQclear(pqmq__exec_text(c, "COMMIT", what, &rc));
+        return rc;
+    }
+    pqmq__delivery *d = NULL;
+    int rc = pqmq__batch_deliveries(c, b, &d, what);
+    PGparam *param = NULL;
+    if (!rc)
+        rc = pqmq__begin_deliveries(c, d, n, what, &param);
+    free(d);
+    if (!rc) {
+        /* All or nothing: mq_complete_all fails on a job that is no longer
+         * ours, so the COMMIT behind it in the pipeline does not run. */
+        PGresult *res = pqmq__exec_piped(c, NULL, param, "SELECT mq_complete_all($1, $2)",
+                                         "COMMIT", what, &rc);
+        PQclear(res);
+    }
+    PQparamClear(param);
+    if (rc && PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
+        PQclear(PQexec(pqmq_conn(c), "ROLLBACK"));
     return rc;
 }
 

@@ -72,6 +72,12 @@ const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
 
 /* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
 PGparam *pqmq__param(pqmq_client *c);
+/* Runs sql (as pqmq__exec) between the parameterless statements before and
+ * after (either may be NULL; e.g. "BEGIN", "COMMIT"), in one round trip
+ * (pipeline mode). Returns sql's result; on failure NULL, with the error of
+ * the first statement that failed (those after it did not run). */
+PGresult *pqmq__exec_piped(pqmq_client *c, const char *before, PGparam *param, const char *sql,
+                           const char *after, const char *what, int *rc);
 /* Runs a parameterised statement with binary results. On failure sets the
  * client's error (prefixed with what) from the server or the connection
  * and returns NULL; *rc receives the error code. */

@@ -39,6 +39,8 @@ static int fail_from(pqmq_client *c, const char *what, const char *msg, const ch
         code = PQMQ_EINVAL; /* invalid_parameter_value from our checks */
     else if (state && !strcmp(state, "54000"))
         code = PQMQ_ETOOBIG; /* program_limit_exceeded */
+    else if (state && !strcmp(state, "PQ001"))
+        code = PQMQ_ESTALE; /* mq_complete_all: not all were still ours */
     int rc = pqmq__seterr(c, code, "%s: %s%s%s%s%s%s%s", what, msg && *msg ? msg : "error",
                           state ? " (SQLSTATE " : "", state ? state : "", state ? ")" : "",
                           detail && *detail ? ": " : "", detail && *detail ? detail : "",
@@ -88,6 +90,69 @@ PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char
         r = next;
     }
     return outcome(c, r, what, rc);
+}
+
+/* Sends one parameterless statement into the pipeline. */
+static int send_plain(PGconn *conn, const char *sql)
+{
+    return !sql || PQsendQueryParams(conn, sql, 0, NULL, NULL, NULL, NULL, 0);
+}
+
+/* The results of one statement in the pipeline: its last one, or NULL. */
+static PGresult *take(PGconn *conn)
+{
+    PGresult *r = NULL, *next;
+    while ((next = PQgetResult(conn)) != NULL) {
+        PQclear(r);
+        r = next;
+    }
+    return r;
+}
+
+/* The outcome of one piped statement (sql may be NULL: none was sent). */
+static PGresult *piped_outcome(pqmq_client *c, const char *sql, const char *what, int *rc)
+{
+    if (!sql)
+        return NULL;
+    PGresult *r = take(c->conn);
+    if (r && PQresultStatus(r) == PGRES_PIPELINE_ABORTED) {
+        PQclear(r);
+        *rc = PQMQ_ESERVER; /* an earlier statement failed and said why */
+        return NULL;
+    }
+    return outcome(c, r, what, rc);
+}
+
+PGresult *pqmq__exec_piped(pqmq_client *c, const char *before, PGparam *param, const char *sql,
+                           const char *after, const char *what, int *rc)
+{
+    PGconn *conn = c->conn;
+    if (!PQenterPipelineMode(conn)) {
+        *rc = fail_from(c, what, PQerrorMessage(conn), NULL, NULL);
+        return NULL;
+    }
+    if (!send_plain(conn, before) || !PQparamSendQuery(conn, param, sql, 1) ||
+        !send_plain(conn, after) || !PQpipelineSync(conn)) {
+        *rc = fail_from(c, what, PQerrorMessage(conn), NULL, NULL);
+        PQexitPipelineMode(conn);
+        return NULL;
+    }
+    int rc_before = 0, rc_after = 0;
+    PQclear(piped_outcome(c, before, what, &rc_before));
+    PGresult *r = piped_outcome(c, sql, what, rc);
+    if (!rc_before && *rc)
+        rc_before = *rc; /* the statement's own error is the one to report */
+    PQclear(piped_outcome(c, after, what, &rc_after));
+    PGresult *sync =
+        PQgetResult(conn); /* PGRES_PIPELINE_SYNC, or NULL if the connection died */
+    PQclear(sync);
+    PQexitPipelineMode(conn);
+    *rc = rc_before ? rc_before : *rc ? *rc : rc_after;
+    if (*rc) {
+        PQclear(r);
+        return NULL;
+    }
+    return r;
 }
 
 PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what, int *rc)

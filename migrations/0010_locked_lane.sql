@@ -13,7 +13,9 @@
 --
 -- mq_claim's picking and its wait time move to mq_pick_batch and
 -- mq_wait_time, shared by both lanes; mq_pick gains the lane. mq_fail fails
--- a locked job inside the transaction that holds it.
+-- a locked job inside the transaction that holds it. mq_complete_all
+-- completes all of a batch or fails, for a completion sent together with
+-- its COMMIT.
 
 -- Whether the locked lane must pass a row by, from its locker (xmax): the
 -- locker ended without committing, so the row's locked delivery died with
@@ -476,6 +478,29 @@ BEGIN
 END;
 $$;
 
+-- Completes every one of msg_ids, each still on its attempt number, or
+-- fails: a consumer that commits its effects in the same transaction must
+-- not commit those of a message that is no longer its own (delivered again
+-- after its lease ran out, or gone), and cannot read a count first when
+-- the COMMIT is already on its way (pqmq_complete_commit sends both at
+-- once). SQLSTATE PQ001 names the shortfall. Returns how many it completed.
+CREATE OR REPLACE FUNCTION mq_complete_all(msg_ids uuid[], msg_attempts int[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    n int := mq_complete(msg_ids, msg_attempts);
+BEGIN
+    IF n < cardinality(msg_ids) THEN
+        RAISE EXCEPTION 'mq_complete_all: % of % messages were delivered again or are gone',
+            cardinality(msg_ids) - n, cardinality(msg_ids)
+            USING ERRCODE = 'PQ001';
+    END IF;
+    RETURN n;
+END;
+$$;
+
 -- Which function belongs to which duty. Later migrations that add a
 -- function to a duty replace this and call mq_regrant().
 CREATE OR REPLACE FUNCTION mq_duties()
@@ -487,7 +512,8 @@ AS $$
            ('consume', 'mq_claim'), ('consume', 'mq_claim_locked'),
            ('consume', 'mq_complete_claim'),
            ('consume', 'mq_poll'), ('consume', 'mq_poll_jobs'),
-           ('consume', 'mq_complete'), ('consume', 'mq_complete_poll'),
+           ('consume', 'mq_complete'), ('consume', 'mq_complete_all'),
+           ('consume', 'mq_complete_poll'),
            ('consume', 'mq_delete'), ('consume', 'mq_fail'),
            ('consume', 'mq_keep_alive'), ('consume', 'mq_keep_alive_count'),
            ('consume', 'mq_checkpoint'), ('consume', 'mq_checkpoint_found'),

@@ -96,6 +96,29 @@ BEGIN
 END;
 $$;
 
+-- Completes every one of msg_ids, each still on its attempt number, or
+-- fails: a consumer that commits its effects in the same transaction must
+-- not commit those of a message that is no longer its own (delivered again
+-- after its lease ran out, or gone), and cannot read a count first when
+-- the COMMIT is already on its way (pqmq_complete_commit sends both at
+-- once). SQLSTATE PQ001 names the shortfall. Returns how many it completed.
+CREATE OR REPLACE FUNCTION mq_complete_all(msg_ids uuid[], msg_attempts int[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    n int := mq_complete(msg_ids, msg_attempts);
+BEGIN
+    IF n < cardinality(msg_ids) THEN
+        RAISE EXCEPTION 'mq_complete_all: % of % messages were delivered again or are gone',
+            cardinality(msg_ids) - n, cardinality(msg_ids)
+            USING ERRCODE = 'PQ001';
+    END IF;
+    RETURN n;
+END;
+$$;
+
 -- Deletes messages: completion, or cancellation of pending ones. Deleting any
 -- member of a chain links its successor to its nearest surviving predecessor,
 -- so the rest of the chain keeps its order.

@@ -47,14 +47,55 @@ static pqmq_batch *poll_leased(pqmq_client *c, const char *ch, int max)
     return b;
 }
 
-static void test_needs_an_open_transaction(void)
+/* With no transaction open it opens one; a failed one is refused. */
+static void test_opens_a_transaction_when_none_is_open(void)
 {
     t_truncate();
-    insert_n(q, "lk", 1, 3, 1000);
-    pqmq_batch *b = (pqmq_batch *)1;
-    CHECK_ERR(q, pqmq_poll_locked(q, NULL, 0, 10, &b), PQMQ_EINVAL, "BEGIN first");
+    insert_n(q, "lk", 2, 3, 1000);
+    PGconn *conn = pqmq_conn(q);
+    pqmq_batch *b = poll_locked(q, "lk", 1);
+    CHECK_INT(pqmq_batch_count(b), 1);
+    CHECK(PQtransactionStatus(conn) == PQTRANS_INTRANS);
+    CHECK_OK(q, pqmq_complete_commit(q, b));
+    CHECK(PQtransactionStatus(conn) == PQTRANS_IDLE);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 1);
+    pqmq_batch_free(b);
+
+    t_exec(conn, "BEGIN");
+    PQclear(PQexec(conn, "SELECT 1/0"));
+    b = (pqmq_batch *)1;
+    CHECK_ERR(q, pqmq_poll_locked(q, NULL, 0, 10, &b), PQMQ_EINVAL, "ROLLBACK first");
     CHECK(b == NULL);
+    t_exec(conn, "ROLLBACK");
     CHECK_INT(t_sql_int(pg, "SELECT deliveries FROM mq_msgs"), 0);
+    CHECK_ERR(q, pqmq_complete_commit(q, NULL), PQMQ_EINVAL, "no transaction");
+}
+
+/* pqmq_complete_commit commits all or nothing: a job that went to another
+ * consumer rolls back the consumer's writes with it. */
+static void test_complete_commit_is_all_or_nothing(void)
+{
+    t_truncate();
+    t_exec(pg, "CREATE TABLE IF NOT EXISTS lk_results (msg text PRIMARY KEY)");
+    t_exec(pg, "TRUNCATE lk_results");
+    insert_n(q, "lk", 2, 3, 100); /* leases of 100 ms */
+    pqmq_batch *b = poll_leased(q, "lk", 10);
+    CHECK_INT(pqmq_batch_count(b), 2);
+    t_sleep_ms(150);
+    pqmq_client *other = t_client();
+    pqmq_batch *again = poll_leased(other, "lk", 1); /* one of them, redelivered */
+    CHECK_INT(pqmq_batch_count(again), 1);
+    PGconn *conn = pqmq_conn(q);
+    t_exec(conn, "BEGIN");
+    t_exec(conn, "INSERT INTO lk_results VALUES ('effect')");
+    CHECK_ERR(q, pqmq_complete_commit(q, b), PQMQ_ESTALE, "delivered again");
+    CHECK(PQtransactionStatus(conn) == PQTRANS_IDLE);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM lk_results"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 2);
+    CHECK_OK(other, pqmq_complete_batch(other, again));
+    pqmq_batch_free(again);
+    pqmq_batch_free(b);
+    pqmq_client_free(other);
 }
 
 /* The handler's writes and the completion commit together; nothing was
@@ -340,7 +381,8 @@ int main(void)
     t_init("test_locked");
     q = t_client();
     pg = t_pg();
-    T_RUN(test_needs_an_open_transaction);
+    T_RUN(test_opens_a_transaction_when_none_is_open);
+    T_RUN(test_complete_commit_is_all_or_nothing);
     T_RUN(test_completion_commits_with_the_consumers_writes);
     T_RUN(test_rollback_makes_them_ready_at_once);
     T_RUN(test_a_dead_consumers_jobs_are_ready_at_once);
