@@ -561,7 +561,9 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         loop_close(&L);
         return rc;
     }
-    int capacity = r->batch > r->threads ? r->batch : r->threads;
+    /* Room for two batches: the next full batch is claimed (with the
+     * completions of the last) while the workers still run this one. */
+    int capacity = 2 * r->batch > r->threads ? 2 * r->batch : r->threads;
     L.q = pqmq__claims_new(capacity, r->threads, wake, r, &r->counters.in_flight);
     pqmq__worker_env env = {r->conninfo, r->routes, r->nroutes, &r->stop, &r->counters, L.q};
     char why[256] = "out of memory";
