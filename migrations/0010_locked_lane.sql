@@ -136,8 +136,9 @@ BEGIN
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (picked)
               -- The locked lane: first deliveries not left by a dead locker.
-              AND (lane = 0 OR (m.deliveries = 0
-                                AND (m.xmax = '0'::xid OR NOT mq_lock_spent(m.xmax))))
+              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
+                                             AND (m.xmax = '0'::xid
+                                                  OR NOT mq_lock_spent(m.xmax))))
             ORDER BY m.ready_at
             LIMIT per_key
             FOR NO KEY UPDATE SKIP LOCKED
@@ -152,7 +153,7 @@ $$;
 -- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids. lane 0: every
 -- ready message (the lease lane); lane 1 (the locked lane, mq_claim_locked):
 -- first deliveries whose last locked delivery did not die and that this
--- transaction does not hold yet.
+-- transaction does not hold yet; lane 2: the others (see mq_claim_lane).
 --
 -- Fairness: channels are visited from a random point of the chain-key space
 -- (one random point per name when the poll names channels), taking at most a
@@ -221,8 +222,9 @@ BEGIN
               -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
               AND m.attempts > 0
-              AND (lane = 0 OR (m.deliveries = 0
-                                AND (m.xmax = '0'::xid OR NOT mq_lock_spent(m.xmax))))
+              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
+                                             AND (m.xmax = '0'::xid
+                                                  OR NOT mq_lock_spent(m.xmax))))
               AND m.id <> ALL (picked)
             ORDER BY m.ready_at
             LIMIT batch_size - cardinality(picked)
@@ -297,8 +299,22 @@ END;
 $$;
 
 -- Claims up to batch_size ready messages (see DESIGN.md, the SQL contract):
--- picks them (mq_pick_batch, lane 0) and leases them.
+-- the lease lane, mq_claim_lane's lane 0.
 CREATE OR REPLACE FUNCTION mq_claim(channel_names text[], batch_size int)
+RETURNS SETOF mq_job_t
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM mq_claim_lane(channel_names, batch_size, 0);
+END;
+$$;
+
+-- Claims up to batch_size ready messages of a lane (see mq_pick_batch) and
+-- leases them. Lane 2, the rest of lane 0 once lane 1 is taken out (retries
+-- and messages whose locked delivery died), is what a runner whose workers
+-- use the locked lane claims with leases.
+CREATE OR REPLACE FUNCTION mq_claim_lane(channel_names text[], batch_size int, lane int)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -316,7 +332,7 @@ DECLARE
     picked  uuid[];
     max_dur interval := (mq_limits()).max_duration; -- once, not per row
 BEGIN
-    picked := mq_pick_batch(channel_names, batch_size, ts, 0);
+    picked := mq_pick_batch(channel_names, batch_size, ts, lane);
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
     IF cardinality(picked) < batch_size THEN
@@ -501,6 +517,26 @@ BEGIN
 END;
 $$;
 
+-- Completes msg_ids (as mq_complete, fenced by msg_attempts; may be empty),
+-- then claims as mq_claim: one round trip and one commit per batch. Every
+-- row carries how many of msg_ids were completed (mq_claim always returns at
+-- least one row). If the statement fails, neither took effect.
+CREATE OR REPLACE FUNCTION mq_complete_claim(msg_ids uuid[], msg_attempts int[],
+                                             channel_names text[], batch_size int)
+RETURNS TABLE(job mq_job_t, completed int)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    n int := 0;
+BEGIN
+    IF cardinality(msg_ids) > 0 THEN
+        n := mq_complete(msg_ids, msg_attempts);
+    END IF;
+    RETURN QUERY SELECT j, n FROM mq_claim_lane(channel_names, batch_size, 0) j;
+END;
+$$;
+
 -- Which function belongs to which duty. Later migrations that add a
 -- function to a duty replace this and call mq_regrant().
 CREATE OR REPLACE FUNCTION mq_duties()
@@ -510,6 +546,7 @@ SET search_path FROM CURRENT
 AS $$
     VALUES ('produce', 'mq_insert'), ('produce', 'mq_commit'),
            ('consume', 'mq_claim'), ('consume', 'mq_claim_locked'),
+           ('consume', 'mq_claim_lane'),
            ('consume', 'mq_complete_claim'),
            ('consume', 'mq_poll'), ('consume', 'mq_poll_jobs'),
            ('consume', 'mq_complete'), ('consume', 'mq_complete_all'),

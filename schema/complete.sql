@@ -148,7 +148,7 @@ BEGIN
     IF cardinality(msg_ids) > 0 THEN
         n := mq_complete(msg_ids, msg_attempts);
     END IF;
-    RETURN QUERY SELECT j, n FROM mq_claim(channel_names, batch_size) j;
+    RETURN QUERY SELECT j, n FROM mq_claim_lane(channel_names, batch_size, 0) j;
 END;
 $$;
 

@@ -26,6 +26,7 @@ SET search_path FROM CURRENT
 AS $$
     VALUES ('produce', 'mq_insert'), ('produce', 'mq_commit'),
            ('consume', 'mq_claim'), ('consume', 'mq_claim_locked'),
+           ('consume', 'mq_claim_lane'),
            ('consume', 'mq_complete_claim'),
            ('consume', 'mq_poll'), ('consume', 'mq_poll_jobs'),
            ('consume', 'mq_complete'), ('consume', 'mq_complete_all'),
