@@ -2,12 +2,15 @@
  * exactly_once.c: a runner whose effects happen exactly once, even if the
  * process is killed at any moment.
  *
- *   exactly_once CONNINFO
+ *   exactly_once CONNINFO [--locked]
  *
  * For every message on every channel it writes one row into a ledger table
  * and completes the message in the same transaction (pqmq_ctx_begin): either
  * both happen or neither does, so a message is never lost and never
- * recorded twice. SIGINT or SIGTERM stops it gracefully (in-flight handlers
+ * recorded twice. --locked uses the locked lane (pqmq_runner_set_locked):
+ * each worker claims a batch in a transaction of its own and commits the
+ * batch's effects and completions together, one commit per batch instead of
+ * one per message. SIGINT or SIGTERM stops it gracefully (in-flight handlers
  * finish first); it then prints its counters and exits 0. Copy freely.
  */
 #define _POSIX_C_SOURCE 200809L /* sigaction under -std=c11 */
@@ -94,8 +97,9 @@ static int setup(const char *conninfo)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CONNINFO\n", argv[0]);
+    int locked = argc == 3 && !strcmp(argv[2], "--locked");
+    if (argc != 2 && !locked) {
+        fprintf(stderr, "usage: %s CONNINFO [--locked]\n", argv[0]);
         return 2;
     }
     if (setup(argv[1]) != 0)
@@ -110,6 +114,9 @@ int main(int argc, char **argv)
     /* name NULL: the fallback handler, for messages of every name. No
      * pqmq_runner_set_channels: all channels. */
     pqmq_runner_handle(runner, NULL, record, NULL);
+    /* The same handler, one commit per batch of each worker. */
+    if (locked)
+        pqmq_runner_set_locked(runner, 1);
 
     /* sigaction rather than signal(): no SA_RESTART surprises, one
      * behaviour everywhere. The handler only asks the runner to stop. */

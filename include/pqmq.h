@@ -382,6 +382,21 @@ PQMQ_EXPORT int pqmq_runner_set_batch(pqmq_runner *runner, int batch_size);
  * in-flight lease by 3 periods. 0 (default): a third of the shortest lease
  * in flight. Returns 0 or PQMQ_EINVAL. */
 PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *runner, int64_t period_ms);
+/*
+ * The locked lane (see pqmq_poll_locked) for short handlers and
+ * exactly-once work: on (non-zero), each worker claims its own batch (its
+ * share of the batch size, at most 64) in a transaction of its own and runs
+ * the handlers in it; the successes are completed and committed together,
+ * one commit per batch. pqmq_ctx_begin then returns that transaction,
+ * under a savepoint, so a failing handler's writes are undone alone and its
+ * attempt is counted; pqmq_ctx_conn is that transaction too, and
+ * pqmq_ctx_checkpoint needs a lease (PQMQ_ENOTHELD). A crash or a lost
+ * connection makes the batch ready again at once. Retries and messages
+ * whose locked delivery died come through the lease lane as before (the
+ * main loop claims them, at most every 250 ms), so a message that kills
+ * its worker still ends dead. Off by default. Returns 0 or PQMQ_EINVAL.
+ */
+PQMQ_EXPORT int pqmq_runner_set_locked(pqmq_runner *runner, int on);
 /* Also stop when a notification arrives on this channel (1..63 bytes,
  * copied; NULL: no stop channel). E.g. SELECT pg_notify('my_stop', '').
  * Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM. */

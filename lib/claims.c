@@ -35,6 +35,7 @@ struct pqmq__claims {
     pqmq__delivery *done; /* handlers that succeeded, to be completed */
     size_t ndone, done_cap;
     int64_t done_since_ms; /* when the oldest of them finished (monotonic) */
+    uint64_t kicks;        /* wake-ups passed on to locked workers */
     int *down;             /* per worker: cannot reach the server, takes no job */
     int workers;
     void (*wake)(void *);
@@ -324,6 +325,43 @@ int pqmq__claims_next(pqmq__claims *q, int worker, pqmq__work *w)
     pthread_mutex_unlock(&q->lock);
     /* At shutdown, queued jobs are left for the loop to hand back. */
     return e && !q->shutdown ? (int)(e - q->entries) : -1;
+}
+
+int pqmq__claims_next_or_kick(pqmq__claims *q, int worker, pqmq__work *w, uint64_t *seen,
+                              int64_t at_ms)
+{
+    (void)worker;
+    struct timespec ts = {(time_t)(at_ms / 1000), (long)(at_ms % 1000) * 1000000L};
+    entry *e = NULL;
+    int rc = -2;
+    pthread_mutex_lock(&q->lock);
+    for (;;) {
+        if (q->shutdown) {
+            rc = -1;
+            break;
+        }
+        if ((e = next_queued(q)) != NULL) {
+            e->running = 1;
+            w->job = e->job;
+            w->delivery = e->delivery;
+            rc = (int)(e - q->entries);
+            break;
+        }
+        if (q->kicks != *seen || pqmq__now_ms() >= at_ms ||
+            pthread_cond_timedwait(&q->work, &q->lock, &ts) != 0)
+            break; /* -2: time to poll */
+    }
+    *seen = q->kicks;
+    pthread_mutex_unlock(&q->lock);
+    return rc;
+}
+
+void pqmq__claims_kick(pqmq__claims *q)
+{
+    pthread_mutex_lock(&q->lock);
+    q->kicks++;
+    pthread_cond_broadcast(&q->work);
+    pthread_mutex_unlock(&q->lock);
 }
 
 /* Appends a delivery to the completion list (under the lock). */

@@ -77,6 +77,14 @@ typedef struct {
 /* Waits for the oldest queued job, marks it running and returns its index
  * (w describes it); -1 at shutdown. */
 int pqmq__claims_next(pqmq__claims *q, int worker, pqmq__work *w);
+/* For a worker of the locked lane, which polls for itself: like
+ * pqmq__claims_next, but also returns -2 once the loop kicked the workers
+ * (a kick after *seen, which it updates) or at at_ms (monotonic), whichever
+ * comes first: time to poll. */
+int pqmq__claims_next_or_kick(pqmq__claims *q, int worker, pqmq__work *w, uint64_t *seen,
+                              int64_t at_ms);
+/* Wakes the locked workers to poll (a notification said messages came). */
+void pqmq__claims_kick(pqmq__claims *q);
 /* The job at index is settled; complete: the loop must complete it. */
 void pqmq__claims_finish(pqmq__claims *q, int index, int complete);
 /* The worker cannot reach the server: the job at index goes back to the

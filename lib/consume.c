@@ -55,6 +55,26 @@ PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *c, const char *const *channels, si
     return rc;
 }
 
+int pqmq__complete_commit(pqmq_client *c, const pqmq__delivery *d, size_t n, const char *what)
+{
+    int rc = 0;
+    if (n == 0) {
+        PQclear(pqmq__exec_text(c, "COMMIT", what, &rc));
+        return rc;
+    }
+    PGparam *param = NULL;
+    rc = pqmq__begin_deliveries(c, d, n, what, &param);
+    /* All or nothing: mq_complete_all fails on a job that is no longer
+     * ours, so the COMMIT behind it in the pipeline does not run. */
+    if (!rc)
+        PQclear(pqmq__exec_piped(c, NULL, param, "SELECT mq_complete_all($1, $2)", "COMMIT",
+                                 what, &rc));
+    PQparamClear(param);
+    if (rc && PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
+        PQclear(PQexec(pqmq_conn(c), "ROLLBACK"));
+    return rc;
+}
+
 PQMQ_EXPORT int pqmq_complete_commit(pqmq_client *c, const pqmq_batch *b)
 {
     const char *what = "pqmq_complete_commit";
@@ -64,29 +84,20 @@ PQMQ_EXPORT int pqmq_complete_commit(pqmq_client *c, const pqmq_batch *b)
     if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_INTRANS)
         return pqmq__seterr(c, PQMQ_EINVAL, "%s: no transaction is open on the connection",
                             what);
-    size_t n = pqmq_batch_count(b);
-    if (n == 0) {
-        int rc = 0;
-        PQclear(pqmq__exec_text(c, "COMMIT", what, &rc));
-        return rc;
-    }
     pqmq__delivery *d = NULL;
     int rc = pqmq__batch_deliveries(c, b, &d, what);
-    PGparam *param = NULL;
     if (!rc)
-        rc = pqmq__begin_deliveries(c, d, n, what, &param);
+        rc = pqmq__complete_commit(c, d, pqmq_batch_count(b), what);
     free(d);
-    if (!rc) {
-        /* All or nothing: mq_complete_all fails on a job that is no longer
-         * ours, so the COMMIT behind it in the pipeline does not run. */
-        PGresult *res = pqmq__exec_piped(c, NULL, param, "SELECT mq_complete_all($1, $2)",
-                                         "COMMIT", what, &rc);
-        PQclear(res);
-    }
-    PQparamClear(param);
-    if (rc && PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
-        PQclear(PQexec(pqmq_conn(c), "ROLLBACK"));
     return rc;
+}
+
+int pqmq__poll_left(pqmq_client *c, const char *const *channels, size_t nchannels,
+                    int batch_size, const char *what, pqmq_batch **out)
+{
+    /* Lane 2: what a runner's locked workers leave (mq_claim_lane). */
+    return pqmq__query_jobs(c, what, "SELECT * FROM mq_claim_lane($1, $2, 2)", channels,
+                            nchannels, "batch_size", batch_size, out);
 }
 
 int pqmq__stale_check(pqmq_client *c, const char *what, size_t done, size_t n)

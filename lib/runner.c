@@ -20,6 +20,9 @@
 /* Completions of finished jobs wait at most this long for the next claim
  * to carry them (ms). */
 #define DONE_WAIT_MS 20
+/* With the locked lane, the loop's lease claims come at most this often
+ * (ms). */
+#define LEFT_POLL_MS 250
 /* Channel names of at most this many bytes (in the server's encoding) have
  * a notify channel of their own, mq_<name> (mq_wake). */
 #define PQMQ_MAX_CHANNEL_NOTIFY 60
@@ -31,6 +34,7 @@ struct pqmq_runner {
     char **channels; /* NULL: all */
     size_t nchannels;
     int threads, batch;
+    int locked; /* pqmq_runner_set_locked */
     int64_t keep_alive_ms;
     char *stop_channel;
     char *listen_conninfo; /* NULL: the control connection LISTENs */
@@ -148,6 +152,14 @@ PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *r, int64_t period_ms)
     return 0;
 }
 
+PQMQ_EXPORT int pqmq_runner_set_locked(pqmq_runner *r, int on)
+{
+    if (!r)
+        return PQMQ_EINVAL;
+    r->locked = on != 0;
+    return 0;
+}
+
 PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *r, const char *channel)
 {
     /* A notify channel is an identifier: 1..63 bytes. */
@@ -225,6 +237,7 @@ struct loop {
     int poll_due;     /* something may be ready now */
     int64_t poll_at;  /* or: when the earliest message becomes ready */
     uint64_t settled; /* processed + failed when the loop last looked */
+    int64_t left_at;  /* locked lane: no lease claim before this */
 };
 
 /* Whether the server notifies mq_<channel> for this channel (mq_wake: a
@@ -366,9 +379,48 @@ static int complete_and_claim(struct loop *L, int want, pqmq_batch **b)
     return rc; /* on error the completions stay, to be sent again */
 }
 
+/* The locked lane's workers claim first deliveries for themselves; the
+ * loop claims, with leases, what they leave (retries, messages whose
+ * locked delivery died), at most every LEFT_POLL_MS: that poll cannot tell
+ * when such a message is due from when any is. */
+static void poll_left(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    flush_done(L);
+    int64_t now = pqmq__now_ms();
+    int want = pqmq__claims_room(L->q);
+    if (!want || now < L->left_at) {
+        L->poll_due = 0;
+        L->poll_at = want ? L->left_at : FOREVER; /* a finishing job wakes us */
+        return;
+    }
+    want = want < r->batch ? want : r->batch;
+    L->left_at = now + LEFT_POLL_MS;
+    pqmq_batch *b = NULL;
+    atomic_fetch_add(&r->counters.polls, 1);
+    int rc = pqmq__poll_left(L->ctl, (const char *const *)r->channels, r->nchannels, want,
+                             "pqmq_runner: poll", &b);
+    if (rc == PQMQ_ECONN) {
+        reconnect(L);
+        return;
+    }
+    size_t got = rc ? 0 : pqmq_batch_count(b);
+    L->poll_due = got == (size_t)want;
+    int64_t wait = rc ? LEFT_POLL_MS : pqmq_batch_wait_ms(b);
+    L->poll_at = wait < 0 ? FOREVER : now + (wait > LEFT_POLL_MS ? wait : LEFT_POLL_MS);
+    if (got)
+        pqmq__claims_add(L->q, b);
+    else
+        pqmq_batch_free(b);
+}
+
 static void poll_once(struct loop *L)
 {
     pqmq_runner *r = L->r;
+    if (r->locked) {
+        poll_left(L);
+        return;
+    }
     int free_n = pqmq__claims_room(L->q);
     if (!free_n) {
         /* Completions ride with the next claim, which comes once half the
@@ -429,10 +481,13 @@ static int handle_notifications(struct loop *L)
     PGnotify *n;
     int count = 0;
     while ((n = PQnotifies(pqmq_conn(L->lis))) != NULL) {
-        if (L->r->stop_channel && !strcmp(n->relname, L->r->stop_channel))
+        if (L->r->stop_channel && !strcmp(n->relname, L->r->stop_channel)) {
             atomic_store(&L->r->stop, 1);
-        else
+        } else {
             L->poll_due = 1;
+            if (L->r->locked)
+                pqmq__claims_kick(L->q); /* the workers poll for themselves */
+        }
         atomic_fetch_add(&L->r->counters.wakeups, 1);
         PQfreemem(n);
         count++;
@@ -565,7 +620,19 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
      * completions of the last) while the workers still run this one. */
     int capacity = 2 * r->batch > r->threads ? 2 * r->batch : r->threads;
     L.q = pqmq__claims_new(capacity, r->threads, wake, r, &r->counters.in_flight);
-    pqmq__worker_env env = {r->conninfo, r->routes, r->nroutes, &r->stop, &r->counters, L.q};
+    /* Each locked worker's batch: its share, at most 64, the subtransactions
+     * (savepoints of handlers that write) a transaction keeps in shared
+     * memory before every snapshot has to look them up on disk. */
+    int share = (r->batch + r->threads - 1) / r->threads;
+    pqmq__worker_env env = {r->conninfo,
+                            r->routes,
+                            r->nroutes,
+                            &r->stop,
+                            &r->counters,
+                            L.q,
+                            r->locked ? (share < 64 ? share : 64) : 0,
+                            (const char *const *)r->channels,
+                            r->nchannels};
     char why[256] = "out of memory";
     pqmq__workers *workers = NULL;
     rc = L.q ? pqmq__workers_start(&env, r->threads, &workers, why, sizeof why) : PQMQ_ENOMEM;

@@ -34,8 +34,9 @@ struct pqmq__workers {
 struct pqmq_ctx {
     slot *slot;
     const pqmq__work *work;
-    int tx_open;
+    int tx_open;   /* locked lane: the job's savepoint is open */
     int tx_broken; /* BEGIN failed: the job cannot complete transactionally */
+    int locked;    /* the job belongs to the worker's batch transaction */
     char error[512];
 };
 
@@ -90,6 +91,17 @@ PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
     if (!ctx)
         return NULL;
     PGconn *conn = pqmq_conn(ctx->slot->client);
+    if (ctx->locked) {
+        /* The batch's transaction is open: a savepoint lets this job's
+         * writes be undone alone if it fails. */
+        if (!ctx->tx_open && !ctx->tx_broken) {
+            PGresult *res = PQexec(conn, "SAVEPOINT pqmq_job");
+            ctx->tx_open = PQresultStatus(res) == PGRES_COMMAND_OK;
+            ctx->tx_broken = !ctx->tx_open;
+            PQclear(res);
+        }
+        return ctx->tx_open ? conn : NULL;
+    }
     if (!ctx->tx_open && !ctx->tx_broken) {
         PGresult *res = PQexec(conn, "BEGIN");
         /* The backend died since the job started: nothing was done in the
@@ -212,7 +224,7 @@ static int run_job(slot *s, const pqmq__work *w)
 {
     const pqmq__worker_env *env = s->env;
     const pqmq_job *job = w->job;
-    pqmq_ctx ctx = {s, w, 0, 0, ""};
+    pqmq_ctx ctx = {s, w, 0, 0, 0, ""};
     const char *name = pqmq_job_name(job);
     const pqmq__route *route = route_for(env, name);
     int rc;
@@ -270,10 +282,133 @@ static int connected(slot *s)
     return PQstatus(pqmq_conn(s->client)) == CONNECTION_OK || try_reconnect(s) == 0;
 }
 
+/* ---- the locked lane --------------------------------------------------- */
+
+/* Runs one job of the worker's batch transaction. Returns 1 (to be
+ * completed with the batch), 0 (failed; the failure is recorded in the
+ * transaction) or -1 (the transaction is broken: the batch is lost). */
+static int run_locked_job(slot *s, const pqmq__work *w, int *failed)
+{
+    PGconn *conn = pqmq_conn(s->client);
+    pqmq_ctx ctx = {s, w, 0, 0, 1, ""};
+    const pqmq__route *route = route_for(s->env, pqmq_job_name(w->job));
+    int rc = -1;
+    if (route)
+        rc = route->fn(&ctx, w->job, route->arg);
+    else
+        snprintf(ctx.error, sizeof ctx.error, "no handler for message name \"%s\"",
+                 pqmq_job_name(w->job));
+    int healthy = PQtransactionStatus(conn) == PQTRANS_INTRANS;
+    if (ctx.tx_open) {
+        if (rc == 0 && healthy && exec_ok(conn, "RELEASE SAVEPOINT pqmq_job"))
+            return 1;
+        if (rc == 0)
+            snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
+                     PQerrorMessage(conn));
+        if (!exec_ok(conn, "ROLLBACK TO SAVEPOINT pqmq_job") ||
+            !exec_ok(conn, "RELEASE SAVEPOINT pqmq_job"))
+            return -1;
+    } else if (!healthy) {
+        return -1; /* a failed statement outside a savepoint */
+    } else if (rc == 0 && !ctx.tx_broken) {
+        return 1;
+    }
+    utf8_cut(ctx.error);
+    if (pqmq__fail(s->client, w->delivery.id, w->delivery.attempt,
+                   ctx.error[0] ? ctx.error : "handler failed") != 0 &&
+        PQtransactionStatus(conn) != PQTRANS_INTRANS)
+        return -1;
+    (*failed)++;
+    return 0;
+}
+
+/* One batch of the locked lane: claims it (opening the transaction), runs
+ * its handlers, completes the successes and commits, in one transaction.
+ * Returns milliseconds until the next poll is worth making. */
+static int64_t run_locked_batch(slot *s)
+{
+    const pqmq__worker_env *env = s->env;
+    pqmq_client *c = s->client;
+    pqmq_batch *b = NULL;
+    if (pqmq_poll_locked(c, env->channels, env->nchannels, env->locked_batch, &b) != 0)
+        return PQstatus(pqmq_conn(c)) == CONNECTION_OK ? 100 : 0; /* 0: reconnect */
+    size_t n = pqmq_batch_count(b);
+    int64_t wait = 0;
+    if (n == 0) {
+        exec_ok(pqmq_conn(c), "COMMIT"); /* the poll's transaction */
+        wait = pqmq_batch_wait_ms(b);
+        wait = wait < 0 || wait > 1000 ? 1000 : wait; /* kicks come sooner */
+        pqmq_batch_free(b);
+        return wait;
+    }
+    atomic_fetch_add(&env->counters->in_flight, n);
+    pqmq__delivery *ok = malloc(n * sizeof *ok);
+    size_t nok = 0;
+    int failed = 0, broken = !ok;
+    for (size_t i = 0; i < n && !broken; i++) {
+        pqmq__work w = {pqmq_batch_job(b, i), *pqmq__job_delivery(pqmq_batch_job(b, i))};
+        int r = run_locked_job(s, &w, &failed);
+        if (r == 1)
+            ok[nok++] = w.delivery;
+        broken = r < 0;
+    }
+    /* A lost batch rolls back: its messages go to the lease lane (their
+     * locked delivery died), where their attempts are counted. */
+    if (broken || pqmq__complete_commit(c, ok, nok, "pqmq_runner: complete") != 0) {
+        if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
+            exec_ok(pqmq_conn(c), "ROLLBACK");
+    } else {
+        atomic_fetch_add(&env->counters->processed, nok);
+        atomic_fetch_add(&env->counters->failed, (uint64_t)failed);
+    }
+    atomic_fetch_sub(&env->counters->in_flight, n);
+    free(ok);
+    pqmq_batch_free(b);
+    return 0;
+}
+
+/* A worker of the locked lane: polls for itself, and runs what the main
+ * loop claims with leases (retries, messages whose locked delivery died)
+ * as the other workers do. */
+static void locked_worker(slot *s)
+{
+    pqmq__claims *q = s->env->claims;
+    uint64_t seen = 0;
+    int64_t poll_at = 0;
+    for (;;) {
+        pqmq__work w;
+        int index = pqmq__claims_next_or_kick(q, s->index, &w, &seen, poll_at);
+        if (index == -1)
+            break;
+        if (index >= 0) {
+            if (!connected(s))
+                pqmq__claims_give_back(q, s->index, index);
+            else
+                pqmq__claims_finish(q, index, run_job(s, &w));
+            if (pqmq__claims_is_down(q, s->index))
+                pqmq__claims_set_up(q, s->index, try_reconnect(s) == 0);
+            continue;
+        }
+        if (atomic_load(s->env->stop)) {
+            poll_at = INT64_MAX; /* no new batch; shutdown ends the wait */
+            continue;
+        }
+        if (!connected(s)) {
+            poll_at = s->retry_at_ms;
+            continue;
+        }
+        poll_at = pqmq__now_ms() + run_locked_batch(s);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     slot *s = arg;
     pqmq__claims *q = s->env->claims;
+    if (s->env->locked_batch > 0) {
+        locked_worker(s);
+        return NULL;
+    }
     for (;;) {
         /* A worker that cannot reach the server takes no job (another
          * worker, or itself once reconnected, runs it): it waits out its

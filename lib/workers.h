@@ -30,6 +30,11 @@ typedef struct {
     const atomic_int *stop; /* a stop was requested (pqmq_ctx_stopping) */
     pqmq__counters *counters;
     pqmq__claims *claims;
+    /* The locked lane (pqmq_runner_set_locked): each worker's own poll, at
+     * most locked_batch jobs (0: off), of these channels (NULL: all). */
+    int locked_batch;
+    const char *const *channels;
+    size_t nchannels;
 } pqmq__worker_env;
 
 typedef struct pqmq__workers pqmq__workers;

@@ -18,6 +18,8 @@
 #                       lane, effects committed with the completion, and the
 #                       lease lane for what a killed worker held): nothing
 #                       lost, chains in order, no duplicate effect at all.
+#   kill9-locked-runner the same with examples/exactly_once --locked (the
+#                       runner's workers on the locked lane).
 #   restart             pg_ctl restart -m immediate (PQMQ_FAULTS_RESTARTS,
 #                       default 6) while 3 producers insert and 2
 #                       exactly_once runners poll and complete: every
@@ -83,7 +85,7 @@ restarts_wanted=${PQMQ_FAULTS_RESTARTS:-6}
 terms_wanted=${PQMQ_FAULTS_TERMINATIONS:-40}
 drain_limit=${PQMQ_FAULTS_DRAIN_SECONDS:-90}
 
-all_scenarios=(kill9-exactly-once kill9-plain kill9-locked restart terminate timeouts worker-reconnect-refused)
+all_scenarios=(kill9-exactly-once kill9-plain kill9-locked kill9-locked-runner restart terminate timeouts worker-reconnect-refused)
 if (( $# )); then scenarios=("$@"); else scenarios=("${all_scenarios[@]}"); fi
 
 logdir=$build/tests/faults-logs
@@ -306,14 +308,16 @@ stop_producers() {
     return $ok
 }
 
-# start_runner KIND CONNINFO_EXTRA: KIND eo (examples/exactly_once), locked
-# (tests/faults/locked_worker) or plain.
+# start_runner KIND CONNINFO_EXTRA: KIND eo (examples/exactly_once),
+# eolocked (the same, --locked), locked (tests/faults/locked_worker) or plain.
 start_runner() {
     local kind=$1 extra=$2
     if [[ $kind == eo ]]; then
         start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra"
     elif [[ $kind == locked ]]; then
         start_bg "$logdir/$scenario.locked.log" "$locked_bin" "$conninfo $extra"
+    elif [[ $kind == eolocked ]]; then
+        start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra" --locked
     else
         start_bg "$logdir/$scenario.plain.log" "$plain_bin" "$conninfo $extra" \
             --worker-name fault_worker
@@ -380,7 +384,7 @@ load_sent() {
 # RESULT line; the faults done are in $faults_text.
 check() {
     local fx
-    if [[ $1 == eo || $1 == locked ]]; then
+    if [[ $1 != plain ]]; then
         fx="SELECT msg_id, 0 AS attempt,
                    extract(epoch FROM done_at)::numeric * 1000000 AS ord FROM example_ledger"
     else
@@ -396,7 +400,7 @@ check() {
     # Redelivered: delivered more than once; the locked lane counts no
     # delivery, so there one leased delivery is a redelivery.
     local again=1
-    [[ $1 == locked ]] && again=0
+    [[ $1 == locked || $1 == eolocked ]] && again=0
     local r
     r=$(sql "WITH acked AS (SELECT DISTINCT id FROM fault_sent WHERE kind = 'acked'),
                   per_msg AS (SELECT msg_id, count(*) AS n FROM fx GROUP BY msg_id),
@@ -472,7 +476,7 @@ check() {
     (( lost == 0 )) || note "$lost acknowledged messages were never processed"
     (( disorder == 0 )) || note "$disorder ordered messages took effect before their predecessor"
     (( unexplained == 0 )) || note "$unexplained unexplained duplicates (two effects of one attempt, duplicates of a message delivered once, or attempts the queue never made)"
-    if [[ $1 == eo || $1 == locked ]]; then
+    if [[ $1 != plain ]]; then
         (( dups == 0 )) || note "$dups duplicate effects with transactional completion"
     fi
     (( ghosts == 0 )) || note "$ghosts effects of messages no producer sent"
@@ -496,7 +500,7 @@ check() {
 scenario_kill9() {
     local kind=$1 kills=0 i victim
     new_schema "f_$kind" || return
-    if [[ $kind == eo || $kind == locked ]]; then create_ledger || return; fi
+    if [[ $kind != plain ]]; then create_ledger || return; fi
     start_producers 2
     # A backlog first, so that the runners are busy when they are killed.
     sleep "${PQMQ_FAULTS_BACKLOG_SECONDS:-2}"
@@ -841,6 +845,7 @@ for scenario in "${scenarios[@]}"; do
         kill9-exactly-once) scenario_kill9 eo ;;
         kill9-plain) scenario_kill9 plain ;;
         kill9-locked) scenario_kill9 locked ;;
+        kill9-locked-runner) scenario_kill9 eolocked ;;
         restart) scenario_restart ;;
         terminate) scenario_terminate ;;
         timeouts) scenario_timeouts ;;
