@@ -336,8 +336,11 @@ static int64_t run_locked_batch(slot *s)
     int64_t wait = 0;
     if (n == 0) {
         exec_ok(pqmq_conn(c), "COMMIT"); /* the poll's transaction */
+        /* Notifications kick the workers; the minute is insurance. A
+         * message ready now but not for this lane (a retry, a lost locked
+         * delivery) waits for the main loop: no spinning on it. */
         wait = pqmq_batch_wait_ms(b);
-        wait = wait < 0 || wait > 1000 ? 1000 : wait; /* kicks come sooner */
+        wait = wait < 0 || wait > 60000 ? 60000 : wait < 100 ? 100 : wait;
         pqmq_batch_free(b);
         return wait;
     }

@@ -203,7 +203,7 @@ static void test_plain_handlers_complete(void)
 }
 
 /* A message inserted while the workers are idle is picked up on its
- * notification: an idle worker polls again only after a second. */
+ * notification: an idle worker polls again only after a minute. */
 static int cmp_ll(const void *a, const void *b)
 {
     long long x = *(const long long *)a, y = *(const long long *)b;
@@ -221,7 +221,7 @@ static void test_a_notification_wakes_the_workers(void)
     enum { N = 5 };
     long long took[N];
     for (int i = 0; i < N; i++) {
-        t_sleep_ms(300); /* idle: the workers' next poll is up to 1 s away */
+        t_sleep_ms(300); /* idle: the workers' next poll is a minute away */
         uint64_t before = processed(r);
         int64_t t0 = t_now_ms();
         insert_n(1, "{\"x\": 1}", 3, 60000);
