@@ -136,6 +136,16 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
     profile_end(o, admin, label, o->messages);
     expect_empty(admin, label);
 
+    queue_reset(admin);
+    snprintf(label, sizeof label, "%s: enqueue", tag);
+    queue_enqueue(o, s, label);
+    analyze_queue(admin);
+    snprintf(label, sizeof label, "%s: runner, locked lane", tag);
+    profile_begin(o, admin);
+    out->runner_locked = o->messages / queue_drain_runner_with(o, threads, label, 1, 0);
+    profile_end(o, admin, label, o->messages);
+    expect_empty(admin, label);
+
     if (floor_out) {
         /* Twice, like the enqueue: drained by id (the floor), then by
          * ctid. */
@@ -196,7 +206,7 @@ static void run_default(const struct opts *o, PGconn *admin)
     r.floor_drain = fl[1];
     r.floor_drain_ctid = fl[2];
     if (o->floor)
-        run_once(o, admin, &r.once, &r.once_locked, &r.floor_once);
+        run_once(o, admin, r.runner_threads, &r);
 
     struct shape chains = {o->chains, 1.0};
     char tag[64];

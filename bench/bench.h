@@ -60,7 +60,8 @@ struct latency {
 
 /* One scenario's rates in messages/s (0: not measured). */
 struct rates {
-    double enqueue, runner, poll, locked; /* locked: the poll API's locked lane */
+    double enqueue, runner, poll;
+    double locked, runner_locked; /* the locked lane: poll API, runner */
 };
 
 struct results {
@@ -69,6 +70,7 @@ struct results {
     double floor_insert, floor_drain, floor_drain_ctid;
     double once, floor_once; /* exactly-once processing: pqmq, the floor's */
     double once_locked;      /* exactly-once processing with the locked lane */
+    double once_runner, once_runner_locked; /* the same with runners */
     struct latency idle, idle_ordered;
     long maxrss_kb;
 };
@@ -181,6 +183,11 @@ void queue_setup(PGconn *admin, const struct opts *o);
 void queue_reset(PGconn *admin);
 double queue_enqueue(const struct opts *o, const struct shape *s, const char *label);
 double queue_drain_runner(const struct opts *o, int threads, const char *label);
+/* The same, on the locked lane (pqmq_runner_set_locked) or not, and with
+ * record set, each handler writes its bench_results row in the job's
+ * transaction (exactly-once, see once.c). */
+double queue_drain_runner_with(const struct opts *o, int threads, const char *label, int locked,
+                               int record);
 double queue_drain_poll(const struct opts *o, const char *label);
 /* The same with the locked lane (pqmq_poll_locked, one transaction a batch). */
 double queue_drain_locked(const struct opts *o, const char *label);
@@ -204,8 +211,7 @@ extern const struct load_ops floor_load_ops;
 /* With --floor, after the poll-API phase: pqmq's and the floor's rate of
  * exactly-once processing (messages/s). */
 void once_setup(PGconn *admin);
-void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *locked_rate,
-              double *floor_rate);
+void run_once(const struct opts *o, PGconn *admin, int threads, struct results *r);
 
 /* ---- load.c ---- */
 /* --rate and/or --held-xmin: runs pqmq (and with --floor the floor) under

@@ -309,9 +309,10 @@ static void check(const struct opts *o, PGconn *admin, const char *label, const 
             o->messages, left);
 }
 
-void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *locked_rate,
-              double *floor_rate)
+void run_once(const struct opts *o, PGconn *admin, int threads, struct results *res)
 {
+    double *pqmq_rate = &res->once, *locked_rate = &res->once_locked,
+           *floor_rate = &res->floor_once;
     struct shape s = {o->channels, o->ordered};
     const char *label = "exactly-once: poll API";
     queue_reset(admin);
@@ -332,6 +333,21 @@ void run_once(const struct opts *o, PGconn *admin, double *pqmq_rate, double *lo
     *locked_rate = o->messages / timed(o, locked_main, label);
     profile_end(o, admin, label, o->messages);
     check(o, admin, label, "SELECT count(*) FROM mq_msgs");
+
+    /* Runners whose handlers write the row in the job's transaction:
+     * a commit per job, or per worker's batch on the locked lane. */
+    for (int locked = 0; locked < 2; locked++) {
+        label = locked ? "exactly-once: runner, locked lane" : "exactly-once: runner";
+        queue_reset(admin);
+        queue_enqueue(o, &s, "exactly-once: enqueue");
+        bench_sql(admin, "ANALYZE mq_msgs, mq_payloads");
+        bench_sql(admin, "TRUNCATE bench_results");
+        profile_begin(o, admin);
+        double rate = o->messages / queue_drain_runner_with(o, threads, label, locked, 1);
+        *(locked ? &res->once_runner_locked : &res->once_runner) = rate;
+        profile_end(o, admin, label, o->messages);
+        check(o, admin, label, "SELECT count(*) FROM mq_msgs");
+    }
 
     label = "exactly-once: floor";
     floor_insert(o, admin);

@@ -117,12 +117,30 @@ struct drain {
     pthread_cond_t cond;
     atomic_int open;
     atomic_long handled;
+    int record; /* exactly-once: a bench_results row in the job's transaction */
 };
+
+/* The exactly-once handler's effect (see once.c): its row, in the job's
+ * transaction, which the runner commits with the completion. */
+static int record_effect(pqmq_ctx *ctx, const pqmq_job *job)
+{
+    PGconn *conn = pqmq_ctx_begin(ctx);
+    if (!conn)
+        return -1;
+    uuid_t id;
+    char text[37];
+    pqmq_job_id(job, id);
+    uuid_unparse_lower(id, text);
+    const char *v[2] = {text, pqmq_job_args(job)};
+    PGresult *r = PQexecParams(conn, "INSERT INTO bench_results (id, channel) VALUES ($1, $2)",
+                               2, NULL, v, NULL, NULL, 0);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    return ok ? 0 : -1;
+}
 
 static int drain_handler(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
 {
-    (void)ctx;
-    (void)job;
     struct drain *d = arg;
     if (!atomic_load(&d->open)) {
         pthread_mutex_lock(&d->lock);
@@ -131,7 +149,7 @@ static int drain_handler(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
         pthread_mutex_unlock(&d->lock);
     }
     atomic_fetch_add(&d->handled, 1);
-    return 0;
+    return d->record ? record_effect(ctx, job) : 0;
 }
 
 struct runner_thread {
@@ -148,7 +166,7 @@ static void *runner_main(void *arg)
 }
 
 static void start_runner(struct runner_thread *t, const struct opts *o, int threads, int batch,
-                         pqmq_handler fn, void *arg)
+                         int locked, pqmq_handler fn, void *arg)
 {
     t->r = pqmq_runner_new(o->conninfo);
     if (!t->r || pqmq_runner_handle(t->r, NULL, fn, arg) ||
@@ -158,6 +176,8 @@ static void start_runner(struct runner_thread *t, const struct opts *o, int thre
         die("runner threads %d out of range", threads);
     if (batch && pqmq_runner_set_batch(t->r, batch))
         die("batch %d out of range", batch);
+    if (pqmq_runner_set_locked(t->r, locked))
+        die("pqmq_runner_set_locked failed");
     if (pthread_create(&t->thread, NULL, runner_main, t))
         die("cannot start a thread");
 }
@@ -186,13 +206,19 @@ static void stop_runner(struct runner_thread *t)
 
 double queue_drain_runner(const struct opts *o, int threads, const char *label)
 {
+    return queue_drain_runner_with(o, threads, label, 0, 0);
+}
+
+double queue_drain_runner_with(const struct opts *o, int threads, const char *label, int locked,
+                               int record)
+{
     int n = o->consumers;
-    struct drain d = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    struct drain d = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, record};
     struct runner_thread *ts = calloc((size_t)n, sizeof *ts);
     if (!ts)
         die("out of memory");
     for (int i = 0; i < n; i++)
-        start_runner(&ts[i], o, threads, o->batch, drain_handler, &d);
+        start_runner(&ts[i], o, threads, o->batch, locked, drain_handler, &d);
     for (int i = 0; i < n; i++)
         wait_started(&ts[i]);
 
@@ -525,7 +551,7 @@ void queue_latency(const struct opts *o, int ordered, struct latency *out)
     if (!l.ms || !json)
         die("out of memory");
     struct runner_thread t;
-    start_runner(&t, o, 0, 0, latency_handler, &l);
+    start_runner(&t, o, 0, 0, 0, latency_handler, &l);
     wait_started(&t);
     pqmq_client *c = bench_client(o);
     sleep_s(0.05); /* let the runner settle into its idle wait */

@@ -81,6 +81,8 @@ void report_text(const struct opts *o, const struct results *r)
     printf("%-42s %12s %12s %7s  %s\n", "figure", "value", "floor", "ratio", "target");
     rate_row("enqueue (messages/s)", r->main.enqueue, r->floor_insert, TARGET_ENQUEUE);
     rate_row("processing, runner (messages/s)", r->main.runner, r->floor_drain, TARGET_PROCESS);
+    rate_row("processing, runner, locked lane", r->main.runner_locked, r->floor_drain,
+             TARGET_PROCESS);
     rate_row("processing, poll API (messages/s)", r->main.poll, r->floor_drain, TARGET_POLL);
     rate_row("processing, locked lane (messages/s)", r->main.locked, r->floor_drain,
              TARGET_POLL);
@@ -93,6 +95,9 @@ void report_text(const struct opts *o, const struct results *r)
     if (r->once > 0) {
         rate_row("exactly-once, poll API (messages/s)", r->once, r->floor_drain, TARGET_ONCE);
         rate_row("exactly-once, locked lane", r->once_locked, r->floor_drain, TARGET_ONCE);
+        rate_row("exactly-once, runner", r->once_runner, r->floor_drain, TARGET_ONCE);
+        rate_row("exactly-once, runner, locked lane", r->once_runner_locked, r->floor_drain,
+                 TARGET_ONCE);
         rate_row("exactly-once, vs exactly-once floor", r->once, r->floor_once, 0);
         rate_row("exactly-once, locked, vs its floor", r->once_locked, r->floor_once, 0);
     }
@@ -122,8 +127,10 @@ void report_text(const struct opts *o, const struct results *r)
         printf("exactly-once: per batch, one row per message into a results table and the\n"
                "  completion, committed together (BEGIN, INSERT, pqmq_complete_and_poll,\n"
                "  COMMIT; the locked lane: pqmq_poll_locked (BEGIN and the poll), INSERT,\n"
-               "  pqmq_complete_commit (completion and COMMIT)); its floor: BEGIN, the\n"
-               "  floor's DELETE, the same INSERT, COMMIT.\n");
+               "  pqmq_complete_commit (completion and COMMIT); runners: the row in the\n"
+               "  job's transaction (pqmq_ctx_begin), a commit per job, or per worker's\n"
+               "  batch on the locked lane); its floor: BEGIN, the floor's DELETE, the same\n"
+               "  INSERT, COMMIT.\n");
     if (r->ordered.runner > 0)
         printf("%s* ordered rows: every message on an ordered chain; the floor column "
                "holds the\n  main scenario's rate and the ratio is against it.\n",
@@ -172,12 +179,14 @@ static void jrates(const struct rates *x, double floor_insert, double floor_drai
     jnum("process_runner_per_s", x->runner, "%.0f", 0);
     jnum("process_poll_per_s", x->poll, "%.0f", 0);
     jnum("process_locked_per_s", x->locked, "%.0f", 0);
+    jnum("process_runner_locked_per_s", x->runner_locked, "%.0f", 0);
     jnum("floor_insert_per_s", floor_insert, "%.0f", 0);
     jnum("floor_drain_per_s", floor_drain, "%.0f", 0);
     jnum("ratio_enqueue", ratio(x->enqueue, floor_insert), "%.3f", 0);
     jnum("ratio_process_runner", ratio(x->runner, floor_drain), "%.3f", 0);
     jnum("ratio_process_poll", ratio(x->poll, floor_drain), "%.3f", 0);
     jnum("ratio_process_locked", ratio(x->locked, floor_drain), "%.3f", 0);
+    jnum("ratio_process_runner_locked", ratio(x->runner_locked, floor_drain), "%.3f", 0);
 }
 
 void report_json(const struct opts *o, const struct results *r)
@@ -194,6 +203,11 @@ void report_json(const struct opts *o, const struct results *r)
     jnum("ratio_exactly_once_to_its_floor", ratio(r->once, r->floor_once), "%.3f", 0);
     jnum("process_exactly_once_locked_per_s", r->once_locked, "%.0f", 0);
     jnum("ratio_exactly_once_locked", ratio(r->once_locked, r->floor_drain), "%.3f", 0);
+    jnum("process_exactly_once_runner_per_s", r->once_runner, "%.0f", 0);
+    jnum("ratio_exactly_once_runner", ratio(r->once_runner, r->floor_drain), "%.3f", 0);
+    jnum("process_exactly_once_runner_locked_per_s", r->once_runner_locked, "%.0f", 0);
+    jnum("ratio_exactly_once_runner_locked", ratio(r->once_runner_locked, r->floor_drain),
+         "%.3f", 0);
     printf("\"ordered\": ");
     if (r->ordered.runner > 0) {
         printf("{\"chains\": %d, ", o->chains);

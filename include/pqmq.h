@@ -384,8 +384,8 @@ PQMQ_EXPORT int pqmq_runner_set_batch(pqmq_runner *runner, int batch_size);
 PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *runner, int64_t period_ms);
 /*
  * The locked lane (see pqmq_poll_locked) for short handlers and
- * exactly-once work: on (non-zero), each worker claims its own batch (its
- * share of the batch size, at most 64) in a transaction of its own and runs
+ * exactly-once work: on (non-zero), each worker claims its own batch (up to
+ * the batch size, at most 64) in a transaction of its own and runs
  * the handlers in it; the successes are completed and committed together,
  * one commit per batch. pqmq_ctx_begin then returns that transaction,
  * under a savepoint, so a failing handler's writes are undone alone and its

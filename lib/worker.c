@@ -23,6 +23,9 @@ typedef struct {
      * a few attempts a second at most, not one burst per job. */
     int64_t retry_at_ms;    /* monotonic: no attempt before this */
     int64_t retry_delay_ms; /* 0 after a success; doubles up to a cap */
+    /* Locked lane: the savepoint of the batch's last writing handler is
+     * still open (released with the next one's, or by the COMMIT). */
+    int savepoint_held;
 } slot;
 
 struct pqmq__workers {
@@ -95,7 +98,11 @@ PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
         /* The batch's transaction is open: a savepoint lets this job's
          * writes be undone alone if it fails. */
         if (!ctx->tx_open && !ctx->tx_broken) {
-            PGresult *res = PQexec(conn, "SAVEPOINT pqmq_job");
+            /* The last one's release rides along: one round trip a job. */
+            PGresult *res = PQexec(conn, ctx->slot->savepoint_held
+                                             ? "RELEASE SAVEPOINT pqmq_job; SAVEPOINT pqmq_job"
+                                             : "SAVEPOINT pqmq_job");
+            ctx->slot->savepoint_held = 0;
             ctx->tx_open = PQresultStatus(res) == PGRES_COMMAND_OK;
             ctx->tx_broken = !ctx->tx_open;
             PQclear(res);
@@ -300,13 +307,13 @@ static int run_locked_job(slot *s, const pqmq__work *w, int *failed)
                  pqmq_job_name(w->job));
     int healthy = PQtransactionStatus(conn) == PQTRANS_INTRANS;
     if (ctx.tx_open) {
-        if (rc == 0 && healthy && exec_ok(conn, "RELEASE SAVEPOINT pqmq_job"))
+        s->savepoint_held = 1; /* kept: rolled back to now, or released later */
+        if (rc == 0 && healthy)
             return 1;
         if (rc == 0)
             snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
                      PQerrorMessage(conn));
-        if (!exec_ok(conn, "ROLLBACK TO SAVEPOINT pqmq_job") ||
-            !exec_ok(conn, "RELEASE SAVEPOINT pqmq_job"))
+        if (!exec_ok(conn, "ROLLBACK TO SAVEPOINT pqmq_job"))
             return -1;
     } else if (!healthy) {
         return -1; /* a failed statement outside a savepoint */
@@ -345,6 +352,7 @@ static int64_t run_locked_batch(slot *s)
         return wait;
     }
     atomic_fetch_add(&env->counters->in_flight, n);
+    s->savepoint_held = 0;
     pqmq__delivery *ok = malloc(n * sizeof *ok);
     size_t nok = 0;
     int failed = 0, broken = !ok;

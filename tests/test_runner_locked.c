@@ -150,7 +150,7 @@ static void test_effects_commit_once_per_batch(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger WHERE attempt <> 1"), 0);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
     long long txs = t_sql_int(pg, "SELECT count(DISTINCT tx) FROM rl_ledger");
-    CHECK(txs >= 16 && txs <= 100); /* batches of at most 25 */
+    CHECK(txs >= 7 && txs <= 100); /* batches of at most 64 */
     pqmq_runner_free(r);
 }
 
