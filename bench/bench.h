@@ -68,8 +68,8 @@ struct results {
     int runner_threads;
     struct rates main, ordered; /* ordered: every message on --chains chains */
     double floor_insert, floor_drain, floor_drain_ctid;
-    double once, floor_once; /* exactly-once processing: pqmq, the floor's */
-    double once_locked;      /* exactly-once processing with the locked lane */
+    double once, floor_once;                /* exactly-once processing: pqmq, the floor's */
+    double once_locked;                     /* exactly-once processing with the locked lane */
     double once_runner, once_runner_locked; /* the same with runners */
     struct latency idle, idle_ordered;
     long maxrss_kb;
