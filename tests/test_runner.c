@@ -1182,6 +1182,46 @@ static void test_completions_are_batched(void)
     pqmq_runner_free(r);
 }
 
+/* A finished job's completion rides with the next claim, but does not wait
+ * for it long: with the queue full of slow jobs (no room to claim), the
+ * fast one is completed within DONE_WAIT_MS (20 ms), not when room comes. */
+static int h_fast_or_slow(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx, (void)arg;
+    /* The fast one finishes once all four are claimed and the queue is full. */
+    t_sleep_ms(strcmp(pqmq_job_name(job), "slow") ? 300 : 3000);
+    return 0;
+}
+
+static void test_completion_waits_briefly_for_a_claim(void)
+{
+    t_truncate();
+    const char *ch = own_channel("donewait");
+    uuid_t fast;
+    put(ch, "fast", NULL, 60000, fast);
+    for (int i = 0; i < 3; i++)
+        put(ch, "slow", NULL, 60000, NULL);
+    pqmq_runner *r = new_runner(NULL);
+    CHECK_INT(pqmq_runner_handle(r, NULL, h_fast_or_slow, NULL), 0);
+    CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
+    CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
+    CHECK_INT(pqmq_runner_set_batch(r, 2), 0); /* room for 4: all claimed, none free */
+    bg_t b;
+    bg_start(&b, r);
+    char id[37];
+    uuid_unparse_lower(fast, id);
+    int64_t t0 = t_now_ms();
+    WAIT_UNTIL(stats(r).processed >= 1, 2500);
+    int64_t took = t_now_ms() - t0;
+    CHECK_INT(stats(r).processed, 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = '%s'", id), 0);
+    printf("    the fast job was completed after %lld ms, the slow ones still run\n",
+           (long long)took);
+    CHECK(took < 2500); /* the first slow job ends at 3 s */
+    bg_stop(&b);
+    pqmq_runner_free(r);
+}
+
 /* ---- a client encoding other than the server's ------------------------- */
 
 /* A channel name that fits a notify channel in LATIN1 (1 byte per "é") but
@@ -1323,6 +1363,7 @@ int main(void)
     T_RUN(test_batch_size_bounds_claims);
     T_RUN(test_stop_releases_queued_jobs);
     T_RUN(test_completions_are_batched);
+    T_RUN(test_completion_waits_briefly_for_a_claim);
     T_RUN(test_notification_behind_a_result_is_not_slept_on);
     T_RUN(test_keep_alive_covers_queued_jobs);
     T_RUN(test_non_utf8_client_is_woken);
