@@ -25,6 +25,7 @@
 #                       exactly_once runners poll and complete: every
 #                       acknowledged insert survives and is processed once;
 #                       producers and runners recover by themselves.
+#   restart-locked      the same with examples/exactly_once --locked.
 #   terminate           pg_terminate_backend of producer, worker and listener
 #                       connections, found by application_name
 #                       (PQMQ_FAULTS_TERMINATIONS, default 40), with
@@ -85,7 +86,7 @@ restarts_wanted=${PQMQ_FAULTS_RESTARTS:-6}
 terms_wanted=${PQMQ_FAULTS_TERMINATIONS:-40}
 drain_limit=${PQMQ_FAULTS_DRAIN_SECONDS:-90}
 
-all_scenarios=(kill9-exactly-once kill9-plain kill9-locked kill9-locked-runner restart terminate timeouts worker-reconnect-refused)
+all_scenarios=(kill9-exactly-once kill9-plain kill9-locked kill9-locked-runner restart restart-locked terminate timeouts worker-reconnect-refused)
 if (( $# )); then scenarios=("$@"); else scenarios=("${all_scenarios[@]}"); fi
 
 logdir=$build/tests/faults-logs
@@ -535,8 +536,8 @@ scenario_kill9() {
 # restart: the server restarts (immediate) under load; producers and
 # runners reconnect by themselves.
 scenario_restart() {
-    local restarts=0 i acked_before acked_after t_last
-    new_schema f_restart || return
+    local kind=$1 restarts=0 i acked_before acked_after t_last
+    new_schema "f_restart_$kind" || return
     create_ledger || return
     start_producers 2
     # A third one inserts small batches almost back to back, so that some
@@ -544,7 +545,7 @@ scenario_restart() {
     start_producer 2 application_name=fault_producer --batch 3 --interval 3
     runner_pids=()
     for i in 0 1; do
-        start_runner eo "application_name=fault_runner"
+        start_runner "$kind" "application_name=fault_runner"
         runner_pids+=("$last_pid")
     done
     for ((i = 0; i < restarts_wanted; i++)); do
@@ -573,7 +574,7 @@ scenario_restart() {
     grep -h 'stopped' "$logdir/$scenario.eo.log" | tail -n 2 | sed 's/^/  /'
     faults_text="restarts $restarts"
     misreported_text
-    check eo
+    check "$kind"
     (( restarts >= restarts_wanted )) || note "only $restarts restarts"
     grep -q 'reconnects [1-9]' "$logdir/$scenario.producer"*.log \
         || note "no producer reconnected"
@@ -846,7 +847,8 @@ for scenario in "${scenarios[@]}"; do
         kill9-plain) scenario_kill9 plain ;;
         kill9-locked) scenario_kill9 locked ;;
         kill9-locked-runner) scenario_kill9 eolocked ;;
-        restart) scenario_restart ;;
+        restart-locked) scenario_restart eolocked ;;
+        restart) scenario_restart eo ;;
         terminate) scenario_terminate ;;
         timeouts) scenario_timeouts ;;
         worker-reconnect-refused) scenario_refused ;;
