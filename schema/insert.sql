@@ -28,8 +28,16 @@ BEGIN
     END IF;
     lim := mq_limits();
     -- Months count 30 days and days 24 hours, in the checks below and in
-    -- the timestamps computed from them alike (see mq_fixed_length).
-    IF cardinality(new_messages) <= lim.max_batch THEN
+    -- the timestamps computed from them alike (see mq_fixed_length). Only
+    -- a batch with a month or day field in it is rewritten: the C library
+    -- sends none, and a call of mq_fixed_length per value took a fifth of
+    -- an insert.
+    IF cardinality(new_messages) <= lim.max_batch AND EXISTS (
+           SELECT 1 FROM unnest(new_messages) AS t, LATERAL (
+               VALUES (t.delay), (t.retry_backoff), (t.commit_interval)) AS v(x)
+           WHERE pg_catalog.date_part('day', v.x) <> 0
+              OR pg_catalog.date_part('month', v.x) <> 0
+              OR pg_catalog.date_part('year', v.x) <> 0) THEN
         new_messages := ARRAY(
             SELECT ROW(t.id, mq_fixed_length(t.delay), t.retries,
                        mq_fixed_length(t.retry_backoff), t.channel_name,
