@@ -263,6 +263,32 @@ static void test_two_polls_in_one_transaction_are_disjoint(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
 }
 
+/* A client in another language, with SQL alone: claim in a transaction,
+ * complete with the attempt numbers minus one (nothing was counted). */
+static void test_sql_clients_use_the_lane(void)
+{
+    t_truncate();
+    insert_n(q, "lk", 5, 3, 60000);
+    PGconn *c = t_pg();
+    t_exec(c, "BEGIN");
+    CHECK_INT(t_sql_int(c, "WITH j AS (SELECT id, attempt FROM mq_claim_locked(NULL, 10) "
+                           "WHERE id IS NOT NULL) "
+                           "SELECT mq_complete(array_agg(id), array_agg(attempt - 1)) FROM j"),
+              5);
+    t_exec(c, "COMMIT");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+    insert_n(q, "lk", 2, 3, 60000);
+    t_exec(c, "BEGIN");
+    PGresult *r = PQexec(c, "WITH j AS (SELECT id, attempt FROM mq_claim_locked(NULL, 10) "
+                            "WHERE id IS NOT NULL) "
+                            "SELECT mq_complete_all(array_agg(id), array_agg(attempt)) FROM j");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "PQ001"); /* wrong attempts */
+    PQclear(r);
+    t_exec(c, "ROLLBACK");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 2);
+    PQfinish(c);
+}
+
 /* ---- four consumers ---- */
 
 enum { MANY = 2000, CONSUMERS = 4 };
@@ -388,6 +414,7 @@ int main(void)
     T_RUN(test_a_dead_consumers_jobs_are_ready_at_once);
     T_RUN(test_fail_counts_the_attempt);
     T_RUN(test_two_polls_in_one_transaction_are_disjoint);
+    T_RUN(test_sql_clients_use_the_lane);
     T_RUN(test_four_consumers_never_share_a_message);
     T_RUN(test_a_poison_message_ends_dead);
     PQfinish(pg);
