@@ -173,6 +173,23 @@ PQMQ_EXPORT void pqmq_msg_id(const pqmq_msg *msg, uuid_t out);
  */
 PQMQ_EXPORT int pqmq_insert(pqmq_client *client, pqmq_msg *const *msgs, size_t n);
 
+/*
+ * Inserts nbatches batches (batches[k] holds counts[k] messages, as for
+ * pqmq_insert) in one round trip, libpq's pipeline mode, each in a
+ * transaction of its own: a batch is all there or not at all, and one
+ * batch's failure does not undo the others. For producers with many
+ * batches: their round trips and their commits' waits overlap. Every batch
+ * is checked first; a bad message refuses them all, unsent, naming the
+ * batch and the message. Needs no transaction open (PQMQ_EINVAL).
+ * 1 <= nbatches <= PQMQ_MAX_BATCH. rcs (may be NULL; nbatches entries)
+ * receives each batch's outcome: 0 committed, or what pqmq_insert would
+ * have returned (PQMQ_ECONN: unknown, the connection was lost). Returns 0
+ * when every batch committed, else the first failure's code (pqmq_errmsg
+ * names its batch). The messages stay the caller's.
+ */
+PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *client, pqmq_msg *const *const *batches,
+                                    const size_t *counts, size_t nbatches, int *rcs);
+
 /* Second phase: makes two-phase messages ready now. Unknown or already
  * committed ids are ignored. Returns 0 or a negative code. */
 PQMQ_EXPORT int pqmq_commit(pqmq_client *client, const uuid_t *ids, size_t n);

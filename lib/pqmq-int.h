@@ -72,6 +72,9 @@ const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
 
 /* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
 PGparam *pqmq__param(pqmq_client *c);
+/* A statement's last result: returns it when it succeeded, else clears it,
+ * sets the error (prefixed with what) and returns NULL with *rc set. */
+PGresult *pqmq__result_outcome(pqmq_client *c, PGresult *r, const char *what, int *rc);
 /* Runs sql (as pqmq__exec) between the parameterless statements before and
  * after (either may be NULL; e.g. "BEGIN", "COMMIT"), in one round trip
  * (pipeline mode). Returns sql's result; on failure NULL, with the error of

@@ -130,6 +130,18 @@ static int put_msg(pqmq_client *c, PGparam *array, const void *items, size_t i)
     return ok;
 }
 
+/* The batch as mq_insert's parameter, in a new PGparam (*out; caller
+ * clears). */
+static int batch_param(pqmq_client *c, pqmq_msg *const *msgs, size_t n, PGparam **out)
+{
+    struct batch b = {msgs, pqmq__param(c)};
+    *out = b.el ? pqmq__param(c) : NULL;
+    int rc = *out ? pqmq__put_array(c, *out, "%mq_new_t[]", &b, n, put_msg, "pqmq_insert")
+                  : PQMQ_ENOMEM;
+    PQparamClear(b.el);
+    return rc;
+}
+
 PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 {
     if (!c)
@@ -142,18 +154,110 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
         rc = pqmq__need_composite(c);
     if (rc)
         return rc;
-    struct batch b = {msgs, pqmq__param(c)};
-    PGparam *param = b.el ? pqmq__param(c) : NULL;
-    if (!param) {
-        PQparamClear(b.el);
-        return PQMQ_ENOMEM;
-    }
-    rc = pqmq__put_array(c, param, "%mq_new_t[]", &b, n, put_msg, "pqmq_insert");
+    PGparam *param = NULL;
+    rc = batch_param(c, msgs, n, &param);
     if (!rc)
         PQclear(pqmq__exec(c, param, "SELECT mq_insert($1)", "pqmq_insert", &rc));
-    PQparamClear(b.el);
     PQparamClear(param);
     return rc;
+}
+
+/* ---- many batches in one round trip ------------------------------------ */
+
+/* Checks every batch before anything is sent; names the bad one. */
+static int check_batches(pqmq_client *c, pqmq_msg *const *const *batches, const size_t *counts,
+                         size_t nbatches)
+{
+    const char *what = "pqmq_insert_batches";
+    if (!batches || !counts || nbatches == 0 || nbatches > PQMQ_MAX_BATCH)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "%s: nbatches is %zu (1..%d, with batches and counts)", what,
+                            nbatches, PQMQ_MAX_BATCH);
+    if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "%s: a transaction is open; each batch commits on its own "
+                            "(pqmq_insert joins an open transaction)",
+                            what);
+    for (size_t k = 0; k < nbatches; k++) {
+        int rc = check_batch(c, batches[k], counts[k]);
+        if (rc) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", pqmq_errmsg(c));
+            return pqmq__seterr(c, rc, "%s: batch %zu: %s", what, k, why);
+        }
+    }
+    return 0;
+}
+
+/* Sends batch k into the pipeline with a sync of its own: its own
+ * transaction. */
+static int send_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
+{
+    PGparam *param = NULL;
+    int rc = batch_param(c, msgs, n, &param);
+    if (!rc && (!PQparamSendQuery(pqmq_conn(c), param, "SELECT mq_insert($1)", 1) ||
+                !PQpipelineSync(pqmq_conn(c))))
+        rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
+                          PQerrorMessage(pqmq_conn(c)));
+    PQparamClear(param);
+    return rc;
+}
+
+/* Reads batch k's outcome (its result, then its sync). */
+static int read_batch(pqmq_client *c)
+{
+    int rc = 0;
+    PGresult *r = NULL, *next;
+    while ((next = PQgetResult(pqmq_conn(c))) != NULL) {
+        PQclear(r);
+        r = next;
+    }
+    PQclear(pqmq__result_outcome(c, r, "pqmq_insert_batches", &rc));
+    PGresult *sync = PQgetResult(pqmq_conn(c));
+    if (PQresultStatus(sync) != PGRES_PIPELINE_SYNC && !rc)
+        rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: connection lost: %s",
+                          PQerrorMessage(pqmq_conn(c)));
+    PQclear(sync);
+    return rc;
+}
+
+PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *c, pqmq_msg *const *const *batches,
+                                    const size_t *counts, size_t nbatches, int *rcs)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc)
+        rc = check_batches(c, batches, counts, nbatches);
+    if (!rc)
+        rc = pqmq__need_composite(c);
+    if (!rc && !PQenterPipelineMode(pqmq_conn(c)))
+        rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: %s",
+                          PQerrorMessage(pqmq_conn(c)));
+    if (rc) {
+        for (size_t k = 0; rcs && k < nbatches; k++)
+            rcs[k] = rc;
+        return rc;
+    }
+    size_t sent = 0;
+    while (sent < nbatches && send_batch(c, batches[sent], counts[sent]) == 0)
+        sent++;
+    int first = 0;
+    char why[512] = "";
+    for (size_t k = 0; k < nbatches; k++) {
+        int r = k < sent ? read_batch(c) : PQMQ_ECONN;
+        if (r && !first) {
+            first = r;
+            snprintf(why, sizeof why, "batch %zu: %s", k, pqmq_errmsg(c));
+        }
+        if (rcs)
+            rcs[k] = r;
+    }
+    PQexitPipelineMode(pqmq_conn(c));
+    if (first)
+        pqmq__seterr(c, first, "pqmq_insert_batches: %s", why);
+    return first;
 }
 
 PQMQ_EXPORT int pqmq_commit(pqmq_client *c, const uuid_t *ids, size_t n)

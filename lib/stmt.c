@@ -92,6 +92,11 @@ PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char
     return outcome(c, r, what, rc);
 }
 
+PGresult *pqmq__result_outcome(pqmq_client *c, PGresult *r, const char *what, int *rc)
+{
+    return outcome(c, r, what, rc);
+}
+
 /* Sends one parameterless statement into the pipeline. */
 static int send_plain(PGconn *conn, const char *sql)
 {

@@ -348,6 +348,107 @@ static void test_duplicate_id_rejects_batch(void)
     t_msgs_free(msgs, 2);
 }
 
+/* ---- pqmq_insert_batches ---- */
+
+static int batches_fn(pqmq_client *c, void *arg)
+{
+    pqmq_msg ***b = arg; /* three batches of 100 */
+    size_t counts[3] = {100, 100, 100};
+    int rcs[3] = {-1, -1, -1};
+    int rc = pqmq_insert_batches(c, (pqmq_msg *const *const *)b, counts, 3, rcs);
+    CHECK(rcs[0] == 0 && rcs[1] == 0 && rcs[2] == 0);
+    return rc;
+}
+
+/* Three batches go out before the first answer comes back: one round trip,
+ * three transactions (a Sync each). */
+static void test_insert_batches_in_one_round_trip(void)
+{
+    t_truncate();
+    pqmq_msg *m[3][100], **b[3] = {m[0], m[1], m[2]};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 100; i++)
+            m[k][i] = t_msg("pb", NULL, "n", "{}", 0);
+    pqmq_msg *warm = t_msg("pb", NULL, "n", "{}", 0);
+    CHECK_OK(q, pqmq_insert(q, &warm, 1)); /* type registration happens once */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    PQtrace(pqmq_conn(q), f);
+    CHECK_OK(q, batches_fn(q, b));
+    PQuntrace(pqmq_conn(q));
+    fclose(f);
+    char *first_answer = strstr(buf, "\tB\t"), *last_sync = NULL;
+    int syncs = 0;
+    for (char *p = buf; (p = strstr(p, "\tF\t")) != NULL; p++)
+        if (!strncmp(strchr(p + 3, '\t') + 1, "Sync", 4)) {
+            syncs++;
+            last_sync = p;
+        }
+    CHECK_INT(syncs, 3);
+    CHECK(first_answer && last_sync && last_sync < first_answer);
+    free(buf);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'pb'"), 301);
+    for (int k = 0; k < 3; k++)
+        t_msgs_free(m[k], 100);
+    pqmq_msg_free(warm);
+}
+
+/* A batch the server refuses fails alone: the others commit. */
+static void test_insert_batches_fail_alone(void)
+{
+    t_truncate();
+    pqmq_msg *a[2] = {t_msg("pa", NULL, "n", "{}", 0), t_msg("pa", NULL, "n", "{}", 0)};
+    pqmq_msg *dup[2] = {t_msg("pd", NULL, "n", "{}", 0), t_msg("pd", NULL, "n", "{}", 0)};
+    pqmq_msg *c[1] = {t_msg("pc", NULL, "n", "{}", 0)};
+    uuid_t id;
+    pqmq_msg_id(dup[0], id);
+    pqmq_msg_set_id(dup[1], id); /* 23505 on the server */
+    pqmq_msg *const *b[3] = {a, dup, c};
+    size_t counts[3] = {2, 2, 1};
+    int rcs[3] = {-1, -1, -1};
+    CHECK_ERR(q, pqmq_insert_batches(q, b, counts, 3, rcs), PQMQ_ESERVER, "batch 1");
+    CHECK(strstr(pqmq_errmsg(q), "23505") != NULL);
+    CHECK_INT(rcs[0], 0);
+    CHECK_INT(rcs[1], PQMQ_ESERVER);
+    CHECK_INT(rcs[2], 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'pa'"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'pd'"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'pc'"), 1);
+    CHECK(PQtransactionStatus(pqmq_conn(q)) == PQTRANS_IDLE);
+    pqmq_msg *after = t_msg("pc", NULL, "n", "{}", 0);
+    CHECK_OK(q, pqmq_insert(q, &after, 1)); /* the connection is fine */
+    pqmq_msg_free(after);
+    t_msgs_free(a, 2);
+    t_msgs_free(dup, 2);
+    t_msgs_free(c, 1);
+}
+
+/* A bad message refuses every batch, unsent, naming its batch; so does an
+ * open transaction. */
+static void test_insert_batches_checked_first(void)
+{
+    t_truncate();
+    pqmq_msg *a[1] = {t_msg("pa", NULL, "n", "{}", 0)};
+    pqmq_msg *bad[2] = {t_msg("pb", NULL, "n", "{}", 0), t_msg("pb", NULL, "n", "{}", 0)};
+    pqmq_msg_set_retries(bad[1], -1);
+    pqmq_msg *const *b[2] = {a, bad};
+    size_t counts[2] = {1, 2};
+    int rcs[2] = {-1, -1};
+    CHECK_ERR(q, pqmq_insert_batches(q, b, counts, 2, rcs), PQMQ_EINVAL, "batch 1");
+    CHECK(strstr(pqmq_errmsg(q), "msgs[1]") != NULL);
+    CHECK(rcs[0] == PQMQ_EINVAL && rcs[1] == PQMQ_EINVAL);
+    CHECK_INT(count_msgs(), 0);
+    t_exec(pqmq_conn(q), "BEGIN");
+    CHECK_ERR(q, pqmq_insert_batches(q, b, counts, 1, NULL), PQMQ_EINVAL,
+              "transaction is open");
+    t_exec(pqmq_conn(q), "ROLLBACK");
+    CHECK_ERR(q, pqmq_insert_batches(q, b, counts, 0, NULL), PQMQ_EINVAL, "nbatches");
+    CHECK_INT(count_msgs(), 0);
+    t_msgs_free(a, 1);
+    t_msgs_free(bad, 2);
+}
+
 /* An insert inside a transaction that already failed says so (25P02); it
  * is not a missing schema. */
 static void test_insert_in_aborted_transaction(void)
@@ -418,6 +519,9 @@ int main(void)
     T_RUN(test_duplicate_id_rejects_batch);
     T_RUN(test_insert_in_aborted_transaction);
     T_RUN(test_channel_names_are_data);
+    T_RUN(test_insert_batches_in_one_round_trip);
+    T_RUN(test_insert_batches_fail_alone);
+    T_RUN(test_insert_batches_checked_first);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
