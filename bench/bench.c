@@ -161,6 +161,17 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
                         o->messages);
         }
         floor_out[0] = 2.0 * o->messages / t_fl;
+        /* Many batches a call, each its own transaction (not timed as
+         * part of the enqueue above). */
+        profile_begin(o, admin);
+        floor_out[3] = o->messages / floor_insert_pipelined(o, admin);
+        profile_end(o, admin, "floor: insert, pipelined", o->messages);
+        bench_sql(admin, "TRUNCATE floor_msgs");
+        queue_reset(admin);
+        snprintf(label, sizeof label, "%s: enqueue, pipelined", tag);
+        profile_begin(o, admin);
+        out->enqueue_pipelined = o->messages / queue_enqueue_pipelined(o, s, label);
+        profile_end(o, admin, label, o->messages);
     }
 
     queue_reset(admin);
@@ -200,11 +211,12 @@ static void run_default(const struct opts *o, PGconn *admin)
     memset(&r, 0, sizeof r);
     r.runner_threads = threads_for(o, admin);
     struct shape main_shape = {o->channels, o->ordered};
-    double fl[3] = {0, 0, 0};
+    double fl[4] = {0, 0, 0, 0};
     run_rates(o, admin, &main_shape, r.runner_threads, "main", &r.main, o->floor ? fl : NULL);
     r.floor_insert = fl[0];
     r.floor_drain = fl[1];
     r.floor_drain_ctid = fl[2];
+    r.floor_insert_pipelined = fl[3];
     if (o->floor)
         run_once(o, admin, r.runner_threads, &r);
 
@@ -278,7 +290,7 @@ static void run_sweep(const struct opts *o, PGconn *admin)
         if (!o->json)
             fprintf(stderr, "sweep: %s = %d\n", param, w->value);
         struct shape s = {run.channels, run.ordered};
-        double fl[3] = {0, 0, 0};
+        double fl[4] = {0, 0, 0, 0};
         run_rates(&run, admin, &s, w->runner_threads, param, &w->rates, o->floor ? fl : NULL);
         w->floor_insert = fl[0];
         w->floor_drain = fl[1];

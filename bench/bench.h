@@ -59,8 +59,12 @@ struct latency {
 };
 
 /* One scenario's rates in messages/s (0: not measured). */
+/* Batches per call of the pipelined enqueue (pqmq_insert_batches). */
+#define BENCH_PIPELINE 10
+
 struct rates {
     double enqueue, runner, poll;
+    double enqueue_pipelined;     /* pqmq_insert_batches, BENCH_PIPELINE at a time */
     double locked, runner_locked; /* the locked lane: poll API, runner */
 };
 
@@ -68,6 +72,7 @@ struct results {
     int runner_threads;
     struct rates main, ordered; /* ordered: every message on --chains chains */
     double floor_insert, floor_drain, floor_drain_ctid;
+    double floor_insert_pipelined;
     double once, floor_once;                /* exactly-once processing: pqmq, the floor's */
     double once_locked;                     /* exactly-once processing with the locked lane */
     double once_runner, once_runner_locked; /* the same with runners */
@@ -182,6 +187,8 @@ double bench_timed_threads(int n, void *(*fn)(void *), void *args, size_t arg_si
 void queue_setup(PGconn *admin, const struct opts *o);
 void queue_reset(PGconn *admin);
 double queue_enqueue(const struct opts *o, const struct shape *s, const char *label);
+/* The same with pqmq_insert_batches, BENCH_PIPELINE batches a call. */
+double queue_enqueue_pipelined(const struct opts *o, const struct shape *s, const char *label);
 double queue_drain_runner(const struct opts *o, int threads, const char *label);
 /* The same, on the locked lane (pqmq_runner_set_locked) or not, and with
  * record set, each handler writes its bench_results row in the job's
@@ -201,6 +208,9 @@ extern const struct load_ops queue_load_ops;
 /* ---- floor.c ---- */
 void floor_setup(PGconn *admin);
 double floor_insert(const struct opts *o, PGconn *admin);
+/* The same, each producer sending BENCH_PIPELINE batches at a time in one
+ * round trip (libpq pipeline mode), each its own transaction. */
+double floor_insert_pipelined(const struct opts *o, PGconn *admin);
 /* by_ctid 0: the DELETE ... WHERE id IN (...); 1: by ctid. */
 double floor_drain(const struct opts *o, PGconn *admin, int by_ctid);
 /* The floor's drain by id, as SQL with $1 the batch size. */

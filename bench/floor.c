@@ -61,7 +61,7 @@ struct floor_worker {
 };
 
 /* A producer's connection with its INSERT prepared for a full batch (and
- * for a shorter last one: tail rows), and buffers for one batch. */
+ * for a shorter last one: tail rows), and buffers for group batches. */
 struct floor_inserter {
     const struct opts *o;
     PGconn *conn;
@@ -70,14 +70,14 @@ struct floor_inserter {
     const char **vals;
 };
 
-static void inserter_open(struct floor_inserter *f, const struct opts *o, int tail)
+static void inserter_open(struct floor_inserter *f, const struct opts *o, int tail, int group)
 {
     f->o = o;
     f->conn = bench_connect(o);
     f->cap = bench_payload_cap(o->payload_bytes);
     f->row = 40 + 24 + f->cap;
-    f->buf = malloc((size_t)o->batch * f->row);
-    f->vals = malloc(3 * (size_t)o->batch * sizeof *f->vals);
+    f->buf = malloc((size_t)group * (size_t)o->batch * f->row);
+    f->vals = malloc(3 * (size_t)group * (size_t)o->batch * sizeof *f->vals);
     if (!f->buf || !f->vals)
         die("out of memory");
     prepare_insert(f->conn, "ins_full", o->batch);
@@ -85,26 +85,69 @@ static void inserter_open(struct floor_inserter *f, const struct opts *o, int ta
         prepare_insert(f->conn, "ins_tail", tail);
 }
 
-/* Inserts messages seq first .. first + k - 1 (k: the batch or the tail). */
-static void insert_batch(struct floor_inserter *f, long first, int k)
+/* Fills slot's parameters with messages seq first .. first + k - 1; returns
+ * them. */
+static const char **fill_rows(struct floor_inserter *f, int slot, long first, int k)
 {
+    size_t base = (size_t)slot * (size_t)f->o->batch;
     for (int i = 0; i < k; i++) {
         long seq = first + i;
-        char *id = f->buf + (size_t)i * f->row, *ch = id + 40, *json = ch + 24;
+        char *id = f->buf + (base + (size_t)i) * f->row, *ch = id + 40, *json = ch + 24;
         uuid_t u;
         pqmq_uuid_generate(u); /* the same time-ordered ids pqmq uses */
         uuid_unparse_lower(u, id);
         snprintf(ch, 24, "c%ld", seq % f->o->channels);
         bench_payload(json, f->cap, seq, 0, f->o->payload_bytes);
-        f->vals[3 * i] = id;
-        f->vals[3 * i + 1] = ch;
-        f->vals[3 * i + 2] = json;
+        f->vals[3 * (base + (size_t)i)] = id;
+        f->vals[3 * (base + (size_t)i) + 1] = ch;
+        f->vals[3 * (base + (size_t)i) + 2] = json;
     }
+    return f->vals + 3 * base;
+}
+
+/* Inserts messages seq first .. first + k - 1 (k: the batch or the tail). */
+static void insert_batch(struct floor_inserter *f, long first, int k)
+{
+    const char **vals = fill_rows(f, 0, first, k);
     PGresult *r = PQexecPrepared(f->conn, k == f->o->batch ? "ins_full" : "ins_tail", 3 * k,
-                                 f->vals, NULL, NULL, 0);
+                                 vals, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_COMMAND_OK)
         die("floor insert: %s", PQerrorMessage(f->conn));
     PQclear(r);
+}
+
+/* Inserts batches b .. b + nb - 1 in one round trip, each its own
+ * transaction (a sync each), as pqmq_insert_batches does. */
+static long insert_batches(struct floor_inserter *f, long b, int nb)
+{
+    const struct opts *o = f->o;
+    long total = 0;
+    if (!PQenterPipelineMode(f->conn))
+        die("floor insert: %s", PQerrorMessage(f->conn));
+    for (int j = 0; j < nb; j++) {
+        long first = (b + j) * o->batch;
+        int k = o->messages - first < o->batch ? (int)(o->messages - first) : o->batch;
+        const char **vals = fill_rows(f, j, first, k);
+        if (!PQsendQueryPrepared(f->conn, k == o->batch ? "ins_full" : "ins_tail", 3 * k, vals,
+                                 NULL, NULL, 0) ||
+            !PQpipelineSync(f->conn))
+            die("floor insert: %s", PQerrorMessage(f->conn));
+        total += k;
+    }
+    for (int j = 0; j < nb; j++) {
+        PGresult *r;
+        while ((r = PQgetResult(f->conn)) != NULL) {
+            if (PQresultStatus(r) != PGRES_COMMAND_OK)
+                die("floor insert: %s", PQerrorMessage(f->conn));
+            PQclear(r);
+        }
+        r = PQgetResult(f->conn);
+        if (PQresultStatus(r) != PGRES_PIPELINE_SYNC)
+            die("floor insert: no sync: %s", PQerrorMessage(f->conn));
+        PQclear(r);
+    }
+    PQexitPipelineMode(f->conn);
+    return total;
 }
 
 static void inserter_close(struct floor_inserter *f)
@@ -119,7 +162,7 @@ static void *inserter_main(void *arg)
     struct floor_worker *p = arg;
     const struct opts *o = p->o;
     struct floor_inserter f;
-    inserter_open(&f, o, o->messages % o->batch);
+    inserter_open(&f, o, o->messages % o->batch, 1);
     pthread_barrier_wait(p->start);
     for (;;) {
         long b = atomic_fetch_add(p->next_batch, 1);
@@ -129,6 +172,25 @@ static void *inserter_main(void *arg)
         int k = o->messages - first < o->batch ? (int)(o->messages - first) : o->batch;
         insert_batch(&f, first, k);
         atomic_fetch_add(p->done, k);
+    }
+    inserter_close(&f);
+    return NULL;
+}
+
+static void *pipelined_inserter_main(void *arg)
+{
+    struct floor_worker *p = arg;
+    const struct opts *o = p->o;
+    struct floor_inserter f;
+    inserter_open(&f, o, o->messages % o->batch, BENCH_PIPELINE);
+    pthread_barrier_wait(p->start);
+    for (;;) {
+        long b = atomic_fetch_add(p->next_batch, BENCH_PIPELINE);
+        if (b >= p->nbatches)
+            break;
+        long left = p->nbatches - b;
+        atomic_fetch_add(
+            p->done, insert_batches(&f, b, left < BENCH_PIPELINE ? (int)left : BENCH_PIPELINE));
     }
     inserter_close(&f);
     return NULL;
@@ -202,6 +264,12 @@ double floor_insert(const struct opts *o, PGconn *admin)
     return run_workers(o, o->producers, inserter_main, "floor: insert");
 }
 
+double floor_insert_pipelined(const struct opts *o, PGconn *admin)
+{
+    bench_sql(admin, "TRUNCATE floor_msgs");
+    return run_workers(o, o->producers, pipelined_inserter_main, "floor: insert, pipelined");
+}
+
 double floor_drain(const struct opts *o, PGconn *admin, int by_ctid)
 {
     double t = run_workers(o, o->consumers, by_ctid ? drainer_ctid : drainer_in,
@@ -225,7 +293,7 @@ static void *load_producer_new(const struct opts *o, const struct shape *s)
     struct floor_inserter *f = malloc(sizeof *f);
     if (!f)
         die("out of memory");
-    inserter_open(f, o, 0);
+    inserter_open(f, o, 0, 1);
     return f;
 }
 

@@ -40,6 +40,7 @@ struct producer {
     pthread_barrier_t *start;
     atomic_long *next_batch, *done;
     long nbatches;
+    int group; /* batches per call: 1, pqmq_insert; more, pqmq_insert_batches */
 };
 
 void queue_fill_batch(const struct opts *o, const struct shape *s, long first, int k,
@@ -65,31 +66,46 @@ static void *producer_main(void *arg)
     struct producer *p = arg;
     const struct opts *o = p->o;
     pqmq_client *c = bench_client(o);
-    pqmq_msg **msgs = calloc((size_t)o->batch, sizeof *msgs);
+    size_t per = (size_t)o->batch, g = (size_t)p->group;
+    pqmq_msg **msgs = calloc(g * per, sizeof *msgs);
+    pqmq_msg *const **batches = calloc(g, sizeof *batches);
+    size_t *counts = calloc(g, sizeof *counts);
     char *json = malloc(bench_payload_cap(o->payload_bytes));
-    if (!msgs || !json)
+    if (!msgs || !batches || !counts || !json)
         die("out of memory");
     pthread_barrier_wait(p->start);
     for (;;) {
-        long b = atomic_fetch_add(p->next_batch, 1);
+        long b = atomic_fetch_add(p->next_batch, p->group);
         if (b >= p->nbatches)
             break;
-        long first = b * o->batch;
-        int k = o->messages - first < o->batch ? (int)(o->messages - first) : o->batch;
-        queue_fill_batch(o, p->s, first, k, msgs, json);
-        if (pqmq_insert(c, msgs, (size_t)k))
+        size_t nb = 0, total = 0;
+        for (; nb < g && b + (long)nb < p->nbatches; nb++) {
+            long first = (b + (long)nb) * o->batch;
+            int k = o->messages - first < o->batch ? (int)(o->messages - first) : o->batch;
+            queue_fill_batch(o, p->s, first, k, msgs + nb * per, json);
+            batches[nb] = msgs + nb * per;
+            counts[nb] = (size_t)k;
+            total += (size_t)k;
+        }
+        int rc = g == 1 ? pqmq_insert(c, msgs, counts[0])
+                        : pqmq_insert_batches(c, batches, counts, nb, NULL);
+        if (rc)
             die("pqmq_insert: %s", pqmq_errmsg(c));
-        for (int i = 0; i < k; i++)
-            pqmq_msg_free(msgs[i]);
-        atomic_fetch_add(p->done, k);
+        for (size_t k = 0; k < nb; k++)
+            for (size_t i = 0; i < counts[k]; i++)
+                pqmq_msg_free(msgs[k * per + i]);
+        atomic_fetch_add(p->done, (long)total);
     }
     free(json);
+    free(counts);
+    free(batches);
     free(msgs);
     pqmq_client_free(c);
     return NULL;
 }
 
-double queue_enqueue(const struct opts *o, const struct shape *s, const char *label)
+static double enqueue_with(const struct opts *o, const struct shape *s, const char *label,
+                           int group)
 {
     int n = o->producers;
     struct producer *ps = calloc((size_t)n, sizeof *ps);
@@ -99,13 +115,23 @@ double queue_enqueue(const struct opts *o, const struct shape *s, const char *la
         die("out of memory");
     pthread_barrier_init(&start, NULL, (unsigned)n + 1);
     for (int i = 0; i < n; i++)
-        ps[i] = (struct producer){o,           s,     &start,
-                                  &next_batch, &done, (o->messages + o->batch - 1) / o->batch};
+        ps[i] = (struct producer){
+            o, s, &start, &next_batch, &done, (o->messages + o->batch - 1) / o->batch, group};
     double t = bench_timed_threads(n, producer_main, ps, sizeof *ps, &start, label, o->messages,
                                    &done);
     pthread_barrier_destroy(&start);
     free(ps);
     return t;
+}
+
+double queue_enqueue(const struct opts *o, const struct shape *s, const char *label)
+{
+    return enqueue_with(o, s, label, 1);
+}
+
+double queue_enqueue_pipelined(const struct opts *o, const struct shape *s, const char *label)
+{
+    return enqueue_with(o, s, label, BENCH_PIPELINE);
 }
 
 /* ---- processing with the runner ---------------------------------------- */

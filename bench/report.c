@@ -80,6 +80,8 @@ void report_text(const struct opts *o, const struct results *r)
            o->ordered * 100, o->payload_bytes);
     printf("%-42s %12s %12s %7s  %s\n", "figure", "value", "floor", "ratio", "target");
     rate_row("enqueue (messages/s)", r->main.enqueue, r->floor_insert, TARGET_ENQUEUE);
+    rate_row("enqueue, 10 batches a call (pipelined)", r->main.enqueue_pipelined,
+             r->floor_insert_pipelined, 0);
     rate_row("processing, runner (messages/s)", r->main.runner, r->floor_drain, TARGET_PROCESS);
     rate_row("processing, runner, locked lane", r->main.runner_locked, r->floor_drain,
              TARGET_PROCESS);
@@ -116,13 +118,16 @@ void report_text(const struct opts *o, const struct results *r)
     latency_rows("one ordered chain", &r->idle_ordered);
     printf("%-42s %12ld\n", "peak memory, maxrss (kB)", r->maxrss_kb);
     if (r->floor_drain_ctid > 0)
-        printf("\nfloor: the cheapest SQL that moves the same messages with the same clients:"
-               "\n  a plain INSERT of each batch into one table indexed by id, and\n"
-               "  DELETE ... WHERE id = ANY (ARRAY(SELECT id ... LIMIT batch\n"
-               "    FOR UPDATE SKIP LOCKED))"
-               "\n  in batches (no lease, no retry, no order, no fairness).\n"
-               "ctid floor: the same DELETE matched by ctid (a TID scan at any table size):"
-               "\n  faster still, the limit of a delete-based queue.\n");
+        printf(
+            "\nfloor: the cheapest SQL that moves the same messages with the same clients:"
+            "\n  a plain INSERT of each batch into one table indexed by id, and\n"
+            "  DELETE ... WHERE id = ANY (ARRAY(SELECT id ... LIMIT batch\n"
+            "    FOR UPDATE SKIP LOCKED))"
+            "\n  in batches (no lease, no retry, no order, no fairness).\n"
+            "pipelined: each producer sends 10 batches per round trip (pqmq_insert_batches;\n"
+            "  the floor likewise), each batch its own transaction.\n"
+            "ctid floor: the same DELETE matched by ctid (a TID scan at any table size):"
+            "\n  faster still, the limit of a delete-based queue.\n");
     if (r->once > 0)
         printf("exactly-once: per batch, one row per message into a results table and the\n"
                "  completion, committed together (BEGIN, INSERT, pqmq_complete_and_poll,\n"
@@ -181,6 +186,7 @@ static void jrates(const struct rates *x, double floor_insert, double floor_drai
     jnum("process_locked_per_s", x->locked, "%.0f", 0);
     jnum("process_runner_locked_per_s", x->runner_locked, "%.0f", 0);
     jnum("floor_insert_per_s", floor_insert, "%.0f", 0);
+    jnum("enqueue_pipelined_per_s", x->enqueue_pipelined, "%.0f", 0);
     jnum("floor_drain_per_s", floor_drain, "%.0f", 0);
     jnum("ratio_enqueue", ratio(x->enqueue, floor_insert), "%.3f", 0);
     jnum("ratio_process_runner", ratio(x->runner, floor_drain), "%.3f", 0);
@@ -195,6 +201,9 @@ void report_json(const struct opts *o, const struct results *r)
     jparams(o, r->runner_threads);
     jrates(&r->main, r->floor_insert, r->floor_drain);
     jnum("floor_drain_ctid_per_s", r->floor_drain_ctid, "%.0f", 0);
+    jnum("floor_insert_pipelined_per_s", r->floor_insert_pipelined, "%.0f", 0);
+    jnum("ratio_enqueue_pipelined", ratio(r->main.enqueue_pipelined, r->floor_insert_pipelined),
+         "%.3f", 0);
     jnum("ratio_process_runner_ctid", ratio(r->main.runner, r->floor_drain_ctid), "%.3f", 0);
     jnum("ratio_process_poll_ctid", ratio(r->main.poll, r->floor_drain_ctid), "%.3f", 0);
     jnum("process_exactly_once_per_s", r->once, "%.0f", 0);
