@@ -390,8 +390,10 @@ static void poll_left(struct loop *L)
     int64_t now = pqmq__now_ms();
     int want = pqmq__claims_room(L->q);
     if (!want || now < L->left_at) {
+        /* Not yet, or no room (queue full, or no worker up): look again
+         * then; nothing else need wake us when the workers come back. */
         L->poll_due = 0;
-        L->poll_at = want ? L->left_at : FOREVER; /* a finishing job wakes us */
+        L->poll_at = want ? L->left_at : now + LEFT_POLL_MS;
         return;
     }
     want = want < r->batch ? want : r->batch;

@@ -387,17 +387,25 @@ static void locked_worker(slot *s)
     uint64_t seen = 0;
     int64_t poll_at = 0;
     for (;;) {
+        /* Down (as in worker_main): no job and no poll until reconnected.
+         * Marked up again, or the main loop, which claims only while some
+         * worker is up, would never lease what dead deliveries left. */
+        if (pqmq__claims_is_down(q, s->index)) {
+            if (pqmq__claims_sleep_until(q, s->retry_at_ms))
+                break;
+            pqmq__claims_set_up(q, s->index, try_reconnect(s) == 0);
+            poll_at = 0;
+            continue;
+        }
         pqmq__work w;
         int index = pqmq__claims_next_or_kick(q, s->index, &w, &seen, poll_at);
         if (index == -1)
             break;
         if (index >= 0) {
             if (!connected(s))
-                pqmq__claims_give_back(q, s->index, index);
+                pqmq__claims_give_back(q, s->index, index); /* marks it down */
             else
                 pqmq__claims_finish(q, index, run_job(s, &w));
-            if (pqmq__claims_is_down(q, s->index))
-                pqmq__claims_set_up(q, s->index, try_reconnect(s) == 0);
             continue;
         }
         if (atomic_load(s->env->stop)) {
@@ -405,7 +413,7 @@ static void locked_worker(slot *s)
             continue;
         }
         if (!connected(s)) {
-            poll_at = s->retry_at_ms;
+            pqmq__claims_set_up(q, s->index, 0);
             continue;
         }
         poll_at = pqmq__now_ms() + run_locked_batch(s);
