@@ -25,7 +25,7 @@ int pqmq__complete_poll(pqmq_client *c, const pqmq__delivery *d, size_t n,
     *out = NULL;
     *done = 0;
     if (n == 0) /* nothing to complete: a plain poll */
-        return pqmq__poll(c, channels, nchannels, batch_size, what, out);
+        return pqmq__poll(c, channels, nchannels, batch_size, 0, what, out);
     PGparam *param;
     int rc = pqmq__begin_deliveries(c, d, n, what, &param);
     if (!rc)

@@ -9,16 +9,19 @@
 #include "pqmq-int.h"
 
 int pqmq__poll(pqmq_client *c, const char *const *channels, size_t nchannels, int batch_size,
-               const char *what, pqmq_batch **out)
+               int left, const char *what, pqmq_batch **out)
 {
-    return pqmq__query_jobs(c, what, "SELECT * FROM mq_claim($1, $2)", channels, nchannels,
-                            "batch_size", batch_size, out);
+    /* mq_claim_lane straight away: mq_claim is a wrapper for SQL callers. */
+    return pqmq__query_jobs(c, what,
+                            left ? "SELECT * FROM mq_claim_lane($1, $2, 2)"
+                                 : "SELECT * FROM mq_claim_lane($1, $2, 0)",
+                            channels, nchannels, "batch_size", batch_size, out);
 }
 
 PQMQ_EXPORT int pqmq_poll(pqmq_client *c, const char *const *channels, size_t nchannels,
                           int batch_size, pqmq_batch **out)
 {
-    return pqmq__poll(c, channels, nchannels, batch_size, "pqmq_poll", out);
+    return pqmq__poll(c, channels, nchannels, batch_size, 0, "pqmq_poll", out);
 }
 
 PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *c, const char *const *channels, size_t nchannels,
@@ -90,14 +93,6 @@ PQMQ_EXPORT int pqmq_complete_commit(pqmq_client *c, const pqmq_batch *b)
         rc = pqmq__complete_commit(c, d, pqmq_batch_count(b), what);
     free(d);
     return rc;
-}
-
-int pqmq__poll_left(pqmq_client *c, const char *const *channels, size_t nchannels,
-                    int batch_size, const char *what, pqmq_batch **out)
-{
-    /* Lane 2: what a runner's locked workers leave (mq_claim_lane). */
-    return pqmq__query_jobs(c, what, "SELECT * FROM mq_claim_lane($1, $2, 2)", channels,
-                            nchannels, "batch_size", batch_size, out);
 }
 
 int pqmq__stale_check(pqmq_client *c, const char *what, size_t done, size_t n)

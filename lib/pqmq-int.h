@@ -161,17 +161,15 @@ const pqmq__delivery *pqmq__job_delivery(const pqmq_job *j);
 
 /* ---- consume.c: the consumer's statements ----------------------------- */
 
-/* pqmq_poll with its errors named what. */
+/* pqmq_poll with its errors named what; left: only what a runner's locked
+ * workers leave, retries and messages whose locked delivery died
+ * (mq_claim_lane's lane 2). */
 int pqmq__poll(pqmq_client *c, const char *const *channels, size_t nchannels, int batch_size,
-               const char *what, pqmq_batch **out);
+               int left, const char *what, pqmq_batch **out);
 /* Completes all n deliveries (each still on its attempt) and commits the
  * open transaction, in one round trip; on any failure (PQMQ_ESTALE: one was
  * no longer ours) rolls it back. n 0: just commits. */
 int pqmq__complete_commit(pqmq_client *c, const pqmq__delivery *d, size_t n, const char *what);
-/* Claims with leases what a runner's locked workers leave: retries, and
- * messages whose locked delivery died (mq_claim_lane, lane 2). */
-int pqmq__poll_left(pqmq_client *c, const char *const *channels, size_t nchannels,
-                    int batch_size, const char *what, pqmq_batch **out);
 /* Completes deliveries still on their attempts; *done = how many. Returns
  * PQMQ_ESTALE when fewer than n were. The one way jobs are completed. */
 int pqmq__complete(pqmq_client *c, const pqmq__delivery *d, size_t n, const char *what,

@@ -400,8 +400,8 @@ static void poll_left(struct loop *L)
     L->left_at = now + LEFT_POLL_MS;
     pqmq_batch *b = NULL;
     atomic_fetch_add(&r->counters.polls, 1);
-    int rc = pqmq__poll_left(L->ctl, (const char *const *)r->channels, r->nchannels, want,
-                             "pqmq_runner: poll", &b);
+    int rc = pqmq__poll(L->ctl, (const char *const *)r->channels, r->nchannels, want, 1,
+                        "pqmq_runner: poll", &b);
     if (rc == PQMQ_ECONN) {
         reconnect(L);
         return;

@@ -364,18 +364,20 @@ static void test_poll_bad_inputs(void)
     PQclear(r);
 }
 
-/* A result that is not the job row (a schema whose mq_claim returns other
- * columns, as an older or foreign schema might) is refused, not misread. */
+/* A result that is not the job row (a schema whose claim, mq_claim_lane,
+ * returns other columns, as a foreign schema might) is refused, not
+ * misread. */
 static void test_foreign_row_is_refused(void)
 {
     char schema[96];
     snprintf(schema, sizeof schema, "%s_foreign", t_schema());
     t_exec(pg, "DROP SCHEMA IF EXISTS %s CASCADE", schema);
     t_exec(pg, "CREATE SCHEMA %s", schema);
-    t_exec(pg,
-           "CREATE FUNCTION %s.mq_claim(text[], int) RETURNS TABLE(id uuid, name text) "
-           "LANGUAGE sql AS $$ SELECT gen_random_uuid(), 'x' $$",
-           schema);
+    t_exec(
+        pg,
+        "CREATE FUNCTION %s.mq_claim_lane(text[], int, int) RETURNS TABLE(id uuid, name text) "
+        "LANGUAGE sql AS $$ SELECT gen_random_uuid(), 'x' $$",
+        schema);
     /* The path for one transaction: also right behind a transaction pooler. */
     PGconn *conn = t_pg();
     t_exec(conn, "BEGIN");
