@@ -61,7 +61,6 @@ static void reset(PGconn *admin)
 {
     queue_reset(admin);
     bench_sql(admin, "VACUUM ANALYZE mq_msgs");
-    bench_sql(admin, "VACUUM ANALYZE mq_payloads");
 }
 
 /* Cost per message (µs) of poll+complete over `measure` messages drawn from

@@ -29,7 +29,7 @@ void queue_setup(PGconn *admin, const struct opts *o)
 
 void queue_reset(PGconn *admin)
 {
-    bench_sql(admin, "TRUNCATE mq_msgs, mq_payloads, mq_chains");
+    bench_sql(admin, "TRUNCATE mq_msgs, mq_chains");
 }
 
 /* ---- enqueue ----------------------------------------------------------- */
@@ -481,7 +481,7 @@ static void load_consumer_free(void *arg, long *completed)
 
 const struct load_ops queue_load_ops = {
     .name = "pqmq",
-    .tables = {"mq_msgs", "mq_payloads"},
+    .tables = {"mq_msgs", NULL},
     .reset = queue_reset,
     .producer_new = load_producer_new,
     .produce = load_produce,

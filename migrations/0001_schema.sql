@@ -112,11 +112,20 @@ CREATE TABLE IF NOT EXISTS mq_payloads (
     last_error    text
 );
 
-ALTER TABLE mq_payloads SET (
-    autovacuum_vacuum_scale_factor = 0.02,
-    autovacuum_vacuum_threshold = 500,
-    autovacuum_vacuum_cost_delay = 0
-);
+-- (Guarded: since migration 0011 mq_payloads is a view of mq_msgs, and
+-- this file must still apply over it.)
+DO $$
+BEGIN
+    IF (SELECT c.relkind FROM pg_catalog.pg_class c
+        WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_payloads')) = 'r' THEN
+        ALTER TABLE mq_payloads SET (
+            autovacuum_vacuum_scale_factor = 0.02,
+            autovacuum_vacuum_threshold = 500,
+            autovacuum_vacuum_cost_delay = 0
+        );
+    END IF;
+END
+$$;
 
 -- The last message appended to each non-empty chain. Only touched while the
 -- chain's advisory lock is held (see mq_insert and mq_delete).

@@ -59,9 +59,6 @@ BEGIN
                             AND l.b = pg_catalog.hashtext(m.channel_args)))
         RETURNING m.id
     ),
-    cold AS (
-        DELETE FROM mq_payloads p USING gone g WHERE p.id = g.id
-    ),
     chains AS (
         DELETE FROM mq_chains c
         WHERE (all_channels OR c.channel_name = ANY (channel_names))

@@ -64,9 +64,6 @@ BEGIN
           AND m.after_message_id IS NULL
           AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id
-    ),
-    cold AS (
-        DELETE FROM mq_payloads p WHERE p.id = ANY (ARRAY(SELECT g.id FROM gone g))
     )
     SELECT count(*) INTO n FROM gone;
     IF n = cardinality(msg_ids) THEN
@@ -80,9 +77,6 @@ BEGIN
           AND m.after_message_id IS NOT NULL
           AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
-    ),
-    cold AS (
-        DELETE FROM mq_payloads p WHERE p.id = ANY (ARRAY(SELECT g.id FROM gone g))
     )
     SELECT array_agg(g.id), array_agg(g.after_message_id),
            array_agg(g.channel_name), array_agg(g.channel_args)

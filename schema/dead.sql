@@ -57,11 +57,10 @@ BEGIN
     END IF;
     PERFORM mq_reap_dead();
     RETURN QUERY
-    SELECT m.id, m.channel_name, m.channel_args, p.name, m.deliveries,
-           p.last_error, m.dead_since, m.after_message_id IS NOT NULL,
-           p.payload_json::text, p.payload_bytes
+    SELECT m.id, m.channel_name, m.channel_args, m.name, m.deliveries,
+           m.last_error, m.dead_since, m.after_message_id IS NOT NULL,
+           m.payload_json::text, m.payload_bytes
     FROM mq_msgs m
-    LEFT JOIN mq_payloads p ON p.id = m.id
     WHERE m.dead_since IS NOT NULL
       AND (channel_names IS NULL OR m.channel_name = ANY (channel_names))
     ORDER BY m.dead_since, m.id
@@ -185,9 +184,8 @@ BEGIN
            pg_catalog.array_agg(v.was_dead ORDER BY v.channel_args, v.id)
     INTO ids, argss, names, dead
     FROM (
-        SELECT m.id, m.channel_args, p.name, m.dead_since IS NOT NULL AS was_dead
+        SELECT m.id, m.channel_args, m.name, m.dead_since IS NOT NULL AS was_dead
         FROM mq_msgs m
-        LEFT JOIN mq_payloads p ON p.id = m.id
         WHERE m.channel_name = channel
           AND (args IS NULL OR m.channel_args = args)
           AND (NOT COALESCE(dead_only, false) OR m.dead_since IS NOT NULL)

@@ -94,14 +94,11 @@ BEGIN
         PERFORM mq_lock_new_chains(new_messages);
     END IF;
 
-    INSERT INTO mq_payloads (id, name, payload_json, payload_bytes)
-    SELECT t.id, COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes
-    FROM unnest(new_messages) AS t;
-
     IF NOT has_ordered THEN
         -- No chains to extend: a plain insert.
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
-                             channel_name, channel_args, commit_interval, ready_at)
+                             channel_name, channel_args, commit_interval, ready_at,
+                             name, payload_json, payload_bytes)
         SELECT t.id, ts,
                ts + COALESCE(t.delay, interval '0')
                   + COALESCE(t.commit_interval, interval '0'),
@@ -109,7 +106,8 @@ BEGIN
                COALESCE(t.retry_backoff, interval '1 second'),
                t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
                ts + COALESCE(t.delay, interval '0')
-                  + COALESCE(t.commit_interval, interval '0')
+                  + COALESCE(t.commit_interval, interval '0'),
+               COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes
         FROM unnest(new_messages) AS t;
     ELSE
         WITH batch AS (
@@ -137,7 +135,8 @@ BEGIN
         )
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval,
-                             after_message_id, ready_at)
+                             after_message_id, ready_at, name, payload_json,
+                             payload_bytes)
         SELECT b.id, ts,
                ts + COALESCE(b.delay, interval '0')
                   + COALESCE(b.commit_interval, interval '0'),
@@ -150,7 +149,8 @@ BEGIN
                    '00000000-0000-0000-0000-000000000000'::uuid)
                END,
                ts + COALESCE(b.delay, interval '0')
-                  + COALESCE(b.commit_interval, interval '0')
+                  + COALESCE(b.commit_interval, interval '0'),
+               COALESCE(b.name, ''), b.payload_json::jsonb, b.payload_bytes
         FROM batch b
         LEFT JOIN tails tl
           ON b.ordered AND tl.channel_name = b.channel_name AND tl.channel_args = b.args

@@ -116,20 +116,13 @@ BEGIN
         -- Moves with the lease, or stays at 'infinity' while no attempt is left.
         ready_at = CASE WHEN m.attempts::bigint + COALESCE(extra_retries, 0) = 0
                         THEN 'infinity'::timestamptz
-                        ELSE GREATEST(m.attempt_at, ts + duration) END
+                        ELSE GREATEST(m.attempt_at, ts + duration) END,
+        payload_json = COALESCE(new_payload_json::jsonb, m.payload_json),
+        payload_bytes = COALESCE(new_payload_bytes, m.payload_bytes)
     WHERE m.id = msg_id
       AND m.deliveries > 0
       AND m.attempt_at > ts;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    IF new_payload_json IS NOT NULL OR new_payload_bytes IS NOT NULL THEN
-        UPDATE mq_payloads p SET
-            payload_json = COALESCE(new_payload_json::jsonb, p.payload_json),
-            payload_bytes = COALESCE(new_payload_bytes, p.payload_bytes)
-        WHERE p.id = msg_id;
-    END IF;
-    RETURN true;
+    RETURN FOUND;
 END;
 $$;
 
@@ -159,7 +152,8 @@ BEGIN
         dead_since = CASE WHEN m.attempts > 0 THEN NULL ELSE ts END,
         ready_at = CASE WHEN m.attempts > 0
                         THEN ts + m.retry_backoff / 2
-                        ELSE m.ready_at END
+                        ELSE m.ready_at END,
+        last_error = left(error, 10000)
     WHERE m.id = msg_id
       AND m.deliveries > 0
       AND m.attempt_at > ts
@@ -176,7 +170,8 @@ BEGIN
             attempt_at = CASE WHEN m.attempts > 1 THEN ts + m.retry_backoff ELSE ts END,
             dead_since = CASE WHEN m.attempts > 1 THEN NULL ELSE ts END,
             ready_at = CASE WHEN m.attempts > 1 THEN ts + m.retry_backoff
-                            ELSE m.ready_at END
+                            ELSE m.ready_at END,
+            last_error = left(error, 10000)
         WHERE m.id = msg_id
           AND m.attempt_at <= ts
           AND m.dead_since IS NULL
@@ -188,7 +183,6 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    UPDATE mq_payloads p SET last_error = left(error, 10000) WHERE p.id = msg_id;
     IF dead THEN
         PERFORM pg_notify('mq_dead', '');
     END IF;

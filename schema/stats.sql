@@ -416,7 +416,7 @@ BEGIN
         FROM chain c
         WHERE c.depth > 0
     )
-    SELECT p.id, p.channel_args, pl.name,
+    SELECT p.id, p.channel_args, m.name,
            CASE WHEN p.behind THEN 'waiting'
                 WHEN p.attempt_at <= ts THEN 'ready'
                 WHEN p.deliveries > 0 THEN 'in_flight'
@@ -424,12 +424,12 @@ BEGIN
                 ELSE 'scheduled' END,
            GREATEST(p.attempt_at - ts, interval '0'),
            p.deliveries, p.attempts, p.ordered,
-           pl.payload_json::text, pl.payload_bytes, pl.last_error
+           m.payload_json::text, m.payload_bytes, m.last_error
     FROM picked p
     LEFT JOIN LATERAL (
         SELECT q.name, q.payload_json, q.payload_bytes, q.last_error
-        FROM mq_payloads q WHERE q.id = p.id LIMIT 1
-    ) pl ON true
+        FROM mq_msgs q WHERE q.id = p.id LIMIT 1
+    ) m ON true
     ORDER BY p.behind, p.k1, p.k2, p.k3
     LIMIT max_rows;
 END;

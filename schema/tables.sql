@@ -81,7 +81,11 @@ EXCEPTION WHEN duplicate_object THEN
 END
 $$;
 
--- The small, hot row: everything a poll reads and writes.
+-- One row per message: what a poll reads and writes, and the payload, which
+-- is written once and read once per delivery. (Until migration 0011 the
+-- payload had a table of its own, mq_payloads, now a view of these columns:
+-- a second row and index entry per message on insert, a second probe per
+-- claim and a second delete per completion.)
 CREATE TABLE IF NOT EXISTS mq_msgs (
     id               uuid PRIMARY KEY,
     created_at       timestamptz NOT NULL DEFAULT now(),
@@ -102,7 +106,11 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
         (hashtext(channel_name)::bigint << 32)
         | (hashtext(channel_args)::bigint & 4294967295)
     ) STORED,
-    ready_at         timestamptz NOT NULL DEFAULT now()
+    ready_at         timestamptz NOT NULL DEFAULT now(),
+    name             text NOT NULL,
+    payload_json     jsonb,
+    payload_bytes    bytea,
+    last_error       text
 );
 
 -- Polls walk this index channel by channel (loose index scan on channel_key)
@@ -150,20 +158,11 @@ ALTER TABLE mq_msgs SET (
     fillfactor = 50
 );
 
--- The large, cold row: written once, read once per delivery.
-CREATE TABLE IF NOT EXISTS mq_payloads (
-    id            uuid PRIMARY KEY,
-    name          text NOT NULL,
-    payload_json  jsonb,
-    payload_bytes bytea,
-    last_error    text
-);
-
-ALTER TABLE mq_payloads SET (
-    autovacuum_vacuum_scale_factor = 0.02,
-    autovacuum_vacuum_threshold = 500,
-    autovacuum_vacuum_cost_delay = 0
-);
+-- The seed's payload table, as a view of mq_msgs (migration 0011): readable
+-- by id as before; an UPDATE or DELETE through it changes the message.
+CREATE OR REPLACE VIEW mq_payloads AS
+    SELECT m.id, m.name, m.payload_json, m.payload_bytes, m.last_error
+    FROM mq_msgs m;
 
 -- The last message appended to each non-empty chain. Only touched while the
 -- chain's advisory lock is held (see mq_insert and mq_delete).

@@ -327,7 +327,6 @@ static void test_poll_cost_with_stale_statistics(void)
     t_exec(pg, "SET stats_fetch_consistency = none");
     t_truncate();
     insert_n("stale", NULL, 20, 1, 60000);
-    t_exec(pg, "DELETE FROM mq_payloads");
     t_exec(pg, "DELETE FROM mq_msgs");
     t_exec(pg, "VACUUM ANALYZE mq_msgs");
     /* A consumer starts while the queue is empty: its plans are made now. */
