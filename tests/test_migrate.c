@@ -474,6 +474,77 @@ static void test_psql_applies_the_same_schema(void)
     drop_schema(schema);
 }
 
+/* A queue at version 10 keeps two rows per message (mq_msgs, mq_payloads).
+ * Migration 0011 moves the payloads into mq_msgs and makes mq_payloads a
+ * view: every payload, name and last error survives, read by id as before,
+ * a role's grants on the table pass to the view, the queue delivers the
+ * same payloads, and applying 0011 again changes nothing. */
+static void test_upgrade_to_one_row_keeps_payloads_and_grants(void)
+{
+    const char *psql = find_psql();
+    if (!psql) {
+        printf("    note: psql is not installed; skipping the upgrade from version 10\n");
+        return;
+    }
+    glob_t g;
+    size_t n = migration_files(&g), upto = 0;
+    while (upto < n && !strstr(g.gl_pathv[upto], "/0011_"))
+        upto++;
+    CHECK(upto < n);
+    char s[96];
+    fresh_schema(s, sizeof s, "v10");
+    CHECK_INT(psql_apply_files(psql, s, g.gl_pathv, upto, ""), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", s), 10);
+    t_exec(pg,
+           "SELECT %s.mq_insert(ARRAY["
+           "ROW('00000000-0000-7000-8000-0000000000a1', NULL, 3, NULL, 'up', 'x', NULL, "
+           "    true, 'first', '{\"n\": 1}', NULL)::%s.mq_new_t, "
+           "ROW('00000000-0000-7000-8000-0000000000a2', NULL, 3, NULL, 'up', 'x', NULL, "
+           "    true, 'second', NULL, '\\x0102'::bytea)::%s.mq_new_t])",
+           s, s, s);
+    t_exec(pg, "UPDATE %s.mq_payloads SET last_error = 'boom' "
+               "WHERE id = '00000000-0000-7000-8000-0000000000a1'", s);
+    t_exec(pg, "DO $$ BEGIN CREATE ROLE pqmq_t_reader NOLOGIN; "
+               "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+    t_exec(pg, "GRANT SELECT ON %s.mq_payloads TO pqmq_t_reader", s);
+
+    CHECK_INT(psql_apply_files(psql, s, &g.gl_pathv[upto], 1, ""), 0);
+    char *once = fingerprint(s);
+    CHECK_INT(psql_apply_files(psql, s, &g.gl_pathv[upto], 1, ""), 0);
+    char *twice = fingerprint(s);
+    CHECK_SAME_FP(once, twice);
+
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_class WHERE oid = '%s.mq_payloads'::regclass "
+                            "AND relkind = 'v'", s),
+              1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_msgs WHERE "
+                            "(name, payload_json::text, payload_bytes, last_error) "
+                            "IS NOT DISTINCT FROM ('first', '{\"n\": 1}', NULL, 'boom') "
+                            "AND id = '00000000-0000-7000-8000-0000000000a1'", s),
+              1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_payloads WHERE name = 'second' "
+                            "AND payload_bytes = '\\x0102'::bytea "
+                            "AND id = '00000000-0000-7000-8000-0000000000a2'", s),
+              1);
+    CHECK_INT(t_sql_int(pg, "SELECT has_table_privilege('pqmq_t_reader', '%s.mq_payloads', "
+                            "'SELECT')::int", s),
+              1);
+    /* The chain still runs in order, with its payloads. */
+    PGresult *r = t_sql(pg, "SELECT name, payload_json FROM %s.mq_claim(NULL, 10) "
+                            "WHERE id IS NOT NULL", s);
+    CHECK(r && PQntuples(r) == 1);
+    if (r && PQntuples(r) == 1) {
+        CHECK_STR(PQgetvalue(r, 0, 0), "first");
+        CHECK_STR(PQgetvalue(r, 0, 1), "{\"n\": 1}");
+    }
+    PQclear(r);
+    free(once);
+    free(twice);
+    globfree(&g);
+    drop_schema(s);
+    t_exec(pg, "DROP ROLE IF EXISTS pqmq_t_reader");
+}
+
 /* ---- schema/: today's definitions, one file per concern ---------------- */
 
 /*
@@ -824,6 +895,7 @@ int main(void)
     T_RUN(test_reapplying_every_migration_is_harmless);
     T_RUN(test_concurrent_migrate);
     T_RUN(test_psql_applies_the_same_schema);
+    T_RUN(test_upgrade_to_one_row_keeps_payloads_and_grants);
     T_RUN(test_schema_files_match_the_migrations);
     T_RUN(test_every_function_pins_search_path);
     T_RUN(test_pin_is_only_the_queue_schema);

@@ -1,6 +1,6 @@
 /*
  * test_plans.c: no plan of a hot statement reads a queue table (mq_msgs,
- * mq_payloads, mq_chains) or one of their indexes in full, whatever the last
+ * mq_chains) or one of their indexes in full, whatever the last
  * ANALYZE saw. A queue's tables swing between empty and huge, so a generic
  * plan made after an ANALYZE of a nearly empty table must still probe by id
  * (issue 15: the claim and the completion became nested loops over a full
