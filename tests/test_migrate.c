@@ -502,8 +502,10 @@ static void test_upgrade_to_one_row_keeps_payloads_and_grants(void)
            "ROW('00000000-0000-7000-8000-0000000000a2', NULL, 3, NULL, 'up', 'x', NULL, "
            "    true, 'second', NULL, '\\x0102'::bytea)::%s.mq_new_t])",
            s, s, s);
-    t_exec(pg, "UPDATE %s.mq_payloads SET last_error = 'boom' "
-               "WHERE id = '00000000-0000-7000-8000-0000000000a1'", s);
+    t_exec(pg,
+           "UPDATE %s.mq_payloads SET last_error = 'boom' "
+           "WHERE id = '00000000-0000-7000-8000-0000000000a1'",
+           s);
     t_exec(pg, "DO $$ BEGIN CREATE ROLE pqmq_t_reader NOLOGIN; "
                "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
     t_exec(pg, "GRANT SELECT ON %s.mq_payloads TO pqmq_t_reader", s);
@@ -514,24 +516,34 @@ static void test_upgrade_to_one_row_keeps_payloads_and_grants(void)
     char *twice = fingerprint(s);
     CHECK_SAME_FP(once, twice);
 
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_class WHERE oid = '%s.mq_payloads'::regclass "
-                            "AND relkind = 'v'", s),
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_class WHERE oid = '%s.mq_payloads'::regclass "
+                        "AND relkind = 'v'",
+                        s),
               1);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_msgs WHERE "
-                            "(name, payload_json::text, payload_bytes, last_error) "
-                            "IS NOT DISTINCT FROM ('first', '{\"n\": 1}', NULL, 'boom') "
-                            "AND id = '00000000-0000-7000-8000-0000000000a1'", s),
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM %s.mq_msgs WHERE "
+                        "(name, payload_json::text, payload_bytes, last_error) "
+                        "IS NOT DISTINCT FROM ('first', '{\"n\": 1}', NULL, 'boom') "
+                        "AND id = '00000000-0000-7000-8000-0000000000a1'",
+                        s),
               1);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_payloads WHERE name = 'second' "
-                            "AND payload_bytes = '\\x0102'::bytea "
-                            "AND id = '00000000-0000-7000-8000-0000000000a2'", s),
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM %s.mq_payloads WHERE name = 'second' "
+                        "AND payload_bytes = '\\x0102'::bytea "
+                        "AND id = '00000000-0000-7000-8000-0000000000a2'",
+                        s),
               1);
-    CHECK_INT(t_sql_int(pg, "SELECT has_table_privilege('pqmq_t_reader', '%s.mq_payloads', "
-                            "'SELECT')::int", s),
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT has_table_privilege('pqmq_t_reader', '%s.mq_payloads', "
+                        "'SELECT')::int",
+                        s),
               1);
     /* The chain still runs in order, with its payloads. */
-    PGresult *r = t_sql(pg, "SELECT name, payload_json FROM %s.mq_claim(NULL, 10) "
-                            "WHERE id IS NOT NULL", s);
+    PGresult *r = t_sql(pg,
+                        "SELECT name, payload_json FROM %s.mq_claim(NULL, 10) "
+                        "WHERE id IS NOT NULL",
+                        s);
     CHECK(r && PQntuples(r) == 1);
     if (r && PQntuples(r) == 1) {
         CHECK_STR(PQgetvalue(r, 0, 0), "first");
