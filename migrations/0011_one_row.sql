@@ -9,9 +9,12 @@
 -- message's payload by id; the grants on the table pass to the view. An
 -- UPDATE through the view changes the message; a DELETE deletes it.
 --
--- The locked lane's test of a row's locker (mq_lock_spent) is written
--- inline in mq_pick and mq_pick_batch: a call per row cost a fifth of its
--- poll.
+-- The pick (mq_pick_set, mq_pick_keys, which replace mq_pick_batch and
+-- mq_pick) returns the ctids of the row versions it locked beside their
+-- ids, so the claim's UPDATE and the locked lane's read find the rows by
+-- TID instead of probing the primary key again; and the locked lane's test
+-- of a row's locker (mq_lock_spent) is written inline in it: a call per row
+-- cost a fifth of that lane's poll.
 
 ALTER TABLE mq_msgs
     ADD COLUMN IF NOT EXISTS name text,
@@ -226,8 +229,12 @@ BEGIN
     PERFORM mq_wake(chans);
 END;
 $$;
+
 -- Picks up to batch_size ready messages fairly across channels and locks
--- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids. lane 0: every
+-- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids and, in the same
+-- order, the ctids of the row versions it locked: the caller finds the rows
+-- again by TID, with no index probe (a locked row version stays where it
+-- is until this transaction ends). lane 0: every
 -- ready message (the lease lane); lane 1 (the locked lane, mq_claim_locked):
 -- first deliveries whose last locked delivery did not die and that this
 -- transaction does not hold yet; lane 2: the others (see mq_claim_lane).
@@ -238,9 +245,9 @@ $$;
 -- Cost: each channel visited is one index probe (loose index scan); a budget
 -- bounds the visits, and the time index fills whatever is left. Nothing here
 -- groups or sorts the whole backlog.
-CREATE OR REPLACE FUNCTION mq_pick_batch(channel_names text[], batch_size int,
-                                         ts timestamptz, lane int)
-RETURNS uuid[]
+CREATE OR REPLACE FUNCTION mq_pick_set(channel_names text[], batch_size int,
+                                       ts timestamptz, lane int,
+                                       OUT ids uuid[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
@@ -251,8 +258,8 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    picked  uuid[] := '{}';
     got     uuid[];
+    got_tid tid[];
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me      bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
     me_lo   bigint := me & 4294967295;
@@ -269,10 +276,13 @@ BEGIN
     END IF;
     per_key := GREATEST(1, (batch_size + 3) / 4);
     budget := 2 * batch_size + 16;
+    ids := '{}';
+    tids := '{}';
 
     IF channel_names IS NULL THEN
-        picked := mq_pick(NULL, -9223372036854775808, 9223372036854775807,
-                          per_key, batch_size, budget, picked, ts, lane);
+        SELECT p.ids, p.tids INTO ids, tids
+        FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
+                          per_key, batch_size, budget, ts, lane, ids, tids) p;
     ELSE
         -- Round 1 takes up to per_key from each named channel; round 2 takes
         -- more from channels that had more to give.
@@ -280,20 +290,21 @@ BEGIN
             FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
                                       WHERE n IS NOT NULL) d
                       ORDER BY random() LOOP
-                EXIT WHEN cardinality(picked) >= batch_size;
+                EXIT WHEN cardinality(ids) >= batch_size;
                 lo := hashtext(nm)::bigint << 32;
                 hi := lo | 4294967295;
-                picked := mq_pick(nm, lo, hi,
+                SELECT p.ids, p.tids INTO ids, tids
+                FROM mq_pick_keys(nm, lo, hi,
                                   CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, picked, ts, lane);
+                                  batch_size, budget, ts, lane, ids, tids) p;
             END LOOP;
         END LOOP;
     END IF;
 
     -- Unfiltered polls top up from the time index: exact and O(batch log n).
-    IF channel_names IS NULL AND cardinality(picked) < batch_size THEN
-        SELECT array_agg(s.id) INTO got FROM (
-            SELECT m.id FROM mq_msgs m
+    IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
+        SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
+            SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
@@ -304,7 +315,7 @@ BEGIN
               AND m.attempts > 0
               AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
                                              AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (mq_pick)
+                                                  OR NOT CASE -- spent (mq_pick_keys)
                     WHEN m.xmax::text::bigint < 3 THEN false
                     WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
                          - 2147483648 < 0 THEN false
@@ -314,16 +325,17 @@ BEGIN
                                                          - 2147483648))::text::xid8)
                                   = 'aborted', false)
                     END)))
-              AND m.id <> ALL (picked)
+              AND m.id <> ALL (ids)
             ORDER BY m.ready_at
-            LIMIT batch_size - cardinality(picked)
+            LIMIT batch_size - cardinality(ids)
             FOR NO KEY UPDATE SKIP LOCKED
         ) s;
-        picked := picked || COALESCE(got, '{}');
+        ids := ids || COALESCE(got, '{}');
+        tids := tids || COALESCE(got_tid, '{}');
     END IF;
-    RETURN picked;
 END;
 $$;
+
 -- Claims up to batch_size ready messages of a lane (see mq_pick_batch) and
 -- leases them. Lane 2, the rest of lane 0 once lane 1 is taken out (retries
 -- and messages whose locked delivery died), is what a runner whose workers
@@ -344,9 +356,11 @@ AS $$
 DECLARE
     ts      timestamptz := clock_timestamp();
     picked  uuid[];
+    tids    tid[];
     max_dur interval := (mq_limits()).max_duration; -- once, not per row
 BEGIN
-    picked := mq_pick_batch(channel_names, batch_size, ts, lane);
+    SELECT p.ids, p.tids INTO picked, tids
+    FROM mq_pick_set(channel_names, batch_size, ts, lane) p;
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
     IF cardinality(picked) < batch_size THEN
@@ -372,10 +386,9 @@ BEGIN
                 deliveries = m.deliveries + 1,
                 ready_at = CASE WHEN m.attempts = 1 THEN 'infinity'::timestamptz
                                 ELSE m.ready_at END
-            -- Looked up by id = ANY: an index condition whatever the
-            -- statistics say (a join with the array could turn into a scan
-            -- of the whole primary key once ANALYZE saw an empty table).
-            WHERE m.id = ANY (picked)
+            -- The row versions the pick locked, by TID: no index probe,
+            -- whatever the statistics say.
+            WHERE m.ctid = ANY (tids)
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
                       m.channel_args, m.deliveries, m.attempts, m.ready_at,
@@ -396,6 +409,7 @@ BEGIN
         NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
 END;
 $$;
+
 -- The locked lane: claims up to batch_size first deliveries for the
 -- caller's open transaction and writes nothing. The jobs are held by row
 -- locks (FOR NO KEY UPDATE, SKIP LOCKED by other pollers) until that
@@ -419,15 +433,17 @@ AS $$
 DECLARE
     ts     timestamptz := clock_timestamp();
     picked uuid[];
+    tids   tid[];
 BEGIN
-    picked := mq_pick_batch(channel_names, batch_size, ts, 1);
+    SELECT p.ids, p.tids INTO picked, tids
+    FROM mq_pick_set(channel_names, batch_size, ts, 1) p;
     IF cardinality(picked) > 0 THEN
         RETURN QUERY
         SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
                m.payload_bytes, interval '0', interval '0', m.channel_name,
                m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
         FROM mq_msgs m
-        WHERE m.id = ANY (picked)
+        WHERE m.ctid = ANY (tids) -- the locked row versions (mq_pick_set)
         ORDER BY m.ready_at, m.id;
         RETURN;
     END IF;
@@ -436,12 +452,14 @@ BEGIN
         NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
 END;
 $$;
+
 -- One visit of the channels whose chain key lies in [lo, hi], starting at a
 -- random key and wrapping around once: takes up to per_key ready messages
 -- from each channel, up to `want` in all, visiting at most `budget` channels
 -- per direction. Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
--- concurrent pollers skip each other's rows instead of waiting. lane: as in
--- mq_pick_batch.
+-- concurrent pollers skip each other's rows instead of waiting. Appends the
+-- ids to ids and the locked row versions' ctids to tids (ids also says what
+-- not to take again). lane: as in mq_pick_set.
 --
 -- The locked lane (lane 1) passes a row by when its locker (xmax) spent it:
 -- the locker ended without committing, so the row's locked delivery died
@@ -450,13 +468,13 @@ $$;
 -- other transactions' locks). xmax has 32 bits: the locker's full id is
 -- found from this transaction's (me), both within 2^31 of each other; a
 -- locker newer than this transaction counts as alive (it may still run).
--- The test is written out inline, here and in mq_pick_batch: a function
+-- The test is written out inline, here and in mq_pick_set: a function
 -- call per row (mq_lock_spent, until migration 0011) cost a fifth of the
 -- locked lane's poll.
-CREATE OR REPLACE FUNCTION mq_pick(only_name text, lo bigint, hi bigint,
-                                   per_key int, want int, budget int,
-                                   picked uuid[], ts timestamptz, lane int)
-RETURNS uuid[]
+CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
+                                        per_key int, want int, budget int,
+                                        ts timestamptz, lane int,
+                                        INOUT ids uuid[], INOUT tids tid[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
@@ -472,6 +490,7 @@ DECLARE
     start bigint := LEAST(hi::numeric, lo::numeric
                           + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
     got   uuid[];
+    got_tid tid[];
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
     me_lo bigint := me & 4294967295;
@@ -480,7 +499,7 @@ BEGIN
     -- where in the key that message is (at): the messages in flight and the
     -- dead entries before it are stepped over once, by the probe, and the
     -- key's scan starts at it. A key with nothing claimable is passed by.
-    SELECT array_agg(j.id) INTO got FROM (
+    SELECT array_agg(j.id), array_agg(j.ctid) INTO got, got_tid FROM (
         WITH RECURSIVE up(k, at, n) AS (
             SELECT f.k, f.at, 1 FROM (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
@@ -489,7 +508,7 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key >= start AND m.channel_key <= hi
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             UNION ALL
@@ -500,7 +519,7 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key > up.k AND m.channel_key <= hi
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             WHERE up.n < budget
@@ -513,7 +532,7 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key >= lo AND m.channel_key < start
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             UNION ALL
@@ -524,17 +543,17 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key > around.k AND m.channel_key < start
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             WHERE around.n < budget
         )
-        SELECT r.id
+        SELECT r.id, r.ctid
         FROM (SELECT up.k, up.at FROM up
               UNION ALL
               SELECT around.k, around.at FROM around) ks,
         LATERAL (
-            SELECT m.id FROM mq_msgs m
+            SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
@@ -545,11 +564,11 @@ BEGIN
               AND m.attempt_at <= ts
               AND m.attempts > 0
               AND (only_name IS NULL OR m.channel_name = only_name)
-              AND m.id <> ALL (picked)
+              AND m.id <> ALL (ids)
               -- The locked lane: first deliveries not left by a dead locker.
               AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
                                              AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (mq_pick)
+                                                  OR NOT CASE -- spent (above)
                     WHEN m.xmax::text::bigint < 3 THEN false
                     WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
                          - 2147483648 < 0 THEN false
@@ -563,11 +582,13 @@ BEGIN
             LIMIT per_key
             FOR NO KEY UPDATE SKIP LOCKED
         ) r
-        LIMIT want - cardinality(picked)
+        LIMIT want - cardinality(ids)
     ) j;
-    RETURN picked || COALESCE(got, '{}');
+    ids := ids || COALESCE(got, '{}');
+    tids := tids || COALESCE(got_tid, '{}');
 END;
 $$;
+
 -- mq_delete that returns how many messages it deleted. With msg_attempts
 -- (one per id: the attempt number the consumer got) a message is deleted
 -- only if it is still on that attempt: a consumer whose lease ran out and
@@ -654,6 +675,7 @@ BEGIN
     RETURN n + COALESCE(cardinality(g_id), 0);
 END;
 $$;
+
 -- mq_checkpoint that reports whether the message was found holding a lease.
 CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
                                                new_payload_json text,
@@ -702,6 +724,7 @@ BEGIN
     RETURN FOUND;
 END;
 $$;
+
 -- Records why an attempt failed and schedules the retry one backoff from now
 -- (the backoff of the attempt that failed). With no attempts left the
 -- message is dead at once: kept, never delivered again, announced on mq_dead.
@@ -765,6 +788,7 @@ BEGIN
     RETURN true;
 END;
 $$;
+
 -- Lists dead messages (oldest first): those that ran out of attempts and
 -- were never completed. blocking: it still heads an ordered chain, which
 -- waits behind it until mq_retry or mq_skip.
@@ -793,6 +817,7 @@ BEGIN
     LIMIT max_rows;
 END;
 $$;
+
 -- Deletes the messages of one channel (of one chain when channel_args is
 -- not NULL; only dead ones when dead_only), whatever their state, and
 -- returns what it deleted. Chains are repaired as by mq_complete (which it
@@ -837,6 +862,7 @@ BEGIN
                  FROM unnest(ids, argss, names, dead) AS u(id, a, n, d);
 END;
 $$;
+
 -- Deletes every message of the given channels (all_channels: of every
 -- channel), whatever its state: ready, delayed, uncommitted, held by a
 -- consumer (whose completion then finds nothing: mq_complete counts 0), or
@@ -905,6 +931,7 @@ BEGIN
     RETURN n;
 END;
 $$;
+
 -- The next max_rows messages of a channel (and of one chain when
 -- channel_args is not NULL) in the order polls would deliver them, without
 -- claiming or locking anything (args NULL: all chains): first the chain heads and unordered
@@ -992,7 +1019,11 @@ BEGIN
     LIMIT max_rows;
 END;
 $$;
--- Inline in mq_pick and mq_pick_batch now.
+
+-- Replaced by mq_pick_set and mq_pick_keys (they return the locked rows'
+-- ctids too); the test of a row's locker is inline in them.
+DROP FUNCTION IF EXISTS mq_pick_batch(text[], int, timestamptz, int);
+DROP FUNCTION IF EXISTS mq_pick(text, bigint, bigint, int, int, int, uuid[], timestamptz, int);
 DROP FUNCTION IF EXISTS mq_lock_spent(xid);
 
 -- CREATE OR REPLACE FUNCTION undid the pinned path and the grants.

@@ -4,7 +4,10 @@
 -- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Picks up to batch_size ready messages fairly across channels and locks
--- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids. lane 0: every
+-- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids and, in the same
+-- order, the ctids of the row versions it locked: the caller finds the rows
+-- again by TID, with no index probe (a locked row version stays where it
+-- is until this transaction ends). lane 0: every
 -- ready message (the lease lane); lane 1 (the locked lane, mq_claim_locked):
 -- first deliveries whose last locked delivery did not die and that this
 -- transaction does not hold yet; lane 2: the others (see mq_claim_lane).
@@ -15,9 +18,9 @@
 -- Cost: each channel visited is one index probe (loose index scan); a budget
 -- bounds the visits, and the time index fills whatever is left. Nothing here
 -- groups or sorts the whole backlog.
-CREATE OR REPLACE FUNCTION mq_pick_batch(channel_names text[], batch_size int,
-                                         ts timestamptz, lane int)
-RETURNS uuid[]
+CREATE OR REPLACE FUNCTION mq_pick_set(channel_names text[], batch_size int,
+                                       ts timestamptz, lane int,
+                                       OUT ids uuid[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
@@ -28,8 +31,8 @@ SET jit = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    picked  uuid[] := '{}';
     got     uuid[];
+    got_tid tid[];
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me      bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
     me_lo   bigint := me & 4294967295;
@@ -46,10 +49,13 @@ BEGIN
     END IF;
     per_key := GREATEST(1, (batch_size + 3) / 4);
     budget := 2 * batch_size + 16;
+    ids := '{}';
+    tids := '{}';
 
     IF channel_names IS NULL THEN
-        picked := mq_pick(NULL, -9223372036854775808, 9223372036854775807,
-                          per_key, batch_size, budget, picked, ts, lane);
+        SELECT p.ids, p.tids INTO ids, tids
+        FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
+                          per_key, batch_size, budget, ts, lane, ids, tids) p;
     ELSE
         -- Round 1 takes up to per_key from each named channel; round 2 takes
         -- more from channels that had more to give.
@@ -57,20 +63,21 @@ BEGIN
             FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
                                       WHERE n IS NOT NULL) d
                       ORDER BY random() LOOP
-                EXIT WHEN cardinality(picked) >= batch_size;
+                EXIT WHEN cardinality(ids) >= batch_size;
                 lo := hashtext(nm)::bigint << 32;
                 hi := lo | 4294967295;
-                picked := mq_pick(nm, lo, hi,
+                SELECT p.ids, p.tids INTO ids, tids
+                FROM mq_pick_keys(nm, lo, hi,
                                   CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, picked, ts, lane);
+                                  batch_size, budget, ts, lane, ids, tids) p;
             END LOOP;
         END LOOP;
     END IF;
 
     -- Unfiltered polls top up from the time index: exact and O(batch log n).
-    IF channel_names IS NULL AND cardinality(picked) < batch_size THEN
-        SELECT array_agg(s.id) INTO got FROM (
-            SELECT m.id FROM mq_msgs m
+    IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
+        SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
+            SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
@@ -81,7 +88,7 @@ BEGIN
               AND m.attempts > 0
               AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
                                              AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (mq_pick)
+                                                  OR NOT CASE -- spent (mq_pick_keys)
                     WHEN m.xmax::text::bigint < 3 THEN false
                     WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
                          - 2147483648 < 0 THEN false
@@ -91,14 +98,14 @@ BEGIN
                                                          - 2147483648))::text::xid8)
                                   = 'aborted', false)
                     END)))
-              AND m.id <> ALL (picked)
+              AND m.id <> ALL (ids)
             ORDER BY m.ready_at
-            LIMIT batch_size - cardinality(picked)
+            LIMIT batch_size - cardinality(ids)
             FOR NO KEY UPDATE SKIP LOCKED
         ) s;
-        picked := picked || COALESCE(got, '{}');
+        ids := ids || COALESCE(got, '{}');
+        tids := tids || COALESCE(got_tid, '{}');
     END IF;
-    RETURN picked;
 END;
 $$;
 
@@ -196,9 +203,11 @@ AS $$
 DECLARE
     ts      timestamptz := clock_timestamp();
     picked  uuid[];
+    tids    tid[];
     max_dur interval := (mq_limits()).max_duration; -- once, not per row
 BEGIN
-    picked := mq_pick_batch(channel_names, batch_size, ts, lane);
+    SELECT p.ids, p.tids INTO picked, tids
+    FROM mq_pick_set(channel_names, batch_size, ts, lane) p;
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
     IF cardinality(picked) < batch_size THEN
@@ -224,10 +233,9 @@ BEGIN
                 deliveries = m.deliveries + 1,
                 ready_at = CASE WHEN m.attempts = 1 THEN 'infinity'::timestamptz
                                 ELSE m.ready_at END
-            -- Looked up by id = ANY: an index condition whatever the
-            -- statistics say (a join with the array could turn into a scan
-            -- of the whole primary key once ANALYZE saw an empty table).
-            WHERE m.id = ANY (picked)
+            -- The row versions the pick locked, by TID: no index probe,
+            -- whatever the statistics say.
+            WHERE m.ctid = ANY (tids)
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
                       m.channel_args, m.deliveries, m.attempts, m.ready_at,
@@ -272,15 +280,17 @@ AS $$
 DECLARE
     ts     timestamptz := clock_timestamp();
     picked uuid[];
+    tids   tid[];
 BEGIN
-    picked := mq_pick_batch(channel_names, batch_size, ts, 1);
+    SELECT p.ids, p.tids INTO picked, tids
+    FROM mq_pick_set(channel_names, batch_size, ts, 1) p;
     IF cardinality(picked) > 0 THEN
         RETURN QUERY
         SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
                m.payload_bytes, interval '0', interval '0', m.channel_name,
                m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
         FROM mq_msgs m
-        WHERE m.id = ANY (picked)
+        WHERE m.ctid = ANY (tids) -- the locked row versions (mq_pick_set)
         ORDER BY m.ready_at, m.id;
         RETURN;
     END IF;
@@ -294,8 +304,9 @@ $$;
 -- random key and wrapping around once: takes up to per_key ready messages
 -- from each channel, up to `want` in all, visiting at most `budget` channels
 -- per direction. Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
--- concurrent pollers skip each other's rows instead of waiting. lane: as in
--- mq_pick_batch.
+-- concurrent pollers skip each other's rows instead of waiting. Appends the
+-- ids to ids and the locked row versions' ctids to tids (ids also says what
+-- not to take again). lane: as in mq_pick_set.
 --
 -- The locked lane (lane 1) passes a row by when its locker (xmax) spent it:
 -- the locker ended without committing, so the row's locked delivery died
@@ -304,13 +315,13 @@ $$;
 -- other transactions' locks). xmax has 32 bits: the locker's full id is
 -- found from this transaction's (me), both within 2^31 of each other; a
 -- locker newer than this transaction counts as alive (it may still run).
--- The test is written out inline, here and in mq_pick_batch: a function
+-- The test is written out inline, here and in mq_pick_set: a function
 -- call per row (mq_lock_spent, until migration 0011) cost a fifth of the
 -- locked lane's poll.
-CREATE OR REPLACE FUNCTION mq_pick(only_name text, lo bigint, hi bigint,
-                                   per_key int, want int, budget int,
-                                   picked uuid[], ts timestamptz, lane int)
-RETURNS uuid[]
+CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
+                                        per_key int, want int, budget int,
+                                        ts timestamptz, lane int,
+                                        INOUT ids uuid[], INOUT tids tid[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
@@ -326,6 +337,7 @@ DECLARE
     start bigint := LEAST(hi::numeric, lo::numeric
                           + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
     got   uuid[];
+    got_tid tid[];
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
     me_lo bigint := me & 4294967295;
@@ -334,7 +346,7 @@ BEGIN
     -- where in the key that message is (at): the messages in flight and the
     -- dead entries before it are stepped over once, by the probe, and the
     -- key's scan starts at it. A key with nothing claimable is passed by.
-    SELECT array_agg(j.id) INTO got FROM (
+    SELECT array_agg(j.id), array_agg(j.ctid) INTO got, got_tid FROM (
         WITH RECURSIVE up(k, at, n) AS (
             SELECT f.k, f.at, 1 FROM (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
@@ -343,7 +355,7 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key >= start AND m.channel_key <= hi
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             UNION ALL
@@ -354,7 +366,7 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key > up.k AND m.channel_key <= hi
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             WHERE up.n < budget
@@ -367,7 +379,7 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key >= lo AND m.channel_key < start
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             UNION ALL
@@ -378,17 +390,17 @@ BEGIN
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (picked)
+                  AND m.id <> ALL (ids)
                   AND m.channel_key > around.k AND m.channel_key < start
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             WHERE around.n < budget
         )
-        SELECT r.id
+        SELECT r.id, r.ctid
         FROM (SELECT up.k, up.at FROM up
               UNION ALL
               SELECT around.k, around.at FROM around) ks,
         LATERAL (
-            SELECT m.id FROM mq_msgs m
+            SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
@@ -399,11 +411,11 @@ BEGIN
               AND m.attempt_at <= ts
               AND m.attempts > 0
               AND (only_name IS NULL OR m.channel_name = only_name)
-              AND m.id <> ALL (picked)
+              AND m.id <> ALL (ids)
               -- The locked lane: first deliveries not left by a dead locker.
               AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
                                              AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (mq_pick)
+                                                  OR NOT CASE -- spent (above)
                     WHEN m.xmax::text::bigint < 3 THEN false
                     WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
                          - 2147483648 < 0 THEN false
@@ -417,9 +429,10 @@ BEGIN
             LIMIT per_key
             FOR NO KEY UPDATE SKIP LOCKED
         ) r
-        LIMIT want - cardinality(picked)
+        LIMIT want - cardinality(ids)
     ) j;
-    RETURN picked || COALESCE(got, '{}');
+    ids := ids || COALESCE(got, '{}');
+    tids := tids || COALESCE(got_tid, '{}');
 END;
 $$;
 
