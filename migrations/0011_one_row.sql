@@ -64,6 +64,166 @@ CREATE OR REPLACE VIEW mq_payloads AS
     SELECT m.id, m.name, m.payload_json, m.payload_bytes, m.last_error
     FROM mq_msgs m;
 
+-- Records each touched chain's new tail: the batch's last message on it.
+-- Called by mq_insert under the chains' locks. Each chain's row is found
+-- by a probe of its key (a LATERAL index scan per chain) and then updated
+-- by TID: a join of the batch's chains with mq_chains was a nested loop,
+-- n² per batch.
+CREATE OR REPLACE FUNCTION mq_record_tails(new_messages mq_new_t[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    at_tid  tid[];  -- the chains' rows, sorted, and each one's new tail
+    at_id   uuid[];
+    new_n   text[]; -- chains with no row yet
+    new_a   text[];
+    new_id  uuid[];
+BEGIN
+    WITH last AS (
+        SELECT DISTINCT ON (t.channel_name, COALESCE(t.channel_args, ''))
+               t.channel_name, COALESCE(t.channel_args, '') AS args, t.id
+        FROM unnest(new_messages) WITH ORDINALITY AS t
+        WHERE t.ordered
+        ORDER BY t.channel_name, COALESCE(t.channel_args, ''), t.ordinality DESC
+    ),
+    found AS (
+        SELECT l.channel_name, l.args, l.id, c.ctid AS at
+        FROM last l
+        LEFT JOIN LATERAL (
+            SELECT c.ctid FROM mq_chains c
+            WHERE c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
+                                   | (hashtext(l.args)::bigint & 4294967295))
+              AND c.channel_name = l.channel_name
+              AND c.channel_args = l.args
+            OFFSET 0 -- a probe per chain: never flattened into a join
+        ) c ON true
+    )
+    SELECT array_agg(f.at ORDER BY f.at) FILTER (WHERE f.at IS NOT NULL),
+           array_agg(f.id ORDER BY f.at) FILTER (WHERE f.at IS NOT NULL),
+           array_agg(f.channel_name) FILTER (WHERE f.at IS NULL),
+           array_agg(f.args) FILTER (WHERE f.at IS NULL),
+           array_agg(f.id) FILTER (WHERE f.at IS NULL)
+    INTO at_tid, at_id, new_n, new_a, new_id
+    FROM found f;
+
+    IF at_tid IS NOT NULL THEN
+        UPDATE mq_chains c SET tail_id = at_id[width_bucket(c.ctid, at_tid)]
+        WHERE c.ctid = ANY (at_tid);
+    END IF;
+    IF new_id IS NOT NULL THEN
+        INSERT INTO mq_chains (channel_name, channel_args, tail_id)
+        SELECT * FROM unnest(new_n, new_a, new_id);
+    END IF;
+END;
+$$;
+
+-- Repairs chains after members left them (deleted, or detached by mq_skip):
+-- each successor is linked to its nearest predecessor that stayed, and a
+-- chain's recorded tail moves back the same way (an emptied chain is
+-- forgotten). Arrays: the members that left, with their old predecessor,
+-- channel and args. Returns the channels whose chain got a new head.
+-- Callers hold the chains' locks (mq_lock_chains).
+CREATE OR REPLACE FUNCTION mq_unlink(g_id uuid[], g_after uuid[], g_name text[],
+                                     g_args text[])
+RETURNS text[]
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    r_id    uuid[];
+    r_pred  uuid[];
+    r_name  text[];
+    r_args  text[];
+    chans   text[];
+    -- The members that left sorted by id, with their predecessors; then
+    -- the same for what walk found: rows are matched to them by binary
+    -- search (width_bucket), since joining the arrays was a nested loop,
+    -- n² per batch.
+    s_id    uuid[];
+    s_after uuid[];
+    o_id    uuid[];
+    o_pred  uuid[];
+    h_tid    tid[];  -- chain rows whose tail left: sorted, with the new tail
+    h_pred   uuid[];
+    gone_tid tid[];  -- chain rows of chains now empty
+    nil      uuid := '00000000-0000-0000-0000-000000000000';
+BEGIN
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.after ORDER BY u.id)
+    INTO s_id, s_after
+    FROM unnest(g_id, g_after) AS u(id, after);
+
+    -- Each member that left walks back over the members that left with it
+    -- to the nearest predecessor that stayed.
+    WITH RECURSIVE walk(id, pred, cn, ca) AS (
+        SELECT u.id, u.after, u.cn, u.ca
+        FROM unnest(g_id, g_after, g_name, g_args) AS u(id, after, cn, ca)
+        UNION ALL
+        SELECT w.id, s_after[width_bucket(w.pred, s_id)], w.cn, w.ca
+        FROM walk w
+        WHERE s_id[width_bucket(w.pred, s_id)] = w.pred
+    )
+    SELECT array_agg(w.id), array_agg(w.pred), array_agg(w.cn), array_agg(w.ca)
+    INTO r_id, r_pred, r_name, r_args
+    FROM walk w
+    WHERE s_id[width_bucket(w.pred, s_id)] IS DISTINCT FROM w.pred;
+
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.pred ORDER BY u.id)
+    INTO o_id, o_pred
+    FROM unnest(r_id, r_pred) AS u(id, pred);
+
+    WITH moved AS (
+        UPDATE mq_msgs s SET after_message_id = o_pred[width_bucket(s.after_message_id, o_id)]
+        -- Found by after_message_id = ANY: an index condition on
+        -- mq_msgs_successor, whose predicate follows.
+        WHERE s.after_message_id = ANY (o_id)
+          AND s.after_message_id IS NOT NULL
+          AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid
+        RETURNING s.channel_name, s.after_message_id AS pred
+    )
+    SELECT array_agg(DISTINCT mv.channel_name) INTO chans
+    FROM moved mv
+    WHERE mv.pred = '00000000-0000-0000-0000-000000000000'::uuid;
+
+    -- Chains whose recorded tail left: found by a probe of each chain's
+    -- key, then handed back to the nearest predecessor that stayed, or
+    -- forgotten when the chain emptied (by TID, as in mq_record_tails).
+    SELECT array_agg(c.at ORDER BY c.at) FILTER (WHERE u.pred <> nil),
+           array_agg(u.pred ORDER BY c.at) FILTER (WHERE u.pred <> nil),
+           array_agg(c.at) FILTER (WHERE u.pred = nil)
+    INTO h_tid, h_pred, gone_tid
+    FROM unnest(r_id, r_pred, r_name, r_args) AS u(id, pred, cn, ca),
+    LATERAL (
+        SELECT c.ctid AS at FROM mq_chains c
+        WHERE c.channel_key = ((hashtext(u.cn)::bigint << 32)
+                               | (hashtext(u.ca)::bigint & 4294967295))
+          AND c.channel_name = u.cn
+          AND c.channel_args = u.ca
+          AND c.tail_id = u.id
+        OFFSET 0 -- a probe per chain: never flattened into a join
+    ) c;
+    IF h_tid IS NOT NULL THEN
+        UPDATE mq_chains c SET tail_id = h_pred[width_bucket(c.ctid, h_tid)]
+        WHERE c.ctid = ANY (h_tid);
+    END IF;
+    IF gone_tid IS NOT NULL THEN
+        DELETE FROM mq_chains c WHERE c.ctid = ANY (gone_tid);
+    END IF;
+    RETURN chans;
+END;
+$$;
+
 -- Inserts a batch in one statement: all of it, or (on any error) none of it.
 CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
@@ -177,23 +337,6 @@ BEGIN
             FROM unnest(new_messages) WITH ORDINALITY AS t(
                 id, delay, retries, retry_backoff, channel_name, channel_args,
                 commit_interval, ordered, name, payload_json, payload_bytes, ord)
-        ),
-        -- The live tail of each chain this batch appends to.
-        -- (LATERAL ... LIMIT 1: an index probe per chain, whatever the plan.)
-        tails AS (
-            SELECT w.channel_name, w.args AS channel_args, t.tail_id
-            FROM (SELECT DISTINCT b.channel_name, b.args FROM batch b WHERE b.ordered) w,
-            LATERAL (
-                SELECT c.tail_id FROM mq_chains c
-                WHERE c.channel_key = ((hashtext(w.channel_name)::bigint << 32)
-                                       | (hashtext(w.args)::bigint & 4294967295))
-                  AND c.channel_name = w.channel_name
-                  AND c.channel_args = w.args
-                  -- (a scalar subquery stays a probe by id; EXISTS could
-                  -- become a join that reads the primary key whole)
-                  AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
-                LIMIT 1
-            ) t
         )
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval,
@@ -207,15 +350,25 @@ BEGIN
                b.channel_name, b.args, b.commit_interval,
                CASE WHEN b.ordered THEN COALESCE(
                    lag(b.id) OVER chain,
-                   tl.tail_id,
+                   -- The chain's live tail, for its first message in the
+                   -- batch only: a probe of its key (a join of the batch
+                   -- with the chains' tails was a nested loop, n² per
+                   -- batch). A scalar subquery stays a probe by id, where
+                   -- EXISTS could become a join that reads the primary key
+                   -- whole.
+                   (SELECT c.tail_id FROM mq_chains c
+                    WHERE c.channel_key = ((hashtext(b.channel_name)::bigint << 32)
+                                           | (hashtext(b.args)::bigint & 4294967295))
+                      AND c.channel_name = b.channel_name
+                      AND c.channel_args = b.args
+                      AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
+                    LIMIT 1),
                    '00000000-0000-0000-0000-000000000000'::uuid)
                END,
                ts + COALESCE(b.delay, interval '0')
                   + COALESCE(b.commit_interval, interval '0'),
                COALESCE(b.name, ''), b.payload_json::jsonb, b.payload_bytes
         FROM batch b
-        LEFT JOIN tails tl
-          ON b.ordered AND tl.channel_name = b.channel_name AND tl.channel_args = b.args
         WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
         ORDER BY b.ord;
     END IF;

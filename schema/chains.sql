@@ -27,7 +27,10 @@ END;
 $$;
 
 -- Records each touched chain's new tail: the batch's last message on it.
--- Called by mq_insert under the chains' locks.
+-- Called by mq_insert under the chains' locks. Each chain's row is found
+-- by a probe of its key (a LATERAL index scan per chain) and then updated
+-- by TID: a join of the batch's chains with mq_chains was a nested loop,
+-- n² per batch.
 CREATE OR REPLACE FUNCTION mq_record_tails(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
@@ -38,6 +41,12 @@ SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
 AS $$
+DECLARE
+    at_tid  tid[];  -- the chains' rows, sorted, and each one's new tail
+    at_id   uuid[];
+    new_n   text[]; -- chains with no row yet
+    new_a   text[];
+    new_id  uuid[];
 BEGIN
     WITH last AS (
         SELECT DISTINCT ON (t.channel_name, COALESCE(t.channel_args, ''))
@@ -46,25 +55,34 @@ BEGIN
         WHERE t.ordered
         ORDER BY t.channel_name, COALESCE(t.channel_args, ''), t.ordinality DESC
     ),
-    moved AS (
-        UPDATE mq_chains c SET tail_id = l.id
+    found AS (
+        SELECT l.channel_name, l.args, l.id, c.ctid AS at
         FROM last l
-        -- The keys as an array: an index condition in any join order.
-        WHERE c.channel_key = ANY (ARRAY(
-                  SELECT (hashtext(k.channel_name)::bigint << 32)
-                         | (hashtext(k.args)::bigint & 4294967295) FROM last k))
-          AND c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
-                               | (hashtext(l.args)::bigint & 4294967295))
-          AND c.channel_name = l.channel_name
-          AND c.channel_args = l.args
-        RETURNING c.channel_name, c.channel_args
+        LEFT JOIN LATERAL (
+            SELECT c.ctid FROM mq_chains c
+            WHERE c.channel_key = ((hashtext(l.channel_name)::bigint << 32)
+                                   | (hashtext(l.args)::bigint & 4294967295))
+              AND c.channel_name = l.channel_name
+              AND c.channel_args = l.args
+            OFFSET 0 -- a probe per chain: never flattened into a join
+        ) c ON true
     )
-    INSERT INTO mq_chains (channel_name, channel_args, tail_id)
-    SELECT l.channel_name, l.args, l.id
-    FROM last l
-    WHERE NOT EXISTS (SELECT 1 FROM moved mv
-                      WHERE mv.channel_name = l.channel_name
-                        AND mv.channel_args = l.args);
+    SELECT array_agg(f.at ORDER BY f.at) FILTER (WHERE f.at IS NOT NULL),
+           array_agg(f.id ORDER BY f.at) FILTER (WHERE f.at IS NOT NULL),
+           array_agg(f.channel_name) FILTER (WHERE f.at IS NULL),
+           array_agg(f.args) FILTER (WHERE f.at IS NULL),
+           array_agg(f.id) FILTER (WHERE f.at IS NULL)
+    INTO at_tid, at_id, new_n, new_a, new_id
+    FROM found f;
+
+    IF at_tid IS NOT NULL THEN
+        UPDATE mq_chains c SET tail_id = at_id[width_bucket(c.ctid, at_tid)]
+        WHERE c.ctid = ANY (at_tid);
+    END IF;
+    IF new_id IS NOT NULL THEN
+        INSERT INTO mq_chains (channel_name, channel_args, tail_id)
+        SELECT * FROM unnest(new_n, new_a, new_id);
+    END IF;
 END;
 $$;
 
@@ -114,62 +132,79 @@ DECLARE
     r_name  text[];
     r_args  text[];
     chans   text[];
+    -- The members that left sorted by id, with their predecessors; then
+    -- the same for what walk found: rows are matched to them by binary
+    -- search (width_bucket), since joining the arrays was a nested loop,
+    -- n² per batch.
+    s_id    uuid[];
+    s_after uuid[];
+    o_id    uuid[];
+    o_pred  uuid[];
+    h_tid    tid[];  -- chain rows whose tail left: sorted, with the new tail
+    h_pred   uuid[];
+    gone_tid tid[];  -- chain rows of chains now empty
+    nil      uuid := '00000000-0000-0000-0000-000000000000';
 BEGIN
-    WITH RECURSIVE g AS (
-        SELECT * FROM unnest(g_id, g_after, g_name, g_args) AS u(id, after, cn, ca)
-    ),
-    walk(id, pred, cn, ca) AS (
-        SELECT g.id, g.after, g.cn, g.ca FROM g
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.after ORDER BY u.id)
+    INTO s_id, s_after
+    FROM unnest(g_id, g_after) AS u(id, after);
+
+    -- Each member that left walks back over the members that left with it
+    -- to the nearest predecessor that stayed.
+    WITH RECURSIVE walk(id, pred, cn, ca) AS (
+        SELECT u.id, u.after, u.cn, u.ca
+        FROM unnest(g_id, g_after, g_name, g_args) AS u(id, after, cn, ca)
         UNION ALL
-        SELECT w.id, g.after, w.cn, w.ca FROM walk w JOIN g ON g.id = w.pred
+        SELECT w.id, s_after[width_bucket(w.pred, s_id)], w.cn, w.ca
+        FROM walk w
+        WHERE s_id[width_bucket(w.pred, s_id)] = w.pred
     )
     SELECT array_agg(w.id), array_agg(w.pred), array_agg(w.cn), array_agg(w.ca)
     INTO r_id, r_pred, r_name, r_args
     FROM walk w
-    WHERE NOT (w.pred = ANY (g_id));
+    WHERE s_id[width_bucket(w.pred, s_id)] IS DISTINCT FROM w.pred;
+
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.pred ORDER BY u.id)
+    INTO o_id, o_pred
+    FROM unnest(r_id, r_pred) AS u(id, pred);
 
     WITH moved AS (
-        UPDATE mq_msgs s SET after_message_id = r.pred
-        FROM unnest(r_id, r_pred) AS r(id, pred)
-        WHERE s.after_message_id = r.id
-          -- (the predicate of mq_msgs_successor, so that index is used)
+        UPDATE mq_msgs s SET after_message_id = o_pred[width_bucket(s.after_message_id, o_id)]
+        -- Found by after_message_id = ANY: an index condition on
+        -- mq_msgs_successor, whose predicate follows.
+        WHERE s.after_message_id = ANY (o_id)
           AND s.after_message_id IS NOT NULL
           AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid
-        RETURNING s.channel_name, r.pred
+        RETURNING s.channel_name, s.after_message_id AS pred
     )
     SELECT array_agg(DISTINCT mv.channel_name) INTO chans
     FROM moved mv
     WHERE mv.pred = '00000000-0000-0000-0000-000000000000'::uuid;
 
-    WITH r AS (
-        SELECT * FROM unnest(r_id, r_pred, r_name, r_args) AS u(id, pred, cn, ca)
-    ),
-    keys AS (
-        SELECT array_agg((hashtext(r.cn)::bigint << 32)
-                         | (hashtext(r.ca)::bigint & 4294967295)) AS k
-        FROM r
-    ),
-    handed AS (
-        UPDATE mq_chains c SET tail_id = r.pred
-        FROM r
-        -- The keys as an array: an index condition in any join order.
-        WHERE c.channel_key = ANY ((SELECT keys.k FROM keys)::bigint[])
-          AND c.channel_key = ((hashtext(r.cn)::bigint << 32)
-                               | (hashtext(r.ca)::bigint & 4294967295))
-          AND c.channel_name = r.cn
-          AND c.channel_args = r.ca
-          AND c.tail_id = r.id
-          AND r.pred <> '00000000-0000-0000-0000-000000000000'::uuid
-    )
-    DELETE FROM mq_chains c
-    USING r
-    WHERE c.channel_key = ANY ((SELECT keys.k FROM keys)::bigint[])
-      AND c.channel_key = ((hashtext(r.cn)::bigint << 32)
-                           | (hashtext(r.ca)::bigint & 4294967295))
-      AND c.channel_name = r.cn
-      AND c.channel_args = r.ca
-      AND c.tail_id = r.id
-      AND r.pred = '00000000-0000-0000-0000-000000000000'::uuid;
+    -- Chains whose recorded tail left: found by a probe of each chain's
+    -- key, then handed back to the nearest predecessor that stayed, or
+    -- forgotten when the chain emptied (by TID, as in mq_record_tails).
+    SELECT array_agg(c.at ORDER BY c.at) FILTER (WHERE u.pred <> nil),
+           array_agg(u.pred ORDER BY c.at) FILTER (WHERE u.pred <> nil),
+           array_agg(c.at) FILTER (WHERE u.pred = nil)
+    INTO h_tid, h_pred, gone_tid
+    FROM unnest(r_id, r_pred, r_name, r_args) AS u(id, pred, cn, ca),
+    LATERAL (
+        SELECT c.ctid AS at FROM mq_chains c
+        WHERE c.channel_key = ((hashtext(u.cn)::bigint << 32)
+                               | (hashtext(u.ca)::bigint & 4294967295))
+          AND c.channel_name = u.cn
+          AND c.channel_args = u.ca
+          AND c.tail_id = u.id
+        OFFSET 0 -- a probe per chain: never flattened into a join
+    ) c;
+    IF h_tid IS NOT NULL THEN
+        UPDATE mq_chains c SET tail_id = h_pred[width_bucket(c.ctid, h_tid)]
+        WHERE c.ctid = ANY (h_tid);
+    END IF;
+    IF gone_tid IS NOT NULL THEN
+        DELETE FROM mq_chains c WHERE c.ctid = ANY (gone_tid);
+    END IF;
     RETURN chans;
 END;
 $$;

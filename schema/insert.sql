@@ -115,23 +115,6 @@ BEGIN
             FROM unnest(new_messages) WITH ORDINALITY AS t(
                 id, delay, retries, retry_backoff, channel_name, channel_args,
                 commit_interval, ordered, name, payload_json, payload_bytes, ord)
-        ),
-        -- The live tail of each chain this batch appends to.
-        -- (LATERAL ... LIMIT 1: an index probe per chain, whatever the plan.)
-        tails AS (
-            SELECT w.channel_name, w.args AS channel_args, t.tail_id
-            FROM (SELECT DISTINCT b.channel_name, b.args FROM batch b WHERE b.ordered) w,
-            LATERAL (
-                SELECT c.tail_id FROM mq_chains c
-                WHERE c.channel_key = ((hashtext(w.channel_name)::bigint << 32)
-                                       | (hashtext(w.args)::bigint & 4294967295))
-                  AND c.channel_name = w.channel_name
-                  AND c.channel_args = w.args
-                  -- (a scalar subquery stays a probe by id; EXISTS could
-                  -- become a join that reads the primary key whole)
-                  AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
-                LIMIT 1
-            ) t
         )
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval,
@@ -145,15 +128,25 @@ BEGIN
                b.channel_name, b.args, b.commit_interval,
                CASE WHEN b.ordered THEN COALESCE(
                    lag(b.id) OVER chain,
-                   tl.tail_id,
+                   -- The chain's live tail, for its first message in the
+                   -- batch only: a probe of its key (a join of the batch
+                   -- with the chains' tails was a nested loop, n² per
+                   -- batch). A scalar subquery stays a probe by id, where
+                   -- EXISTS could become a join that reads the primary key
+                   -- whole.
+                   (SELECT c.tail_id FROM mq_chains c
+                    WHERE c.channel_key = ((hashtext(b.channel_name)::bigint << 32)
+                                           | (hashtext(b.args)::bigint & 4294967295))
+                      AND c.channel_name = b.channel_name
+                      AND c.channel_args = b.args
+                      AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
+                    LIMIT 1),
                    '00000000-0000-0000-0000-000000000000'::uuid)
                END,
                ts + COALESCE(b.delay, interval '0')
                   + COALESCE(b.commit_interval, interval '0'),
                COALESCE(b.name, ''), b.payload_json::jsonb, b.payload_bytes
         FROM batch b
-        LEFT JOIN tails tl
-          ON b.ordered AND tl.channel_name = b.channel_name AND tl.channel_args = b.args
         WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
         ORDER BY b.ord;
     END IF;
