@@ -114,9 +114,9 @@ static void test_schema_others_can_create_in_is_refused(void)
 
 static void test_helpers_not_for_public(void)
 {
-    const char *helpers[] = {
-        "mq_lock_new_chains", "mq_record_tails", "mq_wake",   "mq_pick_keys", "mq_pick_set",
-        "mq_lock_chains",     "mq_unlink",       "mq_fixed_length"};
+    const char *helpers[] = {"mq_lock_new_chains", "mq_record_tails", "mq_wake",
+                             "mq_pick_keys",       "mq_pick_set",     "mq_lock_chains",
+                             "mq_unlink",          "mq_fixed_length"};
     for (size_t i = 0; i < sizeof helpers / sizeof *helpers; i++)
         if (t_sql_int(pg,
                       "SELECT count(*) FROM pg_proc p WHERE p.proname = '%s' "
