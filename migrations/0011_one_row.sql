@@ -421,6 +421,7 @@ DECLARE
     nm      text;
     lo      bigint;
     hi      bigint;
+    low     timestamptz; -- see mq_pick_keys
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
@@ -433,9 +434,9 @@ BEGIN
     tids := '{}';
 
     IF channel_names IS NULL THEN
-        SELECT p.ids, p.tids INTO ids, tids
+        SELECT p.ids, p.tids, p.low INTO ids, tids, low
         FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
-                          per_key, batch_size, budget, ts, lane, ids, tids) p;
+                          per_key, batch_size, budget, ts, lane, ids, tids, low) p;
     ELSE
         -- Round 1 takes up to per_key from each named channel; round 2 takes
         -- more from channels that had more to give.
@@ -446,15 +447,20 @@ BEGIN
                 EXIT WHEN cardinality(ids) >= batch_size;
                 lo := hashtext(nm)::bigint << 32;
                 hi := lo | 4294967295;
-                SELECT p.ids, p.tids INTO ids, tids
+                SELECT p.ids, p.tids, p.low INTO ids, tids, low
                 FROM mq_pick_keys(nm, lo, hi,
                                   CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, ts, lane, ids, tids) p;
+                                  batch_size, budget, ts, lane, ids, tids, low) p;
             END LOOP;
         END LOOP;
     END IF;
 
-    -- Unfiltered polls top up from the time index: exact and O(batch log n).
+    -- Unfiltered polls top up from the time index, O(batch log n). When the
+    -- channels' scan took something, the top-up starts at the first
+    -- claimable message it found (low): the messages in flight before it
+    -- were stepped over once already. What is older still sits in channels
+    -- the scan's budget left unvisited, for a later poll from another
+    -- random point.
     IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
         SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
             SELECT m.id, m.ctid FROM mq_msgs m
@@ -462,6 +468,7 @@ BEGIN
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
               AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+              AND m.ready_at >= COALESCE(low, '-infinity'::timestamptz)
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
               AND m.attempt_at <= ts
@@ -612,7 +619,8 @@ $$;
 -- per direction. Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
 -- concurrent pollers skip each other's rows instead of waiting. Appends the
 -- ids to ids and the locked row versions' ctids to tids (ids also says what
--- not to take again). lane: as in mq_pick_set.
+-- not to take again), and lowers low to the place (ready_at) of the first
+-- claimable message of the channels it took from. lane: as in mq_pick_set.
 --
 -- The locked lane (lane 1) passes a row by when its locker (xmax) spent it:
 -- the locker ended without committing, so the row's locked delivery died
@@ -627,7 +635,8 @@ $$;
 CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
                                         per_key int, want int, budget int,
                                         ts timestamptz, lane int,
-                                        INOUT ids uuid[], INOUT tids tid[])
+                                        INOUT ids uuid[], INOUT tids tid[],
+                                        INOUT low timestamptz)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
@@ -644,6 +653,7 @@ DECLARE
                           + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
     got   uuid[];
     got_tid tid[];
+    got_at timestamptz;
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
     me_lo bigint := me & 4294967295;
@@ -652,7 +662,7 @@ BEGIN
     -- where in the key that message is (at): the messages in flight and the
     -- dead entries before it are stepped over once, by the probe, and the
     -- key's scan starts at it. A key with nothing claimable is passed by.
-    SELECT array_agg(j.id), array_agg(j.ctid) INTO got, got_tid FROM (
+    SELECT array_agg(j.id), array_agg(j.ctid), min(j.at) INTO got, got_tid, got_at FROM (
         WITH RECURSIVE up(k, at, n) AS (
             SELECT f.k, f.at, 1 FROM (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
@@ -701,7 +711,7 @@ BEGIN
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             WHERE around.n < budget
         )
-        SELECT r.id, r.ctid
+        SELECT r.id, r.ctid, ks.at
         FROM (SELECT up.k, up.at FROM up
               UNION ALL
               SELECT around.k, around.at FROM around) ks,
@@ -739,6 +749,7 @@ BEGIN
     ) j;
     ids := ids || COALESCE(got, '{}');
     tids := tids || COALESCE(got_tid, '{}');
+    low := LEAST(low, got_at);
 END;
 $$;
 

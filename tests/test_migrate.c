@@ -740,7 +740,7 @@ static void test_qualified_calls_from_another_search_path(void)
     PQclear(r);
 
     /* Qualified calls work: everything the functions call unqualified
-     * (tables, mq_limits, mq_pick, mq_wake, ...) comes from the pinned path. */
+     * (tables, mq_limits, mq_pick_keys, mq_wake, ...) comes from the pinned path. */
     t_exec(c,
            "SELECT %s.mq_insert(ARRAY["
            "('00000000-0000-7000-8000-000000000001', NULL, 2, '10s', 'pin', 'a', NULL, true,"
