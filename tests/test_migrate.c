@@ -478,7 +478,8 @@ static void test_psql_applies_the_same_schema(void)
  * Migration 0011 moves the payloads into mq_msgs and makes mq_payloads a
  * view: every payload, name and last error survives, read by id as before,
  * a role's grants on the table pass to the view, the queue delivers the
- * same payloads, and applying 0011 again changes nothing. */
+ * same payloads, applying 0011 again changes nothing, and an UPDATE or a
+ * DELETE through the view changes or deletes the message. */
 static void test_upgrade_to_one_row_keeps_payloads_and_grants(void)
 {
     const char *psql = find_psql();
@@ -550,6 +551,19 @@ static void test_upgrade_to_one_row_keeps_payloads_and_grants(void)
         CHECK_STR(PQgetvalue(r, 0, 1), "{\"n\": 1}");
     }
     PQclear(r);
+    /* Through the view, an UPDATE changes the message and a DELETE deletes it. */
+    t_exec(pg,
+           "UPDATE %s.mq_payloads SET last_error = 'again' "
+           "WHERE id = '00000000-0000-7000-8000-0000000000a2'",
+           s);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM %s.mq_msgs WHERE last_error = 'again' "
+                        "AND id = '00000000-0000-7000-8000-0000000000a2'",
+                        s),
+              1);
+    t_exec(pg, "DELETE FROM %s.mq_payloads WHERE id = '00000000-0000-7000-8000-0000000000a2'",
+           s);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_msgs", s), 1);
     free(once);
     free(twice);
     globfree(&g);
