@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# bench/ceiling.sh: what a queue with pqmq's guarantees can reach at best,
+# against the floor, with the same client (pgbench) for every form.
+#
+#   bench/ceiling.sh CONNINFO [SECONDS] [ROUNDS] [MESSAGES]
+#
+# Each form in turn drains a queue of MESSAGES (default 2,000,000) messages of
+# 100 channels for SECONDS (default 5) with 2 clients in batches of 100;
+# ROUNDS (default 3) times:
+#   floor     DELETE ... WHERE ctid = ANY (ARRAY(SELECT ctid ... ORDER BY
+#             created_at LIMIT 100 FOR UPDATE SKIP LOCKED)) RETURNING payload:
+#             the bench's ctid floor, one statement and one commit a batch.
+#   table     the floor's DELETE on pqmq's mq_msgs (its row, its indexes,
+#             its readiness test): what the table costs.
+#   lease     the least SQL a lease needs, on pqmq's own table and indexes:
+#             one statement a batch deletes the previous batch (by id, fenced
+#             by its delivery count) and leases the next (a HOT update by
+#             ctid) returning its payloads; no fairness, no counters, no
+#             PL/pgSQL. A lease must be written and committed before the
+#             handler runs, so it costs a row version more than the floor.
+#   lease-ctid  the same, deleting the previous batch by ctid.
+#   locked    the least SQL of the locked lane: BEGIN; lock a batch (FOR NO KEY
+#             UPDATE SKIP LOCKED) returning payloads; delete it by ctid;
+#             COMMIT. The floor's writes, in two statements.
+#   pqmq      mq_complete_claim (what pqmq_complete_and_poll sends), and
+#   pqmq-locked  mq_claim_locked + mq_complete_all (pqmq_poll_locked).
+# Then the inserts, each for SECONDS into an empty table, 100 rows a
+# statement:
+#   insert-floor  a plain INSERT into the floor's table;
+#   insert-table  the same INSERT into pqmq's mq_msgs (its row, its indexes);
+#   insert-pqmq   mq_insert (what pqmq_insert sends).
+# Prints msg/s per form and round, and each form's ratio to the floor of
+# its round. FORMS and IFORMS choose the forms (space-separated; the first
+# is the one the others are divided by). Uses schemas "ceiling" (pqmq's migrations, applied here with
+# the pqmq command from build/tools) and "ceiling_floor"; drops both.
+set -euo pipefail
+dsn=${1:?usage: bench/ceiling.sh CONNINFO [SECONDS] [ROUNDS] [MESSAGES]}
+secs=${2:-5}
+rounds=${3:-3}
+n=${4:-2000000}
+here=$(cd "$(dirname "$0")" && pwd)
+pqmq=${PQMQ_CMD:-$here/../build/tools/pqmq}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+q() { psql -X -q -v ON_ERROR_STOP=1 -d "$dsn" "$@"; }
+
+q -c 'SET client_min_messages = warning' -c 'DROP SCHEMA IF EXISTS ceiling CASCADE' -c 'DROP SCHEMA IF EXISTS ceiling_floor CASCADE' \
+    -c 'CREATE SCHEMA ceiling' -c 'CREATE SCHEMA ceiling_floor' -c 'SET search_path = ceiling_floor' \
+    -c 'CREATE TABLE msgs (id uuid PRIMARY KEY, channel text NOT NULL, payload jsonb,
+                           created_at timestamptz NOT NULL DEFAULT now())' \
+    -c 'CREATE INDEX msgs_created_at ON msgs (created_at)'
+"$pqmq" -d "$dsn" --schema ceiling migrate >/dev/null 2>&1
+
+# Each form's fill: n messages, 100 channels, in batches of 100 (distinct
+# places per batch, as producers give them).
+fill_floor() {
+    q -c "TRUNCATE ceiling_floor.msgs" -c "INSERT INTO ceiling_floor.msgs
+          SELECT gen_random_uuid(), 'c' || (g % 100), '{\"k\": 1}',
+                 now() - interval '1 hour' + (g / 100) * interval '1 ms'
+          FROM generate_series(1, $n) g" -c "VACUUM ANALYZE ceiling_floor.msgs"
+}
+fill_pqmq() {
+    # The rows mq_insert writes for unordered messages, inserted directly:
+    # filling through mq_insert would take longer than the runs.
+    q -c "TRUNCATE ceiling.mq_msgs, ceiling.mq_count_deltas, ceiling.mq_counts" \
+        -c "INSERT INTO ceiling.mq_msgs (id, attempts, retry_backoff, channel_name,
+                name, payload_json, attempt_at, ready_at)
+            SELECT gen_random_uuid(), 3, interval '1 second', 'c' || (g % 100), 'n',
+                   '{\"k\": 1}', t, t
+            FROM generate_series(1, $n) g,
+                 LATERAL (SELECT now() - interval '1 hour' + (g / 100) * interval '1 ms') s(t)" \
+        -c "VACUUM ANALYZE ceiling.mq_msgs"
+}
+
+cat >"$work/floor.sql" <<'EOF'
+DELETE FROM ceiling_floor.msgs WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM ceiling_floor.msgs ORDER BY created_at LIMIT 100
+    FOR UPDATE SKIP LOCKED)) RETURNING id, payload;
+EOF
+cat >"$work/table.sql" <<'EOF'
+DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM ceiling.mq_msgs
+    WHERE dead_since IS NULL
+      AND (after_message_id IS NULL
+           OR after_message_id = '00000000-0000-0000-0000-000000000000')
+      AND ready_at > '-infinity' AND attempt_at <= now()
+    ORDER BY ready_at LIMIT 100 FOR UPDATE SKIP LOCKED)) RETURNING id, payload_json;
+EOF
+cat >"$work/lease-ctid.sql" <<'EOF'
+WITH done AS (
+    DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (:tids::tid[]) AND deliveries = 1
+    RETURNING 1),
+claimed AS (
+    UPDATE ceiling.mq_msgs SET attempt_at = now() + interval '5 minutes',
+                               deliveries = deliveries + 1
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM ceiling.mq_msgs
+        WHERE dead_since IS NULL
+          AND (after_message_id IS NULL
+               OR after_message_id = '00000000-0000-0000-0000-000000000000')
+          AND ready_at > '-infinity' AND attempt_at <= now()
+        ORDER BY ready_at LIMIT 100 FOR NO KEY UPDATE SKIP LOCKED))
+    RETURNING ctid, payload_json)
+SELECT COALESCE(array_agg(ctid), '{}')::text AS tids,
+       sum(octet_length(payload_json::text)) AS bytes,
+       (SELECT count(*) FROM done) AS completed
+FROM claimed \gset
+EOF
+cat >"$work/lease.sql" <<'EOF'
+WITH done AS (
+    DELETE FROM ceiling.mq_msgs WHERE id = ANY (:ids::uuid[]) AND deliveries = 1
+    RETURNING 1),
+claimed AS (
+    UPDATE ceiling.mq_msgs SET attempt_at = now() + interval '5 minutes',
+                               deliveries = deliveries + 1
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM ceiling.mq_msgs
+        WHERE dead_since IS NULL
+          AND (after_message_id IS NULL
+               OR after_message_id = '00000000-0000-0000-0000-000000000000')
+          AND ready_at > '-infinity' AND attempt_at <= now()
+        ORDER BY ready_at LIMIT 100 FOR NO KEY UPDATE SKIP LOCKED))
+    RETURNING id, payload_json)
+SELECT COALESCE(array_agg(id), '{}')::text AS ids,
+       sum(octet_length(payload_json::text)) AS bytes,
+       (SELECT count(*) FROM done) AS completed
+FROM claimed \gset
+EOF
+cat >"$work/locked.sql" <<'EOF'
+BEGIN;
+SELECT COALESCE(array_agg(ctid), '{}')::text AS tids,
+       sum(octet_length(payload_json::text)) AS bytes
+FROM (SELECT ctid, payload_json FROM ceiling.mq_msgs
+      WHERE dead_since IS NULL
+        AND (after_message_id IS NULL
+             OR after_message_id = '00000000-0000-0000-0000-000000000000')
+        AND ready_at > '-infinity' AND attempt_at <= now()
+      ORDER BY ready_at LIMIT 100 FOR NO KEY UPDATE SKIP LOCKED) s \gset
+DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (:tids::tid[]);
+COMMIT;
+EOF
+cat >"$work/pqmq.sql" <<'EOF'
+SELECT COALESCE(array_agg((c.job).id) FILTER (WHERE (c.job).id IS NOT NULL), '{}')::text AS ids,
+       COALESCE(array_agg((c.job).attempt) FILTER (WHERE (c.job).id IS NOT NULL), '{}')::text AS atts,
+       sum(octet_length((c.job).payload_json)) AS bytes
+FROM ceiling.mq_complete_claim(:ids::uuid[], :atts::int[], NULL, 100) c \gset
+EOF
+cat >"$work/pqmq-locked.sql" <<'EOF'
+BEGIN;
+SELECT COALESCE(array_agg((j).id) FILTER (WHERE (j).id IS NOT NULL), '{}')::text AS ids,
+       -- a locked delivery is completed as attempt 0 (pqmq__batch_set_locked)
+       COALESCE(array_agg(0) FILTER (WHERE (j).id IS NOT NULL), '{}')::text AS atts,
+       sum(octet_length((j).payload_json)) AS bytes
+FROM ceiling.mq_claim_locked(NULL, 100) j \gset
+SELECT ceiling.mq_complete_all(:ids::uuid[], :atts::int[]);
+COMMIT;
+EOF
+
+# Runs one form for $secs seconds; prints msg/s (messages gone from the
+# table over pgbench's duration; the table must not run dry).
+drain() {
+    local form=$1 left table=ceiling.mq_msgs
+    [[ $form == floor ]] && table=ceiling_floor.msgs
+    pgbench -n -M prepared -c 2 -j 2 -T "$secs" -D ids='{}' -D atts='{}' -D tids='{}' \
+        -f "$work/$form.sql" "$dsn" >"$work/out" 2>&1 || {
+        cat "$work/out" >&2
+        return 1
+    }
+    left=$(q -Atc "SELECT count(*) FROM $table")
+    ((left > 0)) || { echo "ceiling: $form ran dry; give it more messages" >&2; return 1; }
+    echo "($n - $left) / $secs" | bc -l | xargs printf '%.0f\n'
+}
+
+# The inserts: 100 rows a statement on one of the 100 channels, generated
+# by the server alike for every form.
+cat >"$work/insert-floor.sql" <<'EOF'
+\set ch random(0, 99)
+INSERT INTO ceiling_floor.msgs (id, channel, payload)
+SELECT gen_random_uuid(), 'c' || :ch, '{"k": 1}' FROM generate_series(1, 100);
+EOF
+cat >"$work/insert-table.sql" <<'EOF'
+\set ch random(0, 99)
+INSERT INTO ceiling.mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json)
+SELECT gen_random_uuid(), 3, interval '1 second', 'c' || :ch, 'n', '{"k": 1}'
+FROM generate_series(1, 100);
+EOF
+cat >"$work/insert-pqmq.sql" <<'EOF'
+\set ch random(0, 99)
+SELECT ceiling.mq_insert(ARRAY(
+    SELECT ROW(gen_random_uuid(), NULL, 3, interval '1 second', 'c' || :ch, '', NULL,
+               false, 'n', '{"k": 1}', NULL)::ceiling.mq_new_t
+    FROM generate_series(1, 100)));
+EOF
+
+# Runs one insert form for $secs seconds into an empty table; prints msg/s.
+insert() {
+    local form=$1 table=ceiling.mq_msgs
+    [[ $form == insert-floor ]] && table=ceiling_floor.msgs
+    q -c "TRUNCATE $table" -c "TRUNCATE ceiling.mq_count_deltas, ceiling.mq_counts" \
+        -c "VACUUM ANALYZE $table" -c CHECKPOINT
+    pgbench -n -M prepared -c 2 -j 2 -T "$secs" -f "$work/$form.sql" "$dsn" \
+        >"$work/out" 2>&1 || {
+        cat "$work/out" >&2
+        return 1
+    }
+    echo "$(q -Atc "SELECT count(*) FROM $table") / $secs" | bc -l | xargs printf '%.0f\n'
+}
+
+# Prints "label: form rate (ratio to the first form) ...".
+report() {
+    local label=$1 r=$2 line
+    shift 2
+    line="round $r, $label:"
+    for f in "$@"; do
+        line+=$(printf ' %s %s (%.2f)' "$f" "${rate[$r,$f]}" \
+            "$(echo "${rate[$r,$f]} / ${rate[$r,$1]}" | bc -l)")
+    done
+    echo "$line"
+}
+
+declare -A rate
+read -ra forms <<<"${FORMS:-floor table lease lease-ctid locked pqmq pqmq-locked}"
+read -ra iforms <<<"${IFORMS:-insert-floor insert-table insert-pqmq}"
+for r in $(seq 1 "$rounds"); do
+    for f in "${forms[@]}"; do
+        if [[ $f == floor ]]; then fill_floor; else fill_pqmq; fi
+        rate[$r,$f]=$(drain "$f")
+    done
+    for f in "${iforms[@]}"; do
+        rate[$r,$f]=$(insert "$f")
+    done
+    report processing "$r" "${forms[@]}"
+    report enqueue "$r" "${iforms[@]}"
+done
+q -c 'SET client_min_messages = warning' -c 'DROP SCHEMA ceiling CASCADE' \
+    -c 'DROP SCHEMA ceiling_floor CASCADE'
