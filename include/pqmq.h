@@ -160,6 +160,11 @@ PQMQ_EXPORT int pqmq_msg_set_ordered(pqmq_msg *msg, int ordered);
 PQMQ_EXPORT int pqmq_msg_set_id(pqmq_msg *msg, const uuid_t id);
 /* Copies the message's id into out. */
 PQMQ_EXPORT void pqmq_msg_id(const pqmq_msg *msg, uuid_t out);
+/* A unique key (1..1024 bytes of UTF-8): while a message with this key is
+ * live in the channel (queued, scheduled, in flight or uncommitted; a dead
+ * letter is not), inserting another one with it does not create a second
+ * message (see pqmq_insert_unique). NULL clears it. */
+PQMQ_EXPORT int pqmq_msg_set_unique_key(pqmq_msg *msg, const char *key);
 
 /* ---- producing (produce.c) --------------------------------------------- */
 
@@ -189,6 +194,46 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *client, pqmq_msg *const *msgs, size_t n
  */
 PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *client, pqmq_msg *const *const *batches,
                                     const size_t *counts, size_t nbatches, int *rcs);
+
+/* ---- unique keys (unique.c) --------------------------------------------- */
+
+/* What a second insert of a live key does with the message holding it. */
+typedef enum {
+    PQMQ_KEY_KEEP = 0,           /* leave it as it is */
+    PQMQ_KEY_REPLACE = 1,        /* if not started: new name, payload and delay */
+    PQMQ_KEY_REPLACE_PAYLOAD = 2 /* if not started: new name and payload only */
+} pqmq_key_mode;
+
+/* What an insert did with one message. */
+typedef enum {
+    PQMQ_INSERTED = 0, /* a new message (its own id) */
+    PQMQ_KEPT = 1,     /* not inserted: the key's holder stays as it was */
+    PQMQ_REPLACED = 2  /* not inserted: the holder, not yet started, took its payload */
+} pqmq_outcome;
+
+typedef struct {
+    pqmq_outcome outcome;
+    uuid_t id; /* the message inserted, or the key's holder */
+} pqmq_insert_result;
+
+/*
+ * Inserts n messages as pqmq_insert does (one statement, all or nothing,
+ * in the open transaction if any), where a message whose unique key is
+ * held is not inserted: mode says what happens to the holder instead. A
+ * holder that has started (delivered, or held by a consumer) is never
+ * changed: it is kept. The batch counts as inserted in order: a later
+ * message with a key an earlier one took is kept, or replaces it.
+ * retention_ms > 0 keeps each key that long after its message is completed
+ * or deleted (an insert meanwhile is kept, with the completed message's id):
+ * an idempotency key. 0: the key is free once its message is gone.
+ * results (may be NULL) receives n entries, in batch order. pqmq_insert
+ * itself inserts keyed messages as this does with PQMQ_KEY_KEEP and no
+ * retention. Returns 0 or what pqmq_insert returns (PQMQ_EINVAL also for
+ * a bad mode or retention). msgs and results stay the caller's.
+ */
+PQMQ_EXPORT int pqmq_insert_unique(pqmq_client *client, pqmq_msg *const *msgs, size_t n,
+                                   pqmq_key_mode mode, int64_t retention_ms,
+                                   pqmq_insert_result *results);
 
 /* Second phase: makes two-phase messages ready now. Unknown or already
  * committed ids are ignored. Returns 0 or a negative code. */

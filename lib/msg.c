@@ -28,6 +28,7 @@ PQMQ_EXPORT void pqmq_msg_free(pqmq_msg *m)
     free(m->name);
     free(m->json);
     free(m->bytes);
+    free(m->unique_key);
     free(m);
 }
 
@@ -146,4 +147,9 @@ PQMQ_EXPORT void pqmq_msg_id(const pqmq_msg *m, uuid_t out)
         memcpy(out, m->id, sizeof(uuid_t));
     else
         uuid_clear(out);
+}
+
+PQMQ_EXPORT int pqmq_msg_set_unique_key(pqmq_msg *m, const char *key)
+{
+    return m ? set_str(&m->unique_key, key) : PQMQ_EINVAL;
 }

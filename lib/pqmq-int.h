@@ -208,7 +208,18 @@ struct pqmq_msg {
     int64_t commit_interval_ms; /* -1: not two-phase */
     int retries;
     int ordered;
+    char *unique_key; /* NULL: none */
 };
+
+/* ---- produce.c: shared with unique.c ------------------------------------ */
+
+/* Checks a batch as pqmq_insert does; names the bad message. */
+int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n);
+/* Puts the batch as an mq_new_t[] parameter and, when keys is non-zero,
+ * its unique keys as a text[] parameter. */
+int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys);
+/* Does any message of the batch carry a unique key? */
+int pqmq__has_keys(pqmq_msg *const *msgs, size_t n);
 
 /* ---- json.c ----------------------------------------------------------- */
 

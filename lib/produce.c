@@ -65,6 +65,11 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
                                 "(at byte %zu)",
                                 i, at);
     }
+    if (m->unique_key && (!*m->unique_key || strlen(m->unique_key) > 1024))
+        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: unique key is %s", i,
+                            *m->unique_key ? "over 1024 bytes" : "empty (NULL means none)");
+    if ((rc = check_text(c, i, "unique key", m->unique_key, utf8)))
+        return rc;
     if (m->bytes && m->bytes_len > PQMQ_MAX_PAYLOAD)
         return pqmq__seterr(c, PQMQ_ETOOBIG,
                             "pqmq_insert: msgs[%zu]: binary payload of %zu bytes is over "
@@ -73,7 +78,7 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
     return 0;
 }
 
-static int check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
+int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 {
     if (!msgs || n == 0)
         return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: empty batch (msgs %s, n %zu)",
@@ -130,16 +135,42 @@ static int put_msg(pqmq_client *c, PGparam *array, const void *items, size_t i)
     return ok;
 }
 
-/* The batch as mq_insert's parameter, in a new PGparam (*out; caller
- * clears). */
-static int batch_param(pqmq_client *c, pqmq_msg *const *msgs, size_t n, PGparam **out)
+static int put_key(pqmq_client *c, PGparam *array, const void *items, size_t i)
+{
+    (void)c;
+    pqmq_msg *const *msgs = items;
+    return PQputf(array, "%text*", msgs[i]->unique_key);
+}
+
+int pqmq__has_keys(pqmq_msg *const *msgs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (msgs[i]->unique_key)
+            return 1;
+    return 0;
+}
+
+int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys)
 {
     struct batch b = {msgs, pqmq__param(c)};
-    *out = b.el ? pqmq__param(c) : NULL;
-    int rc = *out ? pqmq__put_array(c, *out, "%mq_new_t[]", &b, n, put_msg, "pqmq_insert")
+    int rc = b.el ? pqmq__put_array(c, param, "%mq_new_t[]", &b, n, put_msg, "pqmq_insert")
                   : PQMQ_ENOMEM;
     PQparamClear(b.el);
+    if (!rc && keys)
+        rc = pqmq__put_array(c, param, "%text[]", msgs, n, put_key, "pqmq_insert");
     return rc;
+}
+
+/* The batch as the parameters of the statement *sql inserts it with: keys,
+ * when any message has one, go through mq_insert_unique (keeping what a
+ * live key holds). In a new PGparam (*out; caller clears). */
+static int batch_param(pqmq_client *c, pqmq_msg *const *msgs, size_t n, PGparam **out,
+                       const char **sql)
+{
+    int keys = pqmq__has_keys(msgs, n);
+    *sql = keys ? "SELECT count(*) FROM mq_insert_unique($1, $2)" : "SELECT mq_insert($1)";
+    *out = pqmq__param(c);
+    return *out ? pqmq__put_batch(c, *out, msgs, n, keys) : PQMQ_ENOMEM;
 }
 
 PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
@@ -149,15 +180,16 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     pqmq__clearerr(c);
     int rc = pqmq__ready(c);
     if (!rc)
-        rc = check_batch(c, msgs, n);
+        rc = pqmq__check_batch(c, msgs, n);
     if (!rc)
         rc = pqmq__need_composite(c);
     if (rc)
         return rc;
     PGparam *param = NULL;
-    rc = batch_param(c, msgs, n, &param);
+    const char *sql;
+    rc = batch_param(c, msgs, n, &param, &sql);
     if (!rc)
-        PQclear(pqmq__exec(c, param, "SELECT mq_insert($1)", "pqmq_insert", &rc));
+        PQclear(pqmq__exec(c, param, sql, "pqmq_insert", &rc));
     PQparamClear(param);
     return rc;
 }
@@ -179,7 +211,7 @@ static int check_batches(pqmq_client *c, pqmq_msg *const *const *batches, const 
                             "(pqmq_insert joins an open transaction)",
                             what);
     for (size_t k = 0; k < nbatches; k++) {
-        int rc = check_batch(c, batches[k], counts[k]);
+        int rc = pqmq__check_batch(c, batches[k], counts[k]);
         if (rc) {
             char why[512];
             snprintf(why, sizeof why, "%s", pqmq_errmsg(c));
@@ -194,9 +226,10 @@ static int check_batches(pqmq_client *c, pqmq_msg *const *const *batches, const 
 static int send_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 {
     PGparam *param = NULL;
-    int rc = batch_param(c, msgs, n, &param);
-    if (!rc && (!PQparamSendQuery(pqmq_conn(c), param, "SELECT mq_insert($1)", 1) ||
-                !PQpipelineSync(pqmq_conn(c))))
+    const char *sql;
+    int rc = batch_param(c, msgs, n, &param, &sql);
+    if (!rc &&
+        (!PQparamSendQuery(pqmq_conn(c), param, sql, 1) || !PQpipelineSync(pqmq_conn(c))))
         rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
                           PQerrorMessage(pqmq_conn(c)));
     PQparamClear(param);

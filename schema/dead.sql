@@ -91,6 +91,7 @@ AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();
     chans text[];
+    keyed uuid[];
     n     int;
 BEGIN
     IF retries IS NULL OR retries < 0 OR retries > 2147483646 THEN
@@ -102,9 +103,15 @@ BEGIN
         UPDATE mq_msgs m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL,
                              ready_at = ts
         WHERE m.id = ANY (msg_ids) AND m.dead_since IS NOT NULL
-        RETURNING m.channel_name
+        RETURNING m.id, m.channel_name, m.unique_key
     )
-    SELECT count(*), array_agg(DISTINCT r.channel_name) INTO n, chans FROM r;
+    SELECT count(*), array_agg(DISTINCT r.channel_name),
+           array_agg(r.id) FILTER (WHERE r.unique_key IS NOT NULL)
+    INTO n, chans, keyed FROM r;
+    -- A live message holds its key again (schema/keys.sql).
+    IF keyed IS NOT NULL THEN
+        PERFORM mq_retake_keys(keyed);
+    END IF;
     PERFORM mq_wake(chans);
     RETURN n;
 END;

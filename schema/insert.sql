@@ -7,6 +7,21 @@ CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM mq_insert_rows(new_messages, NULL, NULL, NULL);
+END;
+$$;
+
+-- mq_insert's work, and mq_insert_unique's (schema/keys.sql): checks the
+-- whole batch, then inserts the messages that take[i] marks (NULL: all),
+-- message i with unique key unique_keys[i] (NULL: none) kept key_retention
+-- after it is deleted. Ordered messages not taken are not in any chain.
+CREATE OR REPLACE FUNCTION mq_insert_rows(new_messages mq_new_t[], unique_keys text[],
+                                          key_retention interval, take boolean[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
 SET enable_seqscan = off
 SET enable_hashjoin = off
@@ -88,6 +103,19 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
+    -- Only what the caller takes (mq_insert_unique: not the messages whose
+    -- key another message holds), checked above with the rest.
+    IF take IS NOT NULL THEN
+        SELECT COALESCE(array_agg(new_messages[t.o] ORDER BY t.o), '{}'),
+               COALESCE(array_agg(unique_keys[t.o] ORDER BY t.o), '{}')
+        INTO new_messages, unique_keys
+        FROM generate_subscripts(new_messages, 1) AS t(o)
+        WHERE take[t.o];
+        IF cardinality(new_messages) = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
+
     has_ordered := EXISTS (SELECT 1 FROM unnest(new_messages) AS t WHERE t.ordered);
 
     IF has_ordered THEN
@@ -98,7 +126,7 @@ BEGIN
         -- No chains to extend: a plain insert.
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval, ready_at,
-                             name, payload_json, payload_bytes)
+                             name, payload_json, payload_bytes, unique_key, key_retention)
         SELECT t.id, ts,
                ts + COALESCE(t.delay, interval '0')
                   + COALESCE(t.commit_interval, interval '0'),
@@ -107,8 +135,10 @@ BEGIN
                t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
                ts + COALESCE(t.delay, interval '0')
                   + COALESCE(t.commit_interval, interval '0'),
-               COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes
-        FROM unnest(new_messages) AS t;
+               COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes,
+               unique_keys[t.ordinality::int],
+               CASE WHEN unique_keys[t.ordinality::int] IS NOT NULL THEN key_retention END
+        FROM unnest(new_messages) WITH ORDINALITY AS t;
     ELSE
         WITH batch AS (
             SELECT t.*, COALESCE(t.channel_args, '') AS args
@@ -119,7 +149,7 @@ BEGIN
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval,
                              after_message_id, ready_at, name, payload_json,
-                             payload_bytes)
+                             payload_bytes, unique_key, key_retention)
         SELECT b.id, ts,
                ts + COALESCE(b.delay, interval '0')
                   + COALESCE(b.commit_interval, interval '0'),
@@ -145,7 +175,9 @@ BEGIN
                END,
                ts + COALESCE(b.delay, interval '0')
                   + COALESCE(b.commit_interval, interval '0'),
-               COALESCE(b.name, ''), b.payload_json::jsonb, b.payload_bytes
+               COALESCE(b.name, ''), b.payload_json::jsonb, b.payload_bytes,
+               unique_keys[b.ord::int],
+               CASE WHEN unique_keys[b.ord::int] IS NOT NULL THEN key_retention END
         FROM batch b
         WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
         ORDER BY b.ord;

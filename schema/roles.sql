@@ -24,7 +24,7 @@ RETURNS TABLE(duty text, function_name text)
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
-    VALUES ('produce', 'mq_insert'), ('produce', 'mq_commit'),
+    VALUES ('produce', 'mq_insert'), ('produce', 'mq_insert_unique'), ('produce', 'mq_commit'),
            ('consume', 'mq_claim'), ('consume', 'mq_claim_locked'),
            ('consume', 'mq_claim_lane'),
            ('consume', 'mq_complete_claim'),

@@ -110,7 +110,11 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     name             text NOT NULL,
     payload_json     jsonb,
     payload_bytes    bytea,
-    last_error       text
+    last_error       text,
+    -- The message's unique key in its channel (mq_insert_unique), NULL for
+    -- none, and how long the key outlives the message's deletion.
+    unique_key       text,
+    key_retention    interval
 );
 
 -- Polls walk this index channel by channel (loose index scan on channel_key)
@@ -177,6 +181,23 @@ CREATE TABLE IF NOT EXISTS mq_chains (
 );
 
 CREATE INDEX IF NOT EXISTS mq_chains_key ON mq_chains (channel_key);
+
+-- Unique keys (mq_insert_unique, schema/keys.sql): who holds each key of a
+-- channel. A row is written when a message with a key is inserted, and its
+-- primary key is what decides between racing producers. While expires_at is
+-- NULL the key is held by message_id if that message is live (not dead);
+-- when the message is deleted the row goes, or, with a retention window,
+-- stays until expires_at. Untouched by messages without a key.
+CREATE TABLE IF NOT EXISTS mq_keys (
+    channel_name text NOT NULL,
+    unique_key   text NOT NULL,
+    message_id   uuid NOT NULL,
+    expires_at   timestamptz,
+    PRIMARY KEY (channel_name, unique_key)
+);
+
+CREATE INDEX IF NOT EXISTS mq_keys_expired ON mq_keys (expires_at)
+    WHERE expires_at IS NOT NULL;
 
 -- Counters, so that status never reads the ready backlog or the messages
 -- waiting in chains: per channel, messages in all (total), messages behind

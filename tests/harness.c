@@ -210,7 +210,7 @@ int t_done(void)
 void t_truncate(void)
 {
     PGconn *c = t_pg();
-    t_exec(c, "TRUNCATE mq_msgs, mq_chains");
+    t_exec(c, "TRUNCATE mq_msgs, mq_chains, mq_keys");
     PQfinish(c);
 }
 

@@ -1,0 +1,88 @@
+/*
+ * unique.c: inserting messages with unique keys (mq_insert_unique), and
+ * what became of each: inserted, kept or replaced.
+ */
+#include <string.h>
+
+#include "pqmq-int.h"
+
+static const char *mode_name(pqmq_key_mode mode)
+{
+    switch (mode) {
+    case PQMQ_KEY_KEEP: return "keep";
+    case PQMQ_KEY_REPLACE: return "replace";
+    case PQMQ_KEY_REPLACE_PAYLOAD: return "replace_payload";
+    }
+    return NULL;
+}
+
+/* Reads row i of mq_insert_unique's result into *out. */
+static int read_result(pqmq_client *c, PGresult *r, int i, pqmq_insert_result *out)
+{
+    PGuuid id = NULL;
+    PGtext outcome = NULL;
+    if (!PQgetf(r, i, "%uuid %text", 0, &id, 1, &outcome) || !id || !outcome)
+        return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_insert_unique: unexpected result: %s",
+                            PQgeterror());
+    memcpy(out->id, id, sizeof out->id);
+    if (!strcmp(outcome, "inserted"))
+        out->outcome = PQMQ_INSERTED;
+    else if (!strcmp(outcome, "kept"))
+        out->outcome = PQMQ_KEPT;
+    else if (!strcmp(outcome, "replaced"))
+        out->outcome = PQMQ_REPLACED;
+    else
+        return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_insert_unique: unknown outcome %s", outcome);
+    return 0;
+}
+
+static int read_results(pqmq_client *c, PGresult *r, size_t n, pqmq_insert_result *results)
+{
+    if ((size_t)PQntuples(r) != n)
+        return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_insert_unique: %d results for %zu messages",
+                            PQntuples(r), n);
+    for (size_t i = 0; i < n; i++) {
+        int rc = read_result(c, r, (int)i, &results[i]);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_insert_unique(pqmq_client *c, pqmq_msg *const *msgs, size_t n,
+                                   pqmq_key_mode mode, int64_t retention_ms,
+                                   pqmq_insert_result *results)
+{
+    const char *what = "pqmq_insert_unique";
+    if (!c)
+        return PQMQ_EINVAL;
+    pqmq__clearerr(c);
+    int rc = pqmq__ready(c);
+    if (!rc && !mode_name(mode))
+        rc =
+            pqmq__seterr(c, PQMQ_EINVAL, "%s: mode %d is not a pqmq_key_mode", what, (int)mode);
+    if (!rc && retention_ms < 0)
+        rc = pqmq__seterr(c, PQMQ_EINVAL, "%s: retention_ms is negative (%lld)", what,
+                          (long long)retention_ms);
+    if (!rc)
+        rc = pqmq__check_batch(c, msgs, n);
+    if (!rc)
+        rc = pqmq__need_composite(c);
+    PGparam *param = NULL;
+    if (!rc && !(param = pqmq__param(c)))
+        rc = PQMQ_ENOMEM;
+    if (!rc)
+        rc = pqmq__put_batch(c, param, msgs, n, 1);
+    if (!rc && !PQputf(param, "%text", mode_name(mode)))
+        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+    if (!rc)
+        rc = pqmq__put_duration(c, param, retention_ms, what);
+    PGresult *r = NULL;
+    if (!rc)
+        r = pqmq__exec(c, param, "SELECT * FROM mq_insert_unique($1, $2, $3, $4)", what, &rc);
+    PQparamClear(param);
+    if (!rc && results)
+        rc = read_results(c, r, n, results);
+    PQclear(r);
+    return rc;
+}

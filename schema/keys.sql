@@ -1,0 +1,233 @@
+-- schema/keys.sql: unique keys: a message that carries a key is the only
+-- live message with that key in its channel (see mq_keys in tables.sql).
+-- Today's definitions; the migrations that created them must carry the same
+-- text (tests/test_migrate.c compares the two).
+
+-- Inserts a batch as mq_insert does, where message i carries the key
+-- unique_keys[i] (NULL: none). A message whose key another live message of
+-- its channel holds (queued, scheduled, in flight, or waiting for its
+-- commit; not a dead letter), or that a deleted message still holds for its
+-- retention window, is not inserted: mode 'keep' leaves the holder as it
+-- is; 'replace' gives a holder that has not started (never delivered, not
+-- held by a consumer) this message's name, payload and schedule;
+-- 'replace_payload' its name and payload only. A batch is taken as if its
+-- messages were inserted one after another: later messages with a key that
+-- an earlier one took are kept, or replace it. retention: how long a key
+-- outlives the completion of its message (NULL: not at all).
+-- Returns, in batch order, the id each message stands for (its own, or the
+-- holder's) and what happened: 'inserted', 'kept' or 'replaced'.
+CREATE OR REPLACE FUNCTION mq_insert_unique(new_messages mq_new_t[], unique_keys text[],
+                                            mode text DEFAULT 'keep',
+                                            retention interval DEFAULT NULL)
+RETURNS TABLE(id uuid, outcome text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    ts    timestamptz := clock_timestamp();
+    n     int := cardinality(new_messages);
+    lim   record;
+    bad   int;
+    ids   uuid[];
+    outs  text[];
+    take  boolean[];
+    eff   mq_new_t[];
+    g     record;
+    holder uuid;
+    expires timestamptz;
+    fresh boolean;
+    live  boolean;
+    got   tid;
+    src   mq_new_t;
+BEGIN
+    IF n IS NULL OR n = 0 THEN
+        RETURN;
+    END IF;
+    lim := mq_limits();
+    IF unique_keys IS NOT NULL AND cardinality(unique_keys) <> n THEN
+        RAISE EXCEPTION 'mq_insert_unique: % messages but % unique keys',
+            n, cardinality(unique_keys)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF mode IS NULL OR mode NOT IN ('keep', 'replace', 'replace_payload') THEN
+        RAISE EXCEPTION 'mq_insert_unique: mode % is not keep, replace or replace_payload',
+            COALESCE(quote_literal(mode), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF retention < interval '0' OR retention > lim.max_duration THEN
+        RAISE EXCEPTION 'mq_insert_unique: retention % is outside 0..36500000 days', retention
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    retention := NULLIF(mq_fixed_length(retention), interval '0');
+    SELECT min(k.o) INTO bad FROM unnest(unique_keys) WITH ORDINALITY AS k(key, o)
+    WHERE k.key = '' OR octet_length(k.key) > 1024;
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'mq_insert_unique: message % of the batch: unique key is %', bad,
+            CASE WHEN unique_keys[bad] = '' THEN 'empty (NULL means none)'
+                 ELSE 'over 1024 bytes' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Every message is checked before any key is taken or any holder changed.
+    PERFORM mq_insert_rows(new_messages, NULL, NULL, array_fill(false, ARRAY[n]));
+
+    -- Forget a few keys whose window has passed (those who keep keys pay).
+    DELETE FROM mq_keys k WHERE k.ctid = ANY (ARRAY(
+        SELECT e.ctid FROM mq_keys e WHERE e.expires_at <= ts
+        ORDER BY e.expires_at LIMIT 2 * n + 16 FOR UPDATE SKIP LOCKED));
+
+    ids := ARRAY(SELECT (new_messages[t.o]).id FROM generate_subscripts(new_messages, 1) AS t(o) ORDER BY t.o);
+    outs := array_fill('inserted'::text, ARRAY[n]);
+    take := array_fill(true, ARRAY[n]);
+    eff := new_messages;
+
+    -- Each key once (the first message of the batch with it, "first"), in
+    -- key order so that producers racing on the same keys cannot deadlock.
+    -- The upsert takes a free key or locks the row of a held one; the
+    -- primary key decides between racing producers.
+    FOR g IN
+        WITH b AS (
+            SELECT t.o, (new_messages[t.o]).channel_name AS ch, unique_keys[t.o] AS key
+            FROM generate_subscripts(new_messages, 1) AS t(o)
+            WHERE unique_keys[t.o] IS NOT NULL
+        )
+        SELECT b.ch, b.key, min(b.o) AS first, max(b.o) AS last,
+               array_agg(b.o ORDER BY b.o) AS members
+        FROM b GROUP BY b.ch, b.key ORDER BY b.ch, b.key
+    LOOP
+        INSERT INTO mq_keys AS k (channel_name, unique_key, message_id)
+        VALUES (g.ch, g.key, ids[g.first])
+        ON CONFLICT (channel_name, unique_key) DO UPDATE SET message_id = k.message_id
+        RETURNING k.message_id, k.expires_at, k.xmax = '0'::xid INTO holder, expires, fresh;
+        -- In 'replace' modes the last message with the key is what the
+        -- holder ends up with, as if the batch were inserted in order.
+        src := new_messages[CASE WHEN mode = 'keep' THEN g.first ELSE g.last END];
+        IF NOT fresh THEN
+            live := EXISTS (SELECT 1 FROM mq_msgs m
+                            WHERE m.id = holder AND m.dead_since IS NULL);
+            IF live OR (expires IS NOT NULL AND expires > ts) THEN
+                got := NULL;
+                IF live AND mode <> 'keep' THEN
+                    -- Not started: never delivered and held by no consumer
+                    -- (the locked lane's claim is a row lock).
+                    SELECT m.ctid INTO got FROM mq_msgs m
+                    WHERE m.id = holder AND m.deliveries = 0 AND m.dead_since IS NULL
+                    FOR NO KEY UPDATE SKIP LOCKED;
+                END IF;
+                IF got IS NOT NULL THEN
+                    UPDATE mq_msgs m SET
+                        name = COALESCE(src.name, ''),
+                        payload_json = src.payload_json::jsonb,
+                        payload_bytes = src.payload_bytes,
+                        attempt_at = CASE WHEN mode = 'replace'
+                            THEN ts + COALESCE(mq_fixed_length(src.delay), interval '0')
+                                    + COALESCE(m.commit_interval, interval '0')
+                            ELSE m.attempt_at END,
+                        ready_at = CASE WHEN mode = 'replace'
+                            THEN ts + COALESCE(mq_fixed_length(src.delay), interval '0')
+                                    + COALESCE(m.commit_interval, interval '0')
+                            ELSE m.ready_at END
+                    WHERE m.ctid = got;
+                END IF;
+                FOR i IN 1 .. cardinality(g.members) LOOP
+                    ids[g.members[i]] := holder;
+                    outs[g.members[i]] := CASE WHEN got IS NULL THEN 'kept' ELSE 'replaced' END;
+                    take[g.members[i]] := false;
+                END LOOP;
+                CONTINUE;
+            END IF;
+            -- The holder is dead or gone and its window over: the key is free.
+            UPDATE mq_keys k SET message_id = ids[g.first], expires_at = NULL
+            WHERE k.channel_name = g.ch AND k.unique_key = g.key;
+        END IF;
+        -- The first message is inserted (with the last one's payload in
+        -- 'replace' modes); the others stand for it.
+        eff[g.first] := ROW(ids[g.first], CASE WHEN mode = 'replace' THEN src.delay
+                                               ELSE (new_messages[g.first]).delay END,
+                            (new_messages[g.first]).retries, (new_messages[g.first]).retry_backoff,
+                            g.ch, (new_messages[g.first]).channel_args,
+                            (new_messages[g.first]).commit_interval,
+                            (new_messages[g.first]).ordered, src.name, src.payload_json,
+                            src.payload_bytes)::mq_new_t;
+        FOR i IN 2 .. cardinality(g.members) LOOP
+            ids[g.members[i]] := ids[g.first];
+            outs[g.members[i]] := CASE WHEN mode = 'keep' THEN 'kept' ELSE 'replaced' END;
+            take[g.members[i]] := false;
+        END LOOP;
+    END LOOP;
+
+    PERFORM mq_insert_rows(eff, unique_keys, retention, take);
+    RETURN QUERY SELECT ids[i], outs[i] FROM generate_series(1, n) AS i ORDER BY i;
+END;
+$$;
+
+-- When a message with a key is deleted (completed, cancelled, purged), its
+-- key is kept for the message's retention window, or freed at once; a dead
+-- letter's key is freed (a dead message holds no key: the work it stood
+-- for did not get done). Only the key row that names this message.
+CREATE OR REPLACE FUNCTION mq_release_key()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF OLD.dead_since IS NULL AND OLD.key_retention IS NOT NULL THEN
+        UPDATE mq_keys k SET expires_at = clock_timestamp() + OLD.key_retention
+        WHERE k.channel_name = OLD.channel_name AND k.unique_key = OLD.unique_key
+          AND k.message_id = OLD.id;
+    ELSE
+        DELETE FROM mq_keys k
+        WHERE k.channel_name = OLD.channel_name AND k.unique_key = OLD.unique_key
+          AND k.message_id = OLD.id;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- Fires for messages with a key only: the WHEN test costs the others nothing.
+CREATE OR REPLACE TRIGGER mq_msgs_release_key
+    AFTER DELETE ON mq_msgs
+    FOR EACH ROW
+    WHEN (OLD.unique_key IS NOT NULL)
+    EXECUTE FUNCTION mq_release_key();
+
+-- Takes the keys of dead letters that mq_retry brings back (msg_ids): a
+-- key that another message took meanwhile, and still holds or keeps,
+-- refuses the retry, naming both.
+CREATE OR REPLACE FUNCTION mq_retake_keys(msg_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    r       record;
+    holder  uuid;
+    expires timestamptz;
+BEGIN
+    FOR r IN
+        SELECT m.id, m.channel_name, m.unique_key FROM mq_msgs m
+        WHERE m.id = ANY (msg_ids) AND m.unique_key IS NOT NULL
+        ORDER BY m.channel_name, m.unique_key
+    LOOP
+        INSERT INTO mq_keys AS k (channel_name, unique_key, message_id)
+        VALUES (r.channel_name, r.unique_key, r.id)
+        ON CONFLICT (channel_name, unique_key) DO UPDATE SET message_id = k.message_id
+        RETURNING k.message_id, k.expires_at INTO holder, expires;
+        IF holder <> r.id
+           AND ((expires IS NOT NULL AND expires > clock_timestamp())
+                OR EXISTS (SELECT 1 FROM mq_msgs h
+                           WHERE h.id = holder AND h.dead_since IS NULL)) THEN
+            RAISE EXCEPTION 'mq_retry: message %''s unique key % in channel % is held by message %',
+                r.id, quote_literal(r.unique_key), quote_literal(r.channel_name), holder
+                USING ERRCODE = 'unique_violation';
+        END IF;
+        UPDATE mq_keys k SET message_id = r.id, expires_at = NULL
+        WHERE k.channel_name = r.channel_name AND k.unique_key = r.unique_key;
+    END LOOP;
+END;
+$$;
