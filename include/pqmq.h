@@ -483,6 +483,42 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *runner);
 /* Asks the runner to stop. Safe from a signal handler and from any thread. */
 PQMQ_EXPORT void pqmq_runner_stop(pqmq_runner *runner);
 
+/* What a runner that was down over several slots of a schedule inserts. */
+typedef enum {
+    PQMQ_BACKFILL_ALL = 0,   /* every slot it missed (up to 31 days back) */
+    PQMQ_BACKFILL_LATEST = 1 /* only the latest of them */
+} pqmq_backfill;
+
+/*
+ * Recurring messages: while the runner runs, each slot of the cron
+ * expression (five fields: minute hour day-of-month month day-of-week;
+ * lists, ranges, steps, month and weekday names, @daily and the like) in
+ * time_zone (an IANA name such as "Europe/Paris"; NULL: UTC) inserts a copy
+ * of msg (its channel, name, payload, retries and backoff; a JSON object
+ * payload gets "_slot": the local slot time "YYYY-MM-DDTHH:MM"). Each slot
+ * is inserted once however many runners carry the same schedule name (a
+ * unique key per slot decides). A schedule first seen starts now; a slot
+ * the local clock skips (daylight saving) comes due right after the gap,
+ * and a repeated one once. Checked here: a bad expression is PQMQ_EINVAL,
+ * and pqmq_runner_errmsg names the field; an unknown time zone fails
+ * pqmq_runner_run. msg stays the caller's.
+ */
+PQMQ_EXPORT int pqmq_runner_schedule(pqmq_runner *runner, const char *name, const char *cron,
+                                     const char *time_zone, const pqmq_msg *msg,
+                                     pqmq_backfill backfill);
+
+/*
+ * The local wall-clock times ("YYYY-MM-DDTHH:MM") at which a cron
+ * expression comes due in time_zone (NULL: UTC) after after_ms and up to
+ * until_ms (Unix milliseconds, at most 31 days apart), computed by the
+ * server as the runner's schedules are. Caller owns *slots (*n entries);
+ * free with pqmq_cron_slots_free. A bad expression: PQMQ_EINVAL naming the
+ * field.
+ */
+PQMQ_EXPORT int pqmq_cron_slots(pqmq_client *client, const char *cron, const char *time_zone,
+                                int64_t after_ms, int64_t until_ms, char ***slots, size_t *n);
+PQMQ_EXPORT void pqmq_cron_slots_free(char **slots, size_t n);
+
 /* Why pqmq_runner_run failed. Borrowed; valid until the runner is freed. */
 PQMQ_EXPORT const char *pqmq_runner_errmsg(const pqmq_runner *runner);
 

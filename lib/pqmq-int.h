@@ -221,6 +221,19 @@ int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_
 /* Does any message of the batch carry a unique key? */
 int pqmq__has_keys(pqmq_msg *const *msgs, size_t n);
 
+/* ---- cron.c ------------------------------------------------------------ */
+
+/* A cron expression as bit sets: bit v of each is value v (minute 0..59,
+ * hour 0..23, day of month 1..31, month 1..12, weekday 0..6, Sunday 0);
+ * dom_any / dow_any: the day field starts with '*'. */
+typedef struct {
+    uint64_t minutes, hours, doms, months, dows;
+    int dom_any, dow_any;
+} pqmq__cron;
+
+/* Parses expr; on error returns -1 with a message naming the field in err. */
+int pqmq__cron_parse(const char *expr, pqmq__cron *out, char *err, size_t errlen);
+
 /* ---- json.c ----------------------------------------------------------- */
 
 /* Is the NUL-terminated s valid UTF-8 (no overlongs, surrogates or code

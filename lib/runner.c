@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "schedule.h"
 #include "workers.h"
 
 #define FOREVER INT64_MAX
@@ -38,6 +39,8 @@ struct pqmq_runner {
     int64_t keep_alive_ms;
     char *stop_channel;
     char *listen_conninfo; /* NULL: the control connection LISTENs */
+    pqmq__schedule **schedules;
+    size_t nschedules;
     char errmsg[512];
 
     atomic_int stop;
@@ -80,6 +83,9 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
     for (size_t i = 0; i < r->nchannels; i++)
         free(r->channels[i]);
     free(r->channels);
+    for (size_t i = 0; i < r->nschedules; i++)
+        pqmq__schedule_free(r->schedules[i]);
+    free(r->schedules);
     free(r->stop_channel);
     free(r->listen_conninfo);
     free(r->conninfo);
@@ -185,6 +191,27 @@ PQMQ_EXPORT int pqmq_runner_set_listen_dsn(pqmq_runner *r, const char *conninfo)
     return 0;
 }
 
+PQMQ_EXPORT int pqmq_runner_schedule(pqmq_runner *r, const char *name, const char *cron,
+                                     const char *time_zone, const pqmq_msg *msg,
+                                     pqmq_backfill backfill)
+{
+    if (!r)
+        return PQMQ_EINVAL;
+    pqmq__schedule *s = NULL;
+    int rc = pqmq__schedule_new(name, cron, time_zone, msg, backfill, &s, r->errmsg,
+                                sizeof r->errmsg);
+    if (rc)
+        return rc;
+    pqmq__schedule **grown = realloc(r->schedules, (r->nschedules + 1) * sizeof *grown);
+    if (!grown) {
+        pqmq__schedule_free(s);
+        return PQMQ_ENOMEM;
+    }
+    r->schedules = grown;
+    r->schedules[r->nschedules++] = s;
+    return 0;
+}
+
 PQMQ_EXPORT const char *pqmq_runner_errmsg(const pqmq_runner *r)
 {
     return r ? r->errmsg : "";
@@ -238,6 +265,7 @@ struct loop {
     int64_t poll_at;  /* or: when the earliest message becomes ready */
     uint64_t settled; /* processed + failed when the loop last looked */
     int64_t left_at;  /* locked lane: no lease claim before this */
+    int64_t tick_at;  /* schedules: evaluate them next at this time */
 };
 
 /* Whether the server notifies mq_<channel> for this channel (mq_wake: a
@@ -538,6 +566,22 @@ static void wait_events(struct loop *L, int64_t deadline)
         reconnect(L);
 }
 
+/* Evaluates every schedule, then again a second into the next minute (a
+ * slot is a minute). A failure is retried at the next tick: the slots wait
+ * for it (mq_schedules remembers how far each schedule got). */
+static void tick_schedules(struct loop *L)
+{
+    pqmq_runner *r = L->r;
+    if (!r->nschedules || pqmq__now_ms() < L->tick_at)
+        return;
+    for (size_t i = 0; i < r->nschedules; i++)
+        pqmq__schedule_tick(L->ctl, r->schedules[i]);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    int64_t into_minute = (int64_t)(now.tv_sec % 60) * 1000 + now.tv_nsec / 1000000;
+    L->tick_at = pqmq__now_ms() + 61000 - into_minute;
+}
+
 static void loop_run(struct loop *L)
 {
     pqmq_runner *r = L->r;
@@ -570,7 +614,11 @@ static void loop_run(struct loop *L)
             else
                 flush_done(L);
         }
+        if (!stopping)
+            tick_schedules(L);
         int64_t deadline = pqmq__claims_keep_alive_at(L->q, r->keep_alive_ms);
+        if (r->nschedules && !stopping && L->tick_at < deadline)
+            deadline = L->tick_at;
         if (deadline <= pqmq__now_ms()) {
             keep_alive(L);
             deadline = pqmq__claims_keep_alive_at(L->q, r->keep_alive_ms);
@@ -610,6 +658,17 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         rc = pqmq_connect(r->listen_conninfo, &L.lis);
     if (!rc)
         rc = listen_all(&L);
+    /* The first evaluation of each schedule checks its time zone. */
+    for (size_t i = 0; !rc && i < r->nschedules; i++) {
+        if ((rc = pqmq__schedule_tick(L.ctl, r->schedules[i]))) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", pqmq_errmsg(L.ctl));
+            rc = pqmq__seterr(L.ctl, rc, "schedule %s: %s",
+                              pqmq__schedule_name(r->schedules[i]), why);
+        }
+    }
+    if (r->nschedules)
+        L.tick_at = pqmq__now_ms() + 1000;
     if (rc) {
         pqmq_client *bad = L.lis != L.ctl ? L.lis : L.ctl; /* NULL: no memory */
         snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: %s%s",

@@ -25,6 +25,9 @@ LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
     VALUES ('produce', 'mq_insert'), ('produce', 'mq_insert_unique'), ('produce', 'mq_commit'),
+           ('produce', 'mq_schedule'), ('produce', 'mq_cron_slots'),
+           ('consume', 'mq_schedule'), ('consume', 'mq_cron_slots'),
+           ('administer', 'mq_cron_slots'),
            ('consume', 'mq_claim'), ('consume', 'mq_claim_locked'),
            ('consume', 'mq_claim_lane'),
            ('consume', 'mq_complete_claim'),

@@ -199,6 +199,14 @@ CREATE TABLE IF NOT EXISTS mq_keys (
 CREATE INDEX IF NOT EXISTS mq_keys_expired ON mq_keys (expires_at)
     WHERE expires_at IS NOT NULL;
 
+-- Recurring messages (schema/schedules.sql): the last minute (UTC) each
+-- schedule was evaluated up to. Runners carrying the same schedule share it;
+-- the unique key of each slot, not this row, decides who inserts a slot.
+CREATE TABLE IF NOT EXISTS mq_schedules (
+    name      text PRIMARY KEY,
+    last_slot timestamptz NOT NULL
+);
+
 -- Counters, so that status never reads the ready backlog or the messages
 -- waiting in chains: per channel, messages in all (total), messages behind
 -- an earlier one of their chain (waiting) and messages deleted so far
