@@ -209,7 +209,7 @@ static void test_two_runners_insert_each_slot_once(void)
     }
     pqmq_msg_free(m);
     /* Each runner evaluates the schedule when it starts. */
-    int64_t until = t_now_ms() + 10000;
+    int64_t until = t_now_ms() + 30000;
     while (t_now_ms() < until) {
         pthread_mutex_lock(&handled_lock);
         int h = handled;
@@ -224,14 +224,13 @@ static void test_two_runners_insert_each_slot_once(void)
         pthread_join(th[i], NULL);
         pqmq_runner_free(r[i]);
     }
-    /* Ten slots came due (eleven when a minute turned meanwhile): each was
+    /* Ten slots came due (more when a minute turned meanwhile): each was
      * inserted and handled once. */
-    if (handled != 10 && handled != 11)
-        t_fail(__FILE__, __LINE__, "handled %d, %lld messages", handled,
-               t_sql_int(pg, "SELECT count(*) FROM mq_msgs"));
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_keys WHERE unique_key LIKE "
-                            "'schedule:shared:%%'"),
-              handled);
+    long long slots_in = t_sql_int(pg, "SELECT count(*) FROM mq_keys WHERE unique_key LIKE "
+                                       "'schedule:shared:%%'");
+    if (handled < 10 || handled != slots_in)
+        t_fail(__FILE__, __LINE__, "handled %d messages of %lld slots", handled, slots_in);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
 }
 
 static void test_unknown_time_zone_fails_the_run(void)
