@@ -227,8 +227,8 @@ typedef struct {
  * or deleted (an insert meanwhile is kept, with the completed message's id):
  * an idempotency key. 0: the key is free once its message is gone.
  * results (may be NULL) receives n entries, in batch order. pqmq_insert
- * itself inserts keyed messages as this does with PQMQ_KEY_KEEP and no
- * retention. Returns 0 or what pqmq_insert returns (PQMQ_EINVAL also for
+ * and pqmq_insert_batches insert keyed messages as this does with
+ * PQMQ_KEY_KEEP and no retention. Returns 0 or what pqmq_insert returns (PQMQ_EINVAL also for
  * a bad mode or retention). msgs and results stay the caller's.
  */
 PQMQ_EXPORT int pqmq_insert_unique(pqmq_client *client, pqmq_msg *const *msgs, size_t n,

@@ -64,6 +64,21 @@ static void test_second_insert_keeps_the_first(void)
     pqmq_msg_free(again);
     CHECK_INT(live_with_key("k"), 1);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE name = 'third'"), 0);
+    /* So does pqmq_insert_batches, batch by batch. */
+    pqmq_msg *b1[2] = {keyed("k", "fourth", "{}"), keyed("k2", "fifth", "{}")};
+    pqmq_msg *b2[1] = {keyed("k2", "sixth", "{}")};
+    pqmq_msg *const *batches[2] = {b1, b2};
+    size_t counts[2] = {2, 1};
+    int rcs[2] = {-1, -1};
+    CHECK_OK(q, pqmq_insert_batches(q, batches, counts, 2, rcs));
+    CHECK_INT(rcs[0], 0);
+    CHECK_INT(rcs[1], 0);
+    t_msgs_free(b1, 2);
+    t_msgs_free(b2, 1);
+    CHECK_INT(live_with_key("k"), 1);
+    CHECK_INT(live_with_key("k2"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE name IN ('fourth', 'sixth')"),
+              0);
 }
 
 static void test_replace_modes(void)
