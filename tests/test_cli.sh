@@ -154,6 +154,16 @@ id_chain=$(cat "$work/out")
           || ' ' || extract(epoch FROM retry_backoff) FROM mq_msgs WHERE id = '$id_chain'") \
    == "8 cust-1 true 2.500000" ]] || fail "send flags not applied"
 run 0 send --delay 600000 later tick
+run 0 send --key k1 keyed first '{"v": 1}'
+id_k=$(cat "$work/out")
+run 0 send --key k1 keyed second '{"v": 2}'
+[[ $(cat "$work/out") == "$id_k" ]] || fail "send --key: a second send did not print the holder"
+has err "kept: key \"k1\" is held by $id_k"
+run 0 send --key k1 --replace keyed third '{"v": 3}'
+has err "replaced"
+[[ $(sql "SELECT count(*) || ' ' || min(name) FROM mq_msgs WHERE channel_name = 'keyed'") \
+   == "1 third" ]] || fail "send --key --replace: not one message with the new payload"
+run 2 send --replace keyed fourth
 run 1 send orders bad '{"unclosed": '
 has err "JSON"
 one_line

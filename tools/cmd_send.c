@@ -17,7 +17,11 @@ static void help(void)
            "      --delay MS      not before MS milliseconds from now\n"
            "      --retries N     deliveries after the first that a failure may cause\n"
            "                      (default 4)\n"
-           "      --backoff MS    the first lease and retry delay (default 1000)\n%s",
+           "      --backoff MS    the first lease and retry delay (default 1000)\n"
+           "      --key KEY       a unique key: while a live message of CHANNEL holds it,\n"
+           "                      none is inserted and its id is printed (\"kept\" on stderr)\n"
+           "      --replace       with --key: give a holder that has not started this\n"
+           "                      payload and delay (\"replaced\" on stderr)\n%s",
            tool_common_help);
 }
 
@@ -52,11 +56,13 @@ int cmd_send(tool *t, int argc, char **argv)
         {"delay", required_argument, NULL, 'D'},
         {"retries", required_argument, NULL, 'r'},
         {"backoff", required_argument, NULL, 'b'},
+        {"key", required_argument, NULL, 'k'},
+        {"replace", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
-    const char *args = NULL;
+    const char *args = NULL, *key = NULL;
     long long delay = 0, retries = 4, backoff = 1000;
-    int ordered = 0, c;
+    int ordered = 0, replace = 0, c;
     while ((c = getopt_long(argc, argv, TOOL_COMMON_SHORT "a:", opts, NULL)) != -1) {
         int bad = 0;
         if (c == 'h') {
@@ -66,6 +72,10 @@ int cmd_send(tool *t, int argc, char **argv)
             args = optarg;
         } else if (c == 'o') {
             ordered = 1;
+        } else if (c == 'k') {
+            key = optarg;
+        } else if (c == 'R') {
+            replace = 1;
         } else if (c == 'D') {
             bad = tool_parse_int(t, "--delay", optarg, PQMQ_MAX_DURATION_MS, &delay);
         } else if (c == 'r') {
@@ -86,13 +96,16 @@ int cmd_send(tool *t, int argc, char **argv)
     const char *channel = argv[optind], *name = argv[optind + 1];
     if (!*channel)
         return tool_usage(t, "the channel name is empty");
+    if (replace && !key)
+        return tool_usage(t, "--replace needs --key");
     char *json = NULL;
     if (npos == 3) {
         json = strcmp(argv[optind + 2], "-") == 0 ? read_all(stdin) : strdup(argv[optind + 2]);
         if (!json)
             return tool_err(t, "out of memory");
     }
-    int rc = tool_connect(t, TOOL_MIN_VERSION);
+    /* Unique keys came with schema version 12. */
+    int rc = tool_connect(t, key ? 12 : TOOL_MIN_VERSION);
     pqmq_msg *m = rc ? NULL : pqmq_msg_new();
     if (!rc && !m)
         rc = tool_err(t, "out of memory");
@@ -104,17 +117,25 @@ int cmd_send(tool *t, int argc, char **argv)
         e = e ? e : pqmq_msg_set_delay(m, delay);
         e = e ? e : pqmq_msg_set_retries(m, (int)retries);
         e = e ? e : pqmq_msg_set_backoff(m, backoff);
+        e = e ? e : pqmq_msg_set_unique_key(m, key);
         if (e)
             rc = tool_err(t, "out of memory");
     }
-    if (!rc && pqmq_insert(t->client, &m, 1) != PQMQ_OK)
+    pqmq_insert_result res = {PQMQ_INSERTED, {0}};
+    if (!rc && !key)
+        pqmq_msg_id(m, res.id);
+    if (!rc && (key ? pqmq_insert_unique(t->client, &m, 1,
+                                         replace ? PQMQ_KEY_REPLACE : PQMQ_KEY_KEEP, 0, &res)
+                    : pqmq_insert(t->client, &m, 1)) != PQMQ_OK)
         rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
     if (!rc) {
-        uuid_t id;
         char ids[37];
-        pqmq_msg_id(m, id);
-        uuid_unparse_lower(id, ids);
+        uuid_unparse_lower(res.id, ids);
         printf("%s\n", ids);
+        /* The id is the holder's: say so where scripts do not parse. */
+        if (res.outcome != PQMQ_INSERTED)
+            fprintf(stderr, "pqmq send: %s: key \"%s\" is held by %s\n",
+                    res.outcome == PQMQ_KEPT ? "kept" : "replaced", key, ids);
     }
     pqmq_msg_free(m);
     free(json);
