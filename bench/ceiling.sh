@@ -77,65 +77,43 @@ DELETE FROM ceiling_floor.msgs WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM ceiling_floor.msgs ORDER BY created_at LIMIT 100
     FOR UPDATE SKIP LOCKED)) RETURNING id, payload;
 EOF
-cat >"$work/table.sql" <<'EOF'
+# The ready messages of pqmq's table, in its ready index's order.
+ready="FROM ceiling.mq_msgs
+        WHERE dead_since IS NULL
+          AND (after_message_id IS NULL
+               OR after_message_id = '00000000-0000-0000-0000-000000000000')
+          AND ready_at > '-infinity' AND attempt_at <= now()
+        ORDER BY ready_at LIMIT 100"
+cat >"$work/table.sql" <<EOF
 DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM ceiling.mq_msgs
-    WHERE dead_since IS NULL
-      AND (after_message_id IS NULL
-           OR after_message_id = '00000000-0000-0000-0000-000000000000')
-      AND ready_at > '-infinity' AND attempt_at <= now()
-    ORDER BY ready_at LIMIT 100 FOR UPDATE SKIP LOCKED)) RETURNING id, payload_json;
+    SELECT ctid $ready FOR UPDATE SKIP LOCKED)) RETURNING id, payload_json;
 EOF
-cat >"$work/lease-ctid.sql" <<'EOF'
+# The least lease: the previous batch deleted by COLUMN (id or ctid, kept in
+# the pgbench variable VAR of type TYPE), the next leased, in one statement.
+lease_sql() {
+    local column=$1 var=$2 type=$3
+    cat <<EOF
 WITH done AS (
-    DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (:tids::tid[]) AND deliveries = 1
+    DELETE FROM ceiling.mq_msgs WHERE $column = ANY (:$var::${type}[]) AND deliveries = 1
     RETURNING 1),
 claimed AS (
     UPDATE ceiling.mq_msgs SET attempt_at = now() + interval '5 minutes',
                                deliveries = deliveries + 1
-    WHERE ctid = ANY (ARRAY(
-        SELECT ctid FROM ceiling.mq_msgs
-        WHERE dead_since IS NULL
-          AND (after_message_id IS NULL
-               OR after_message_id = '00000000-0000-0000-0000-000000000000')
-          AND ready_at > '-infinity' AND attempt_at <= now()
-        ORDER BY ready_at LIMIT 100 FOR NO KEY UPDATE SKIP LOCKED))
-    RETURNING ctid, payload_json)
-SELECT COALESCE(array_agg(ctid), '{}')::text AS tids,
+    WHERE ctid = ANY (ARRAY(SELECT ctid $ready FOR NO KEY UPDATE SKIP LOCKED))
+    RETURNING $column, payload_json)
+SELECT COALESCE(array_agg($column), '{}')::text AS $var,
        sum(octet_length(payload_json::text)) AS bytes,
        (SELECT count(*) FROM done) AS completed
 FROM claimed \gset
 EOF
-cat >"$work/lease.sql" <<'EOF'
-WITH done AS (
-    DELETE FROM ceiling.mq_msgs WHERE id = ANY (:ids::uuid[]) AND deliveries = 1
-    RETURNING 1),
-claimed AS (
-    UPDATE ceiling.mq_msgs SET attempt_at = now() + interval '5 minutes',
-                               deliveries = deliveries + 1
-    WHERE ctid = ANY (ARRAY(
-        SELECT ctid FROM ceiling.mq_msgs
-        WHERE dead_since IS NULL
-          AND (after_message_id IS NULL
-               OR after_message_id = '00000000-0000-0000-0000-000000000000')
-          AND ready_at > '-infinity' AND attempt_at <= now()
-        ORDER BY ready_at LIMIT 100 FOR NO KEY UPDATE SKIP LOCKED))
-    RETURNING id, payload_json)
-SELECT COALESCE(array_agg(id), '{}')::text AS ids,
-       sum(octet_length(payload_json::text)) AS bytes,
-       (SELECT count(*) FROM done) AS completed
-FROM claimed \gset
-EOF
-cat >"$work/locked.sql" <<'EOF'
+}
+lease_sql id ids uuid >"$work/lease.sql"
+lease_sql ctid tids tid >"$work/lease-ctid.sql"
+cat >"$work/locked.sql" <<EOF
 BEGIN;
 SELECT COALESCE(array_agg(ctid), '{}')::text AS tids,
        sum(octet_length(payload_json::text)) AS bytes
-FROM (SELECT ctid, payload_json FROM ceiling.mq_msgs
-      WHERE dead_since IS NULL
-        AND (after_message_id IS NULL
-             OR after_message_id = '00000000-0000-0000-0000-000000000000')
-        AND ready_at > '-infinity' AND attempt_at <= now()
-      ORDER BY ready_at LIMIT 100 FOR NO KEY UPDATE SKIP LOCKED) s \gset
+FROM (SELECT ctid, payload_json $ready FOR NO KEY UPDATE SKIP LOCKED) s \gset
 DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (:tids::tid[]);
 COMMIT;
 EOF

@@ -220,6 +220,11 @@ int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n);
 int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys);
 /* Does any message of the batch carry a unique key? */
 int pqmq__has_keys(pqmq_msg *const *msgs, size_t n);
+/* An insert's prologue: checks the client and the batch and puts it in a
+ * new *param (caller clears; NULL on error), with its keys when force_keys
+ * or any message has one (*keys says which). */
+int pqmq__begin_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n, int force_keys,
+                       PGparam **param, int *keys);
 
 /* ---- cron.c ------------------------------------------------------------ */
 

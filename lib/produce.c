@@ -161,16 +161,33 @@ int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_
     return rc;
 }
 
-/* The batch as the parameters of the statement *sql inserts it with: keys,
- * when any message has one, go through mq_insert_unique (keeping what a
- * live key holds). In a new PGparam (*out; caller clears). */
-static int batch_param(pqmq_client *c, pqmq_msg *const *msgs, size_t n, PGparam **out,
-                       const char **sql)
+/* The statement that inserts a batch: keys, when any message has one, go
+ * through mq_insert_unique (keeping what a live key holds). */
+static const char *insert_sql(int keys)
 {
-    int keys = pqmq__has_keys(msgs, n);
-    *sql = keys ? "SELECT count(*) FROM mq_insert_unique($1, $2)" : "SELECT mq_insert($1)";
+    return keys ? "SELECT count(*) FROM mq_insert_unique($1, $2)" : "SELECT mq_insert($1)";
+}
+
+/* The batch as insert_sql's parameters, in a new PGparam (*out; caller
+ * clears); *keys: whether they include the keys. */
+static int batch_param(pqmq_client *c, pqmq_msg *const *msgs, size_t n, int force_keys,
+                       PGparam **out, int *keys)
+{
+    *keys = force_keys || pqmq__has_keys(msgs, n);
     *out = pqmq__param(c);
-    return *out ? pqmq__put_batch(c, *out, msgs, n, keys) : PQMQ_ENOMEM;
+    return *out ? pqmq__put_batch(c, *out, msgs, n, *keys) : PQMQ_ENOMEM;
+}
+
+int pqmq__begin_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n, int force_keys,
+                       PGparam **param, int *keys)
+{
+    *param = NULL;
+    int rc = pqmq__ready(c);
+    if (!rc)
+        rc = pqmq__check_batch(c, msgs, n);
+    if (!rc)
+        rc = pqmq__need_composite(c);
+    return rc ? rc : batch_param(c, msgs, n, force_keys, param, keys);
 }
 
 PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
@@ -178,18 +195,11 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     if (!c)
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
-    int rc = pqmq__ready(c);
+    PGparam *param;
+    int keys;
+    int rc = pqmq__begin_insert(c, msgs, n, 0, &param, &keys);
     if (!rc)
-        rc = pqmq__check_batch(c, msgs, n);
-    if (!rc)
-        rc = pqmq__need_composite(c);
-    if (rc)
-        return rc;
-    PGparam *param = NULL;
-    const char *sql;
-    rc = batch_param(c, msgs, n, &param, &sql);
-    if (!rc)
-        PQclear(pqmq__exec(c, param, sql, "pqmq_insert", &rc));
+        PQclear(pqmq__exec(c, param, insert_sql(keys), "pqmq_insert", &rc));
     PQparamClear(param);
     return rc;
 }
@@ -226,10 +236,10 @@ static int check_batches(pqmq_client *c, pqmq_msg *const *const *batches, const 
 static int send_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 {
     PGparam *param = NULL;
-    const char *sql;
-    int rc = batch_param(c, msgs, n, &param, &sql);
-    if (!rc &&
-        (!PQparamSendQuery(pqmq_conn(c), param, sql, 1) || !PQpipelineSync(pqmq_conn(c))))
+    int keys;
+    int rc = batch_param(c, msgs, n, 0, &param, &keys);
+    if (!rc && (!PQparamSendQuery(pqmq_conn(c), param, insert_sql(keys), 1) ||
+                !PQpipelineSync(pqmq_conn(c))))
         rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
                           PQerrorMessage(pqmq_conn(c)));
     PQparamClear(param);

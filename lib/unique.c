@@ -57,22 +57,15 @@ PQMQ_EXPORT int pqmq_insert_unique(pqmq_client *c, pqmq_msg *const *msgs, size_t
     if (!c)
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
-    int rc = pqmq__ready(c);
-    if (!rc && !mode_name(mode))
-        rc =
-            pqmq__seterr(c, PQMQ_EINVAL, "%s: mode %d is not a pqmq_key_mode", what, (int)mode);
-    if (!rc && retention_ms < 0)
-        rc = pqmq__seterr(c, PQMQ_EINVAL, "%s: retention_ms is negative (%lld)", what,
-                          (long long)retention_ms);
-    if (!rc)
-        rc = pqmq__check_batch(c, msgs, n);
-    if (!rc)
-        rc = pqmq__need_composite(c);
-    PGparam *param = NULL;
-    if (!rc && !(param = pqmq__param(c)))
-        rc = PQMQ_ENOMEM;
-    if (!rc)
-        rc = pqmq__put_batch(c, param, msgs, n, 1);
+    if (!mode_name(mode))
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: mode %d is not a pqmq_key_mode", what,
+                            (int)mode);
+    if (retention_ms < 0)
+        return pqmq__seterr(c, PQMQ_EINVAL, "%s: retention_ms is negative (%lld)", what,
+                            (long long)retention_ms);
+    PGparam *param;
+    int keys;
+    int rc = pqmq__begin_insert(c, msgs, n, 1, &param, &keys);
     if (!rc && !PQputf(param, "%text", mode_name(mode)))
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     if (!rc)
