@@ -168,6 +168,16 @@ static void test_backfill_after_a_gap(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
 }
 
+/* A gap longer than 31 days backfills the last 31 days only. */
+static void test_backfill_stops_at_31_days(void)
+{
+    t_truncate();
+    t_exec(pg, "DELETE FROM mq_schedules");
+    CHECK_INT(tick("long", "all"), 0);
+    t_exec(pg, "UPDATE mq_schedules SET last_slot = last_slot - interval '40 days'");
+    CHECK_INT(tick("long", "all"), 31 * 24);
+}
+
 /* Two runners with the same schedule over several slots insert each slot
  * once. */
 static int handled;
@@ -233,6 +243,37 @@ static void test_two_runners_insert_each_slot_once(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
 }
 
+/* After its first evaluation a runner evaluates its schedules each minute:
+ * a schedule first seen starts now, and the next minute's slot comes. */
+static void test_runner_evaluates_each_minute(void)
+{
+    t_truncate();
+    t_exec(pg, "DELETE FROM mq_schedules");
+    pqmq_runner *r = new_runner();
+    pqmq_msg *m = t_msg("sched", NULL, "tick", "{}", 0);
+    CHECK_INT(pqmq_runner_handle(r, "tick", on_tick, NULL), 0);
+    CHECK_INT(pqmq_runner_schedule(r, "minutely", "* * * * *", NULL, m, PQMQ_BACKFILL_ALL), 0);
+    pqmq_msg_free(m);
+    handled = 0;
+    pthread_t th;
+    CHECK_INT(pthread_create(&th, NULL, run, r), 0);
+    int64_t until = t_now_ms() + 90000;
+    int h = 0;
+    while (h == 0 && t_now_ms() < until) {
+        t_sleep_ms(200);
+        pthread_mutex_lock(&handled_lock);
+        h = handled;
+        pthread_mutex_unlock(&handled_lock);
+    }
+    pqmq_runner_stop(r);
+    pthread_join(th, NULL);
+    pqmq_runner_free(r);
+    CHECK(h >= 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_keys WHERE unique_key LIKE "
+                            "'schedule:minutely:%%'"),
+              h);
+}
+
 static void test_unknown_time_zone_fails_the_run(void)
 {
     pqmq_runner *r = new_runner();
@@ -257,7 +298,9 @@ int main(void)
     T_RUN(test_daylight_saving);
     T_RUN(test_bad_expressions_name_the_field);
     T_RUN(test_backfill_after_a_gap);
+    T_RUN(test_backfill_stops_at_31_days);
     T_RUN(test_two_runners_insert_each_slot_once);
+    T_RUN(test_runner_evaluates_each_minute);
     T_RUN(test_unknown_time_zone_fails_the_run);
     pqmq_client_free(q);
     PQfinish(pg);

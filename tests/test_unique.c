@@ -299,7 +299,13 @@ static void test_dead_letters_hold_no_key(void)
     CHECK_INT(insert_key("d", "new", PQMQ_KEY_KEEP, 0, b), PQMQ_INSERTED);
     CHECK(uuid_compare(dead, b) != 0);
     size_t n = 0;
+    char dead_s[37], b_s[37];
+    uuid_unparse_lower(dead, dead_s);
+    uuid_unparse_lower(b, b_s);
     CHECK_ERR(q, pqmq_retry(q, (const uuid_t *)&dead, 1, 1, &n), PQMQ_ESERVER, "is held by");
+    /* Naming both messages. */
+    CHECK(strstr(pqmq_errmsg(q), dead_s) != NULL);
+    CHECK(strstr(pqmq_errmsg(q), b_s) != NULL);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE dead_since IS NOT NULL"), 1);
     /* Once the new one is done, the dead letter takes its key back. */
     CHECK_OK(q, pqmq_complete(q, (const uuid_t *)&b, 1));
@@ -307,6 +313,29 @@ static void test_dead_letters_hold_no_key(void)
     CHECK_INT((int)n, 1);
     CHECK_INT(insert_key("d", "third", PQMQ_KEY_KEEP, 0, b), PQMQ_KEPT);
     CHECK(uuid_compare(dead, b) == 0);
+}
+
+/* Messages without a key never read or write mq_keys: they go in and out
+ * while another transaction holds it locked, where a keyed one cannot. */
+static void test_unkeyed_messages_do_not_touch_the_keys(void)
+{
+    t_truncate();
+    PGconn *locker = t_pg(), *c = t_pg();
+    t_exec(locker, "BEGIN");
+    t_exec(locker, "LOCK TABLE mq_keys IN ACCESS EXCLUSIVE MODE");
+    t_exec(c, "SET lock_timeout = '2s'");
+    t_exec(c, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 1, NULL, 'uk', '', NULL, "
+              "false, 'a', '{}', NULL)]::mq_new_t[])");
+    t_exec(c, "SELECT mq_complete(ARRAY(SELECT id FROM mq_msgs))");
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_msgs"), 0);
+    PGresult *r = PQexec(c, "SELECT * FROM mq_insert_unique(ARRAY[ROW(gen_random_uuid(), NULL, "
+                            "1, NULL, 'uk', '', NULL, false, 'a', '{}', NULL)]::mq_new_t[], "
+                            "ARRAY['x'])");
+    CHECK(strstr(PQresultErrorMessage(r), "lock timeout") != NULL);
+    PQclear(r);
+    t_exec(locker, "ROLLBACK");
+    PQfinish(locker);
+    PQfinish(c);
 }
 
 static void test_bad_input_leaves_no_trace(void)
@@ -354,6 +383,7 @@ int main(void)
     T_RUN(test_replace_never_touches_a_held_message);
     T_RUN(test_retention_survives_completion);
     T_RUN(test_dead_letters_hold_no_key);
+    T_RUN(test_unkeyed_messages_do_not_touch_the_keys);
     T_RUN(test_bad_input_leaves_no_trace);
     pqmq_client_free(q);
     PQfinish(pg);
