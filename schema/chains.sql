@@ -169,7 +169,13 @@ BEGIN
     FROM unnest(r_id, r_pred) AS u(id, pred);
 
     WITH moved AS (
-        UPDATE mq_msgs s SET after_message_id = o_pred[width_bucket(s.after_message_id, o_id)]
+        UPDATE mq_msgs s SET after_message_id = o_pred[width_bucket(s.after_message_id, o_id)],
+            -- A new head joins the ready indexes no earlier than now, so
+            -- never behind a poll's low-water mark (mq_low_mark).
+            ready_at = CASE WHEN o_pred[width_bucket(s.after_message_id, o_id)]
+                                 = '00000000-0000-0000-0000-000000000000'::uuid
+                            THEN GREATEST(s.ready_at, clock_timestamp())
+                            ELSE s.ready_at END
         -- Found by after_message_id = ANY: an index condition on
         -- mq_msgs_successor, whose predicate follows.
         WHERE s.after_message_id = ANY (o_id)

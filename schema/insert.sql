@@ -207,14 +207,17 @@ SET jit = off
 AS $$
 DECLARE
     chans text[];
+    ts    timestamptz := clock_timestamp();
 BEGIN
     WITH c AS (
+        -- Ready when its delay ends, and placed no earlier than now, so
+        -- never behind a poll's low-water mark (mq_low_mark).
         UPDATE mq_msgs m SET
             attempt_at = CASE WHEN m.deliveries = 0
-                              THEN m.attempt_at - m.commit_interval
+                              THEN GREATEST(m.attempt_at - m.commit_interval, ts)
                               ELSE m.attempt_at END,
             ready_at = CASE WHEN m.deliveries = 0
-                            THEN m.attempt_at - m.commit_interval
+                            THEN GREATEST(m.attempt_at - m.commit_interval, ts)
                             ELSE m.ready_at END,
             commit_interval = NULL
         WHERE m.id = ANY (msg_ids)

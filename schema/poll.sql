@@ -42,6 +42,8 @@ DECLARE
     lo      bigint;
     hi      bigint;
     low     timestamptz; -- see mq_pick_keys
+    mark    timestamptz; -- see mq_low_mark
+    again   timestamptz;
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
@@ -50,69 +52,148 @@ BEGIN
     END IF;
     per_key := GREATEST(1, (batch_size + 3) / 4);
     budget := 2 * batch_size + 16;
-    ids := '{}';
-    tids := '{}';
+    mark := mq_low_mark(ts, false);
+    LOOP -- twice at most (below)
+        ids := '{}';
+        tids := '{}';
+        low := NULL;
 
-    IF channel_names IS NULL THEN
-        SELECT p.ids, p.tids, p.low INTO ids, tids, low
-        FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
-                          per_key, batch_size, budget, ts, lane, ids, tids, low) p;
-    ELSE
-        -- Round 1 takes up to per_key from each named channel; round 2 takes
-        -- more from channels that had more to give.
-        FOR round IN 1..2 LOOP
-            FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-                                      WHERE n IS NOT NULL) d
-                      ORDER BY random() LOOP
-                EXIT WHEN cardinality(ids) >= batch_size;
-                lo := hashtext(nm)::bigint << 32;
-                hi := lo | 4294967295;
-                SELECT p.ids, p.tids, p.low INTO ids, tids, low
-                FROM mq_pick_keys(nm, lo, hi,
-                                  CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, ts, lane, ids, tids, low) p;
+        IF channel_names IS NULL THEN
+            SELECT p.ids, p.tids, p.low INTO ids, tids, low
+            FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
+                              per_key, batch_size, budget, ts, lane, ids, tids, low) p;
+        ELSE
+            -- Round 1 takes up to per_key from each named channel; round 2 takes
+            -- more from channels that had more to give.
+            FOR round IN 1..2 LOOP
+                FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
+                                          WHERE n IS NOT NULL) d
+                          ORDER BY random() LOOP
+                    EXIT WHEN cardinality(ids) >= batch_size;
+                    lo := hashtext(nm)::bigint << 32;
+                    hi := lo | 4294967295;
+                    SELECT p.ids, p.tids, p.low INTO ids, tids, low
+                    FROM mq_pick_keys(nm, lo, hi,
+                                      CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                      batch_size, budget, ts, lane, ids, tids, low) p;
+                END LOOP;
             END LOOP;
-        END LOOP;
-    END IF;
+        END IF;
 
-    -- Unfiltered polls top up from the time index, O(batch log n). When the
-    -- channels' scan took something, the top-up starts at the first
-    -- claimable message it found (low): the messages in flight before it
-    -- were stepped over once already. What is older still sits in channels
-    -- the scan's budget left unvisited, for a later poll from another
-    -- random point.
-    IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
-        SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
-            SELECT m.id, m.ctid FROM mq_msgs m
-            WHERE m.dead_since IS NULL
-              AND (m.after_message_id IS NULL
-                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-              AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
-              AND m.ready_at >= COALESCE(low, '-infinity'::timestamptz)
-              AND m.ready_at <= ts
-              -- Steps over the messages in flight (see ready_at).
-              AND m.attempt_at <= ts
-              AND m.attempts > 0
-              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
-                                             AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (mq_pick_keys)
-                    WHEN m.xmax::text::bigint < 3 THEN false
-                    WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
-                         - 2147483648 < 0 THEN false
-                    WHEN m.xmax::text::bigint = me_lo THEN true
-                    ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
-                                                          + 6442450944) % 4294967296
-                                                         - 2147483648))::text::xid8)
-                                  = 'aborted', false)
-                    END)))
-              AND m.id <> ALL (ids)
-            ORDER BY m.ready_at
-            LIMIT batch_size - cardinality(ids)
-            FOR NO KEY UPDATE SKIP LOCKED
-        ) s;
-        ids := ids || COALESCE(got, '{}');
-        tids := tids || COALESCE(got_tid, '{}');
+        -- Unfiltered polls top up from the time index, O(batch log n). When the
+        -- channels' scan took something, the top-up starts at the first
+        -- claimable message it found (low): the messages in flight before it
+        -- were stepped over once already. What is older still sits in channels
+        -- the scan's budget left unvisited, for a later poll from another
+        -- random point.
+        IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
+            SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
+                SELECT m.id, m.ctid FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+                  AND m.ready_at >= COALESCE(low, mark)
+                  AND m.ready_at <= ts
+                  -- Steps over the messages in flight (see ready_at).
+                  AND m.attempt_at <= ts
+                  AND m.attempts > 0
+                  AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
+                                                 AND (m.xmax = '0'::xid
+                                                      OR NOT CASE -- spent (mq_pick_keys)
+                        WHEN m.xmax::text::bigint < 3 THEN false
+                        WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
+                             - 2147483648 < 0 THEN false
+                        WHEN m.xmax::text::bigint = me_lo THEN true
+                        ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
+                                                              + 6442450944) % 4294967296
+                                                             - 2147483648))::text::xid8)
+                                      = 'aborted', false)
+                        END)))
+                  AND m.id <> ALL (ids)
+                ORDER BY m.ready_at
+                LIMIT batch_size - cardinality(ids)
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) s;
+            ids := ids || COALESCE(got, '{}');
+            tids := tids || COALESCE(got_tid, '{}');
+        END IF;
+
+        -- Nothing past the mark: find it afresh (at most once a second: under
+        -- a held snapshot that steps over every dead entry) and look again if
+        -- a live row appeared behind it (mq_low_mark).
+        EXIT WHEN cardinality(ids) > 0;
+        again := mq_low_mark(ts, true);
+        EXIT WHEN again >= mark;
+        mark := again;
+    END LOOP;
+END;
+$$;
+
+-- The low-water mark of the ready indexes: no live candidate sits at a
+-- place (ready_at) before it, so a poll may start there instead of stepping
+-- over the index entries of deleted messages, which pile up while another
+-- transaction holds back the xmin horizon (a long report, a forgotten BEGIN,
+-- a replica's feedback) and which each poll would otherwise visit in the
+-- heap. It is the place of the oldest live row (in flight included), found
+-- by this session from the time index and kept in a session setting
+-- ('pqmq.low_' and mq_msgs' oid: a queue's, per connection): moved on from
+-- where it was once a second, found afresh every ten seconds or, when afresh
+-- is true (mq_pick_set: a poll that found nothing), every second, and
+-- never later than a second ago. Rows can appear behind it only when a producer's transaction
+-- commits more than a second after its insert (or a client writes
+-- mq_msgs directly); such a row is found by the next poll that comes up
+-- empty and at the latest ten seconds later. The other ways a row gets a
+-- place keep it at or after now: mq_commit, a chain's new head (mq_unlink),
+-- a retry, mq_keep_place.
+CREATE OR REPLACE FUNCTION mq_low_mark(ts timestamptz, afresh boolean)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    setting text := 'pqmq.low_' || 'mq_msgs'::regclass::oid;
+    -- "mark,moved on,found afresh" in microseconds since 1970 (exact, and
+    -- whatever DateStyle says): anything else (unset, or set by hand)
+    -- counts as unset.
+    kept    text := current_setting(setting, true);
+    mark    timestamptz := '-infinity';
+    moved   timestamptz;
+    fresh   timestamptz;
+    found_at timestamptz;
+BEGIN
+    IF kept ~ '^[0-9]{1,17},[0-9]{1,17},[0-9]{1,17}$' THEN
+        mark := 'epoch'::timestamptz + split_part(kept, ',', 1)::bigint * interval '1 microsecond';
+        moved := 'epoch'::timestamptz + split_part(kept, ',', 2)::bigint * interval '1 microsecond';
+        fresh := 'epoch'::timestamptz + split_part(kept, ',', 3)::bigint * interval '1 microsecond';
     END IF;
+    IF fresh IS NULL OR fresh > ts OR ts - fresh > interval '10 seconds'
+       OR (afresh AND ts - fresh > interval '1 second') THEN
+        mark := '-infinity';
+        fresh := ts;
+    ELSIF ts - moved <= interval '1 second' AND moved <= ts THEN
+        RETURN LEAST(mark, ts - interval '1 second');
+    END IF;
+    -- Steps over the dead entries before the oldest live row once, here.
+    SELECT m.ready_at INTO found_at FROM mq_msgs m
+    WHERE m.dead_since IS NULL
+      AND (m.after_message_id IS NULL
+           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+      AND m.ready_at >= mark
+    ORDER BY m.ready_at
+    LIMIT 1;
+    mark := LEAST(COALESCE(found_at, ts), ts);
+    PERFORM set_config(setting, (extract(epoch FROM mark) * 1000000)::bigint || ','
+                                || (extract(epoch FROM ts) * 1000000)::bigint || ','
+                                || (extract(epoch FROM fresh) * 1000000)::bigint, false);
+    RETURN LEAST(mark, ts - interval '1 second');
 END;
 $$;
 
@@ -132,6 +213,8 @@ SET jit = off
 AS $$
 DECLARE
     next_at timestamptz;
+    -- Leases of the messages in flight, from where live rows start.
+    mark    timestamptz := mq_low_mark(ts, false);
 BEGIN
     IF channel_names IS NULL THEN
         SELECT LEAST(
@@ -147,7 +230,7 @@ BEGIN
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                AND m.ready_at > '-infinity'::timestamptz
-               AND m.ready_at <= ts
+               AND m.ready_at >= mark AND m.ready_at <= ts
                AND m.attempts > 0))
         INTO next_at;
     ELSE
@@ -167,7 +250,7 @@ BEGIN
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
-               AND m.ready_at <= ts
+               AND m.ready_at >= mark AND m.ready_at <= ts
                AND m.attempts > 0
                AND m.channel_name = c.n)))
         INTO next_at
@@ -351,6 +434,9 @@ DECLARE
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
     me_lo bigint := me & 4294967295;
+    -- Where live rows start (mq_low_mark): the probes pass the entries of
+    -- deleted messages before it without visiting the heap.
+    mark  timestamptz := mq_low_mark(ts, false);
 BEGIN
     -- Each probe finds the next chain key that has a claimable message, and
     -- where in the key that message is (at): the messages in flight and the
@@ -363,6 +449,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
                   AND m.id <> ALL (ids)
@@ -374,6 +461,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
                   AND m.id <> ALL (ids)
@@ -387,6 +475,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
                   AND m.id <> ALL (ids)
@@ -398,6 +487,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
                   AND m.id <> ALL (ids)
@@ -479,13 +569,15 @@ $$;
 -- UPDATE mq_msgs SET attempt_at = now() to retry at once: polls find
 -- messages by ready_at. The functions keep the two in step themselves, so
 -- the WHEN clause is false for them and this never runs on the hot path.
+-- A time already past places the message now: never behind a poll's
+-- low-water mark (mq_low_mark).
 CREATE OR REPLACE FUNCTION mq_keep_place()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    NEW.ready_at := NEW.attempt_at;
+    NEW.ready_at := GREATEST(NEW.attempt_at, clock_timestamp());
     RETURN NEW;
 END;
 $$;
