@@ -33,12 +33,8 @@ CREATE OR REPLACE FUNCTION mq_low_mark(ts timestamptz, afresh boolean)
 RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET plan_cache_mode = force_generic_plan
+-- No more settings: it runs under its callers' (mq_pick_set, mq_wait_time),
+-- once a poll, and each setting a call changes is saved and restored.
 AS $$
 DECLARE
     setting text := 'pqmq.low_' || 'mq_msgs'::regclass::oid;
@@ -81,10 +77,16 @@ END;
 $$;
 
 
+-- mq_pick_keys takes the mark from mq_pick_set, which finds it once a poll.
+DROP FUNCTION IF EXISTS mq_pick_keys(text, bigint, bigint, int, int, int, timestamptz, int,
+                                     uuid[], tid[], timestamptz);
+
 -- One visit of the channels whose chain key lies in [lo, hi], starting at a
 -- random key and wrapping around once: takes up to per_key ready messages
 -- from each channel, up to `want` in all, visiting at most `budget` channels
--- per direction. Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
+-- per direction, from the place mark on (mq_low_mark: the probes pass the
+-- entries of deleted messages before it without visiting the heap). Locks
+-- what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
 -- concurrent pollers skip each other's rows instead of waiting. Appends the
 -- ids to ids and the locked row versions' ctids to tids (ids also says what
 -- not to take again), and lowers low to the place (ready_at) of the first
@@ -102,7 +104,7 @@ $$;
 -- locked lane's poll.
 CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
                                         per_key int, want int, budget int,
-                                        ts timestamptz, lane int,
+                                        ts timestamptz, lane int, mark timestamptz,
                                         INOUT ids uuid[], INOUT tids tid[],
                                         INOUT low timestamptz)
 LANGUAGE plpgsql
@@ -125,9 +127,6 @@ DECLARE
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
     me_lo bigint := me & 4294967295;
-    -- Where live rows start (mq_low_mark): the probes pass the entries of
-    -- deleted messages before it without visiting the heap.
-    mark  timestamptz := mq_low_mark(ts, false);
 BEGIN
     -- Each probe finds the next chain key that has a claimable message, and
     -- where in the key that message is (at): the messages in flight and the
@@ -287,7 +286,7 @@ BEGIN
         IF channel_names IS NULL THEN
             SELECT p.ids, p.tids, p.low INTO ids, tids, low
             FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
-                              per_key, batch_size, budget, ts, lane, ids, tids, low) p;
+                              per_key, batch_size, budget, ts, lane, mark, ids, tids, low) p;
         ELSE
             -- Round 1 takes up to per_key from each named channel; round 2 takes
             -- more from channels that had more to give.
@@ -301,7 +300,8 @@ BEGIN
                     SELECT p.ids, p.tids, p.low INTO ids, tids, low
                     FROM mq_pick_keys(nm, lo, hi,
                                       CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                      batch_size, budget, ts, lane, ids, tids, low) p;
+                                      batch_size, budget, ts, lane, mark, ids, tids,
+                                      low) p;
                 END LOOP;
             END LOOP;
         END IF;
