@@ -506,6 +506,40 @@ static void test_late_commit_is_found(void)
     PQfinish(c);
 }
 
+/* Under continuous load no poll comes up empty, so such a message waits
+ * for the mark to be found afresh: ten seconds at most (README). */
+static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
+{
+    if (t_pooled()) {
+        /* The mark is per server connection, which a pooler changes. */
+        printf("    skipped behind a pooler\n");
+        return;
+    }
+    t_truncate();
+    PGconn *producer = t_pg(), *c = t_pg();
+    t_exec(producer, "BEGIN");
+    t_exec(producer, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, 'late', "
+                     "NULL, NULL, false, 'job', '{}', NULL)::mq_new_t])");
+    t_sleep_ms(1500);
+    insert_n("busy", NULL, 3, 1, 60000);
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 1)"), 1);
+    t_exec(producer, "COMMIT");
+    int64_t start = t_now_ms();
+    long long found = 0;
+    while (!found && t_now_ms() - start < 15000) {
+        insert_n("busy", NULL, 2, 1, 60000); /* every poll finds something */
+        found = t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 1) "
+                             "WHERE channel_name = 'late'");
+        if (!found)
+            t_sleep_ms(50);
+    }
+    printf("    found after %lld ms under load\n", (long long)(t_now_ms() - start));
+    CHECK_INT(found, 1);
+    CHECK(t_now_ms() - start < 12000);
+    PQfinish(producer);
+    PQfinish(c);
+}
+
 /* Polls of c that leave other messages ready (so c never looks afresh)
  * after c's mark has passed now - 1.2 s. */
 static PGconn *marked_poller(void)
@@ -578,6 +612,7 @@ int main(void)
     T_RUN(test_foreign_row_is_refused);
     T_RUN(test_held_snapshot_dead_entries_are_passed);
     T_RUN(test_late_commit_is_found);
+    T_RUN(test_late_commit_under_load_waits_ten_seconds_at_most);
     T_RUN(test_commit_places_the_message_now);
     T_RUN(test_new_head_is_placed_now);
     pqmq_client_free(q);
