@@ -540,6 +540,43 @@ static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
     PQfinish(c);
 }
 
+/* The mark is a session setting a client can write: garbage is ignored,
+ * and a mark set ahead of the live rows hides them from that session's
+ * polls for ten seconds at most (README). */
+static void test_mark_set_by_hand(void)
+{
+    if (t_pooled()) {
+        printf("    skipped behind a pooler\n");
+        return;
+    }
+    t_truncate();
+    PGconn *c = t_pg();
+    const char *set = "SELECT set_config('pqmq.low_' || 'mq_msgs'::regclass::oid, %s, false)";
+    insert_n("hand", NULL, 1, 1, 60000);
+    t_exec(c, set, "'not a mark'");
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL"),
+              1);
+    insert_n("hand", NULL, 1, 1, 60000);
+    t_sleep_ms(1200);
+    /* A day ahead, moved on and found afresh just now. */
+    t_exec(c, set,
+           "(extract(epoch FROM now() + interval '1 day') * 1000000)::bigint || ',' "
+           "|| (extract(epoch FROM clock_timestamp()) * 1000000)::bigint || ',' "
+           "|| (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
+    int64_t start = t_now_ms();
+    long long found = 0;
+    while (!found && t_now_ms() - start < 15000) {
+        found =
+            t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL");
+        if (!found)
+            t_sleep_ms(100);
+    }
+    printf("    found after %lld ms\n", (long long)(t_now_ms() - start));
+    CHECK_INT(found, 1);
+    CHECK(t_now_ms() - start < 12000);
+    PQfinish(c);
+}
+
 /* Polls of c that leave other messages ready (so c never looks afresh)
  * after c's mark has passed now - 1.2 s. */
 static PGconn *marked_poller(void)
@@ -613,6 +650,7 @@ int main(void)
     T_RUN(test_held_snapshot_dead_entries_are_passed);
     T_RUN(test_late_commit_is_found);
     T_RUN(test_late_commit_under_load_waits_ten_seconds_at_most);
+    T_RUN(test_mark_set_by_hand);
     T_RUN(test_commit_places_the_message_now);
     T_RUN(test_new_head_is_placed_now);
     pqmq_client_free(q);
