@@ -476,11 +476,31 @@ static void test_held_snapshot_dead_entries_are_passed(void)
     PQfinish(c);
 }
 
-/* A producer that commits long after its insert puts its message behind a
- * mark; the next poll that finds nothing else looks afresh. */
-static void test_late_commit_is_found(void)
+/* Polls c with sql (a count of the message looked for) until it counts
+ * one or limit_ms pass, inserting two messages before each poll when
+ * keep_busy (so no poll comes up empty); prints and returns the wait in
+ * ms, or -1 when it never came. */
+static int64_t poll_until_found(PGconn *c, const char *sql, int64_t limit_ms, int keep_busy)
 {
-    t_truncate();
+    int64_t start = t_now_ms();
+    while (t_now_ms() - start < limit_ms) {
+        if (keep_busy)
+            insert_n("busy", NULL, 2, 1, 60000);
+        if (t_sql_int(c, "%s", sql) == 1) {
+            int64_t waited = t_now_ms() - start;
+            printf("    found after %lld ms%s\n", (long long)waited,
+                   keep_busy ? " under load" : "");
+            return waited;
+        }
+        t_sleep_ms(keep_busy ? 50 : 100);
+    }
+    return -1;
+}
+
+/* A producer commits a message (channel "late") 1.5 s after inserting it,
+ * once the poller returned has a mark past its place. Caller PQfinish'es. */
+static PGconn *late_commit_behind_mark(void)
+{
     PGconn *producer = t_pg(), *c = t_pg();
     t_exec(producer, "BEGIN");
     t_exec(producer, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, 'late', "
@@ -490,19 +510,25 @@ static void test_late_commit_is_found(void)
     /* c's mark: past the late message's place, which c cannot see yet. */
     CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 1)"), 1);
     t_exec(producer, "COMMIT");
-    int64_t start = t_now_ms();
-    long long found = 0;
-    while (!found && t_now_ms() - start < 5000) {
-        found = t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 10) "
-                             "WHERE channel_name = 'late'");
-        if (!found)
-            t_sleep_ms(100);
-    }
-    printf("    found after %lld ms\n", (long long)(t_now_ms() - start));
-    CHECK_INT(found, 1);
-    /* Within the empty polls' second, not at the ten-second refresh. */
-    CHECK(t_now_ms() - start < 3000);
     PQfinish(producer);
+    return c;
+}
+
+static const char late_found[] = "SELECT count(*) FROM mq_poll_jobs(NULL, %d) "
+                                 "WHERE channel_name = 'late'";
+
+/* A producer that commits long after its insert puts its message behind a
+ * mark; the next poll that finds nothing else looks afresh. */
+static void test_late_commit_is_found(void)
+{
+    t_truncate();
+    PGconn *c = late_commit_behind_mark();
+    char sql[128];
+    snprintf(sql, sizeof sql, late_found, 10);
+    int64_t waited = poll_until_found(c, sql, 5000, 0);
+    CHECK(waited >= 0);
+    /* Within the empty polls' second, not at the ten-second refresh. */
+    CHECK(waited < 3000);
     PQfinish(c);
 }
 
@@ -516,27 +542,12 @@ static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
         return;
     }
     t_truncate();
-    PGconn *producer = t_pg(), *c = t_pg();
-    t_exec(producer, "BEGIN");
-    t_exec(producer, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, 'late', "
-                     "NULL, NULL, false, 'job', '{}', NULL)::mq_new_t])");
-    t_sleep_ms(1500);
-    insert_n("busy", NULL, 3, 1, 60000);
-    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 1)"), 1);
-    t_exec(producer, "COMMIT");
-    int64_t start = t_now_ms();
-    long long found = 0;
-    while (!found && t_now_ms() - start < 15000) {
-        insert_n("busy", NULL, 2, 1, 60000); /* every poll finds something */
-        found = t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 1) "
-                             "WHERE channel_name = 'late'");
-        if (!found)
-            t_sleep_ms(50);
-    }
-    printf("    found after %lld ms under load\n", (long long)(t_now_ms() - start));
-    CHECK_INT(found, 1);
-    CHECK(t_now_ms() - start < 12000);
-    PQfinish(producer);
+    PGconn *c = late_commit_behind_mark();
+    char sql[128];
+    snprintf(sql, sizeof sql, late_found, 1);
+    int64_t waited = poll_until_found(c, sql, 15000, 1);
+    CHECK(waited >= 0);
+    CHECK(waited < 12000);
     PQfinish(c);
 }
 
@@ -552,28 +563,25 @@ static void test_mark_set_by_hand(void)
     t_truncate();
     PGconn *c = t_pg();
     const char *set = "SELECT set_config('pqmq.low_' || 'mq_msgs'::regclass::oid, %s, false)";
+    const char *any = "SELECT count(*) FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL";
     insert_n("hand", NULL, 1, 1, 60000);
     t_exec(c, set, "'not a mark'");
-    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL"),
-              1);
-    insert_n("hand", NULL, 1, 1, 60000);
+    CHECK_INT(t_sql_int(c, "%s", any), 1);
+    insert_n("hand", NULL, 2, 1, 60000);
     t_sleep_ms(1200);
     /* A day ahead, moved on and found afresh just now. */
     t_exec(c, set,
            "(extract(epoch FROM now() + interval '1 day') * 1000000)::bigint || ',' "
            "|| (extract(epoch FROM clock_timestamp()) * 1000000)::bigint || ',' "
            "|| (extract(epoch FROM clock_timestamp()) * 1000000)::bigint");
-    int64_t start = t_now_ms();
-    long long found = 0;
-    while (!found && t_now_ms() - start < 15000) {
-        found =
-            t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL");
-        if (!found)
-            t_sleep_ms(100);
-    }
-    printf("    found after %lld ms\n", (long long)(t_now_ms() - start));
-    CHECK_INT(found, 1);
-    CHECK(t_now_ms() - start < 12000);
+    /* Another session is not misled. */
+    PGconn *d = t_pg();
+    CHECK_INT(t_sql_int(d, "SELECT count(*) FROM mq_poll_jobs(NULL, 1) WHERE id IS NOT NULL"),
+              1);
+    PQfinish(d);
+    int64_t waited = poll_until_found(c, any, 15000, 0);
+    CHECK(waited >= 0);
+    CHECK(waited < 12000);
     PQfinish(c);
 }
 
