@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# bench/insert_instructions.sh: server instructions per inserted message,
+# the floor's INSERT against pqmq's, counted by callgrind (stable on a noisy
+# machine, unlike rates). README, Performance: "Enqueue, counted in
+# instructions".
+#
+#   bench/insert_instructions.sh [BATCHES]     (default 200 batches of 100)
+#
+# A throwaway cluster (tests/pgtmp.sh) gets the queue (build/tools/pqmq
+# migrate), the floor's table and a source table of UUIDv7-ordered ids and
+# JSON payloads; then the server is stopped and each form runs as BATCHES
+# statements of 100 rows in a single-user server under callgrind (fsync
+# off), every statement its own transaction:
+#   base   SELECT 1                               (startup and statements)
+#   floor  INSERT INTO floor_msgs ... FROM src     (reads the source rows)
+#   table  the same rows INSERTed into mq_msgs     (reads the source rows)
+#   array  builds the mq_new_t[] of each batch     (reads the source rows)
+#   pqmq   mq_insert of that array
+# and prints instructions per message: floor and table less base, and
+# mq_insert alone (pqmq less array). Needs valgrind.
+set -euo pipefail
+batches=${1:-200}
+here=$(cd "$(dirname "$0")" && pwd)
+pqmq=${PQMQ_CMD:-$here/../build/tools/pqmq}
+. "$here/../tests/pgtmp.sh"
+command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
+
+work=$(mktemp -d)
+chmod 755 "$work"
+trap 'pgtmp_stop; rm -rf "$work"' EXIT
+pgtmp_start "$work" || exit 1
+q() { psql -X -q -v ON_ERROR_STOP=1 -d "$PGTMP_DSN" "$@"; }
+q -c 'CREATE SCHEMA q'
+"$pqmq" -d "$PGTMP_DSN" --schema q migrate >/dev/null
+q -c "CREATE TABLE q.floor_msgs (id uuid PRIMARY KEY, channel text NOT NULL, payload jsonb,
+                                 created_at timestamptz NOT NULL DEFAULT now())" \
+    -c 'CREATE INDEX ON q.floor_msgs (created_at)' \
+    -c "CREATE TABLE q.src AS
+        SELECT i AS batch,
+               ('00000000-0000-7000-8000-' || lpad(to_hex(i * 1000 + g), 12, '0'))::uuid AS id,
+               'c' || (i % 100) AS ch, '{\"k\": ' || g || '}' AS payload
+        FROM generate_series(1, $batches) i, generate_series(1, 100) g" \
+    -c 'CREATE INDEX ON q.src (batch)' -c 'VACUUM ANALYZE q.src'
+data=$PGTMP_DIR/data
+pgtmp_run "$PGTMP_BINDIR/pg_ctl" -D "$data" -m fast -w stop >/dev/null
+
+# One statement per batch: in single-user mode with -j a statement ends
+# with a semicolon and an empty line.
+script() {
+    local form=$1 i
+    {
+        printf 'SET search_path = q;\n\n'
+        printf 'TRUNCATE mq_msgs, mq_count_deltas, mq_counts, floor_msgs;\n\n'
+        for ((i = 1; i <= batches; i++)); do
+            case $form in
+            base) printf 'SELECT 1;\n\n' ;;
+            floor) printf 'INSERT INTO floor_msgs (id, channel, payload) SELECT s.id, s.ch, s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n' "$i" ;;
+            table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
+            array) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            pqmq) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            esac
+        done
+    } >"$work/$form.sql"
+}
+
+# Instructions of one form's run.
+count() {
+    local form=$1
+    script "$form"
+    chmod 644 "$work/$form.sql"
+    [[ -n $PGTMP_RUNAS ]] && chown -R "$PGTMP_RUNAS:" "$work"
+    pgtmp_run valgrind --tool=callgrind --callgrind-out-file="$work/cg.$form" \
+        "$PGTMP_BINDIR/postgres" --single -j -D "$data" -c fsync=off -c autovacuum=off \
+        postgres <"$work/$form.sql" >"$work/$form.out" 2>&1
+    if grep -q ERROR "$work/$form.out"; then
+        grep ERROR "$work/$form.out" >&2
+        exit 1
+    fi
+    sed -n 's/^summary: //p' "$work/cg.$form"
+}
+
+declare -A n
+for form in base floor table array pqmq; do
+    n[$form]=$(count "$form")
+done
+rows=$((batches * 100))
+per() { echo "scale=1; $1 / $rows / 1000" | bc; }
+floor=$(per "$((n[floor] - n[base]))")
+table=$(per "$((n[table] - n[base]))")
+insert=$(per "$((n[pqmq] - n[array]))")
+printf 'instructions per message (thousands), %d batches of 100:\n' "$batches"
+printf '  floor INSERT (with reading the source rows)          %s\n' "$floor"
+printf '  plain INSERT into mq_msgs (with reading the source)  %s  (%.2fx)\n' "$table" \
+    "$(echo "$table / $floor" | bc -l)"
+printf '  mq_insert alone (without reading or building)        %s  (%.2fx)\n' "$insert" \
+    "$(echo "$insert / $floor" | bc -l)"
+
+# Where the difference goes: inclusive instructions per message of the
+# executor steps the two tables do not share.
+part() {
+    callgrind_annotate --inclusive=yes "$work/cg.$1" 2>/dev/null |
+        awk -v f="$2" '$0 ~ ("[?]:" f " ") { gsub(",", "", $1); print $1; exit }'
+}
+printf 'of which (thousands per message)            floor   mq_msgs\n'
+for fn in btinsert ExecComputeStoredGenerated AfterTriggerEndQuery ExecBRInsertTriggers; do
+    printf '  %-40s %6s %8s\n' "$fn" "$(per "0$(part floor "$fn")")" \
+        "$(per "0$(part table "$fn")")"
+done
