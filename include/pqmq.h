@@ -165,6 +165,14 @@ PQMQ_EXPORT void pqmq_msg_id(const pqmq_msg *msg, uuid_t out);
  * letter is not), inserting another one with it does not create a second
  * message (see pqmq_insert_unique). NULL clears it. */
 PQMQ_EXPORT int pqmq_msg_set_unique_key(pqmq_msg *msg, const char *key);
+/* The highest priority a message may have. */
+#define PQMQ_MAX_PRIORITY 32767
+/* Priority, 0..PQMQ_MAX_PRIORITY (default 0, the lowest): among the ready
+ * messages of a channel, higher priorities are delivered first, then in
+ * the order they became ready. Channels stay fair to each other, and an
+ * ordered chain is never reordered (its messages become ready one at a
+ * time). */
+PQMQ_EXPORT int pqmq_msg_set_priority(pqmq_msg *msg, int priority);
 
 /* ---- producing (produce.c) --------------------------------------------- */
 

@@ -153,3 +153,11 @@ PQMQ_EXPORT int pqmq_msg_set_unique_key(pqmq_msg *m, const char *key)
 {
     return m ? set_str(&m->unique_key, key) : PQMQ_EINVAL;
 }
+
+PQMQ_EXPORT int pqmq_msg_set_priority(pqmq_msg *m, int priority)
+{
+    if (!m)
+        return PQMQ_EINVAL;
+    m->priority = priority;
+    return 0;
+}

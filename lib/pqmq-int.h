@@ -209,6 +209,7 @@ struct pqmq_msg {
     int retries;
     int ordered;
     char *unique_key; /* NULL: none */
+    int priority;     /* 0..PQMQ_MAX_PRIORITY, 0 the lowest */
 };
 
 /* ---- produce.c: shared with unique.c ------------------------------------ */
@@ -220,6 +221,11 @@ int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n);
 int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys);
 /* Does any message of the batch carry a unique key? */
 int pqmq__has_keys(pqmq_msg *const *msgs, size_t n);
+/* When some message has a priority above 0 (*put set to 1), puts the
+ * batch's priorities as an int4[] parameter; else puts nothing (*put 0):
+ * a queue without priorities sends what it sent before. */
+int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n,
+                                int *put);
 /* An insert's prologue: checks the client and the batch and puts it in a
  * new *param (caller clears; NULL on error), with its keys when force_keys
  * or any message has one (*keys says which). */

@@ -70,6 +70,10 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
                             *m->unique_key ? "over 1024 bytes" : "empty (NULL means none)");
     if ((rc = check_text(c, i, "unique key", m->unique_key, utf8)))
         return rc;
+    if (m->priority < 0 || m->priority > PQMQ_MAX_PRIORITY)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            "pqmq_insert: msgs[%zu]: priority %d is outside 0..%d", i,
+                            m->priority, PQMQ_MAX_PRIORITY);
     if (m->bytes && m->bytes_len > PQMQ_MAX_PAYLOAD)
         return pqmq__seterr(c, PQMQ_ETOOBIG,
                             "pqmq_insert: msgs[%zu]: binary payload of %zu bytes is over "
@@ -150,6 +154,30 @@ int pqmq__has_keys(pqmq_msg *const *msgs, size_t n)
     return 0;
 }
 
+/* Does any message of the batch have a priority above 0? */
+static int has_priorities(pqmq_msg *const *msgs, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (msgs[i]->priority)
+            return 1;
+    return 0;
+}
+
+static int put_priority(pqmq_client *c, PGparam *array, const void *items, size_t i)
+{
+    (void)c;
+    pqmq_msg *const *msgs = items;
+    return PQputf(array, "%int4", msgs[i]->priority);
+}
+
+int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n,
+                                int *put)
+{
+    *put = has_priorities(msgs, n);
+    return *put ? pqmq__put_array(c, param, "%int4[]", msgs, n, put_priority, "pqmq_insert")
+                : 0;
+}
+
 int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys)
 {
     struct batch b = {msgs, pqmq__param(c)};
@@ -162,10 +190,14 @@ int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_
 }
 
 /* The statement that inserts a batch: keys, when any message has one, go
- * through mq_insert_unique (keeping what a live key holds). */
-static const char *insert_sql(int keys)
+ * through mq_insert_unique (keeping what a live key holds); priorities,
+ * when any is above 0, are the last parameter. */
+static const char *insert_sql(int keys, int prio)
 {
-    return keys ? "SELECT count(*) FROM mq_insert_unique($1, $2)" : "SELECT mq_insert($1)";
+    if (keys)
+        return prio ? "SELECT count(*) FROM mq_insert_unique($1, $2, priorities => $3)"
+                    : "SELECT count(*) FROM mq_insert_unique($1, $2)";
+    return prio ? "SELECT mq_insert($1, $2)" : "SELECT mq_insert($1)";
 }
 
 /* The batch as insert_sql's parameters, in a new PGparam (*out; caller
@@ -198,8 +230,11 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     PGparam *param;
     int keys;
     int rc = pqmq__begin_insert(c, msgs, n, 0, &param, &keys);
+    int prio = 0;
     if (!rc)
-        PQclear(pqmq__exec(c, param, insert_sql(keys), "pqmq_insert", &rc));
+        rc = pqmq__put_priorities_if_any(c, param, msgs, n, &prio);
+    if (!rc)
+        PQclear(pqmq__exec(c, param, insert_sql(keys, prio), "pqmq_insert", &rc));
     PQparamClear(param);
     return rc;
 }
@@ -238,7 +273,10 @@ static int send_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     PGparam *param = NULL;
     int keys;
     int rc = batch_param(c, msgs, n, 0, &param, &keys);
-    if (!rc && (!PQparamSendQuery(pqmq_conn(c), param, insert_sql(keys), 1) ||
+    int prio = 0;
+    if (!rc)
+        rc = pqmq__put_priorities_if_any(c, param, msgs, n, &prio);
+    if (!rc && (!PQparamSendQuery(pqmq_conn(c), param, insert_sql(keys, prio), 1) ||
                 !PQpipelineSync(pqmq_conn(c))))
         rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
                           PQerrorMessage(pqmq_conn(c)));

@@ -70,9 +70,15 @@ PQMQ_EXPORT int pqmq_insert_unique(pqmq_client *c, pqmq_msg *const *msgs, size_t
         rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     if (!rc)
         rc = pqmq__put_duration(c, param, retention_ms, what);
+    int prio = 0;
+    if (!rc)
+        rc = pqmq__put_priorities_if_any(c, param, msgs, n, &prio);
     PGresult *r = NULL;
     if (!rc)
-        r = pqmq__exec(c, param, "SELECT * FROM mq_insert_unique($1, $2, $3, $4)", what, &rc);
+        r = pqmq__exec(c, param,
+                       prio ? "SELECT * FROM mq_insert_unique($1, $2, $3, $4, $5)"
+                            : "SELECT * FROM mq_insert_unique($1, $2, $3, $4)",
+                       what, &rc);
     PQparamClear(param);
     if (!rc && results)
         rc = read_results(c, r, n, results);

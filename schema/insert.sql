@@ -9,16 +9,32 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM mq_insert_rows(new_messages, NULL, NULL, NULL);
+    PERFORM mq_insert_rows(new_messages, NULL, NULL, NULL, NULL);
+END;
+$$;
+
+-- mq_insert where message i has priority priorities[i] (NULL, or a NULL
+-- element: 0): among the ready messages of a channel, higher priorities
+-- are delivered first. 0 to 32767; 0, the default, is the lowest. A chain
+-- is never reordered: its messages become ready one at a time.
+CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[], priorities int[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM mq_insert_rows(new_messages, NULL, NULL, NULL, priorities);
 END;
 $$;
 
 -- mq_insert's work, and mq_insert_unique's (schema/keys.sql): checks the
 -- whole batch, then inserts the messages that take[i] marks (NULL: all),
 -- message i with unique key unique_keys[i] (NULL: none) kept key_retention
--- after it is deleted. Ordered messages not taken are not in any chain.
+-- after it is deleted, with priority priorities[i] (NULL: 0). Ordered
+-- messages not taken are not in any chain.
 CREATE OR REPLACE FUNCTION mq_insert_rows(new_messages mq_new_t[], unique_keys text[],
-                                          key_retention interval, take boolean[])
+                                          key_retention interval, take boolean[],
+                                          priorities int[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -102,13 +118,28 @@ BEGIN
         RAISE EXCEPTION 'mq_insert: message % of the batch: %', bad.ord, bad.why
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF priorities IS NOT NULL THEN
+        IF cardinality(priorities) <> cardinality(new_messages) THEN
+            RAISE EXCEPTION 'mq_insert: % messages but % priorities',
+                cardinality(new_messages), cardinality(priorities)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        SELECT p.o, p.v INTO bad FROM unnest(priorities) WITH ORDINALITY AS p(v, o)
+        WHERE p.v < 0 OR p.v > 32767 ORDER BY p.o LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'mq_insert: message % of the batch: priority % is outside 0..32767',
+                bad.o, bad.v
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
 
     -- Only what the caller takes (mq_insert_unique: not the messages whose
     -- key another message holds), checked above with the rest.
     IF take IS NOT NULL THEN
         SELECT COALESCE(array_agg(new_messages[t.o] ORDER BY t.o), '{}'),
-               COALESCE(array_agg(unique_keys[t.o] ORDER BY t.o), '{}')
-        INTO new_messages, unique_keys
+               COALESCE(array_agg(unique_keys[t.o] ORDER BY t.o), '{}'),
+               COALESCE(array_agg(priorities[t.o] ORDER BY t.o), '{}')
+        INTO new_messages, unique_keys, priorities
         FROM generate_subscripts(new_messages, 1) AS t(o)
         WHERE take[t.o];
         IF cardinality(new_messages) = 0 THEN
@@ -126,7 +157,8 @@ BEGIN
         -- No chains to extend: a plain insert.
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval, ready_at,
-                             name, payload_json, payload_bytes, unique_key, key_retention)
+                             name, payload_json, payload_bytes, unique_key, key_retention,
+                             priority)
         SELECT t.id, ts,
                ts + COALESCE(t.delay, interval '0')
                   + COALESCE(t.commit_interval, interval '0'),
@@ -137,7 +169,8 @@ BEGIN
                   + COALESCE(t.commit_interval, interval '0'),
                COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes,
                unique_keys[t.ordinality::int],
-               CASE WHEN unique_keys[t.ordinality::int] IS NOT NULL THEN key_retention END
+               CASE WHEN unique_keys[t.ordinality::int] IS NOT NULL THEN key_retention END,
+               COALESCE(priorities[t.ordinality::int], 0)
         FROM unnest(new_messages) WITH ORDINALITY AS t;
     ELSE
         WITH batch AS (
@@ -149,7 +182,7 @@ BEGIN
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                              channel_name, channel_args, commit_interval,
                              after_message_id, ready_at, name, payload_json,
-                             payload_bytes, unique_key, key_retention)
+                             payload_bytes, unique_key, key_retention, priority)
         SELECT b.id, ts,
                ts + COALESCE(b.delay, interval '0')
                   + COALESCE(b.commit_interval, interval '0'),
@@ -177,7 +210,8 @@ BEGIN
                   + COALESCE(b.commit_interval, interval '0'),
                COALESCE(b.name, ''), b.payload_json::jsonb, b.payload_bytes,
                unique_keys[b.ord::int],
-               CASE WHEN unique_keys[b.ord::int] IS NOT NULL THEN key_retention END
+               CASE WHEN unique_keys[b.ord::int] IS NOT NULL THEN key_retention END,
+               COALESCE(priorities[b.ord::int], 0)
         FROM batch b
         WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
         ORDER BY b.ord;

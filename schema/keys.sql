@@ -13,12 +13,14 @@
 -- 'replace_payload' its name and payload only. A batch is taken as if its
 -- messages were inserted one after another: later messages with a key that
 -- an earlier one took are kept, or replace it. retention: how long a key
--- outlives the completion of its message (NULL: not at all).
+-- outlives the completion of its message (NULL: not at all). priorities:
+-- as for mq_insert; 'replace' gives the holder the priority too.
 -- Returns, in batch order, the id each message stands for (its own, or the
 -- holder's) and what happened: 'inserted', 'kept' or 'replaced'.
 CREATE OR REPLACE FUNCTION mq_insert_unique(new_messages mq_new_t[], unique_keys text[],
                                             mode text DEFAULT 'keep',
-                                            retention interval DEFAULT NULL)
+                                            retention interval DEFAULT NULL,
+                                            priorities int[] DEFAULT NULL)
 RETURNS TABLE(id uuid, outcome text)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -45,6 +47,7 @@ DECLARE
     live  boolean;
     got   tid;
     src   mq_new_t;
+    prio  int[];
 BEGIN
     IF n IS NULL OR n = 0 THEN
         RETURN;
@@ -74,7 +77,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Every message is checked before any key is taken or any holder changed.
-    PERFORM mq_insert_rows(new_messages, NULL, NULL, array_fill(false, ARRAY[n]));
+    PERFORM mq_insert_rows(new_messages, NULL, NULL, array_fill(false, ARRAY[n]), priorities);
 
     -- Forget a few keys whose window has passed (those who keep keys pay).
     DELETE FROM mq_keys k WHERE k.ctid = ANY (ARRAY(
@@ -85,6 +88,7 @@ BEGIN
     outs := array_fill('inserted'::text, ARRAY[n]);
     take := array_fill(true, ARRAY[n]);
     eff := new_messages;
+    prio := priorities;
 
     -- Each key once (the first message of the batch with it, "first"), in
     -- key order so that producers racing on the same keys cannot deadlock.
@@ -131,7 +135,9 @@ BEGIN
                         ready_at = CASE WHEN mode = 'replace'
                             THEN ts + COALESCE(mq_fixed_length(src.delay), interval '0')
                                     + COALESCE(m.commit_interval, interval '0')
-                            ELSE m.ready_at END
+                            ELSE m.ready_at END,
+                        priority = CASE WHEN mode = 'replace'
+                            THEN COALESCE(priorities[g.last], 0) ELSE m.priority END
                     WHERE m.ctid = got;
                 END IF;
                 FOR i IN 1 .. cardinality(g.members) LOOP
@@ -154,6 +160,9 @@ BEGIN
                             (new_messages[g.first]).commit_interval,
                             (new_messages[g.first]).ordered, src.name, src.payload_json,
                             src.payload_bytes)::mq_new_t;
+        IF priorities IS NOT NULL THEN
+            prio[g.first] := priorities[CASE WHEN mode = 'replace' THEN g.last ELSE g.first END];
+        END IF;
         FOR i IN 2 .. cardinality(g.members) LOOP
             ids[g.members[i]] := ids[g.first];
             outs[g.members[i]] := CASE WHEN mode = 'keep' THEN 'kept' ELSE 'replaced' END;
@@ -161,7 +170,7 @@ BEGIN
         END LOOP;
     END LOOP;
 
-    PERFORM mq_insert_rows(eff, unique_keys, retention, take);
+    PERFORM mq_insert_rows(eff, unique_keys, retention, take, prio);
     RETURN QUERY SELECT ids[i], outs[i] FROM generate_series(1, n) AS i ORDER BY i;
 END;
 $$;

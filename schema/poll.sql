@@ -15,6 +15,9 @@
 -- Fairness: channels are visited from a random point of the chain-key space
 -- (one random point per name when the poll names channels), taking at most a
 -- quarter of the batch from each, so a busy channel cannot starve a quiet one.
+-- Priority: within a channel, its urgent messages (priority above 0,
+-- mq_pick_urgent) are taken before those of priority 0 (mq_pick_keys), and
+-- none of priority 0 while it has urgent ones left.
 -- Cost: each channel visited is one index probe (loose index scan); a budget
 -- bounds the visits, and the time index fills whatever is left. Nothing here
 -- groups or sorts the whole backlog.
@@ -44,6 +47,9 @@ DECLARE
     low     timestamptz; -- see mq_pick_keys
     mark    timestamptz; -- see mq_low_mark
     again   timestamptz;
+    keys    bigint[];    -- the chain key of each message taken
+    full_keys bigint[];  -- see mq_pick_urgent
+    urgent  boolean;
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
@@ -56,38 +62,62 @@ BEGIN
     LOOP -- twice at most (below)
         ids := '{}';
         tids := '{}';
+        keys := '{}';
+        full_keys := '{}';
         low := NULL;
+        -- One probe of an index that is empty unless priorities are used.
+        urgent := EXISTS (
+            SELECT 1 FROM mq_msgs m
+            WHERE m.dead_since IS NULL
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority > 0 -- mq_msgs_ready_urgent
+              AND m.ready_at >= mark AND m.ready_at <= ts);
 
-        IF channel_names IS NULL THEN
-            SELECT p.ids, p.tids, p.low INTO ids, tids, low
-            FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
-                              per_key, batch_size, budget, ts, lane, mark, ids, tids, low) p;
-        ELSE
-            -- Round 1 takes up to per_key from each named channel; round 2 takes
-            -- more from channels that had more to give.
-            FOR round IN 1..2 LOOP
-                FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-                                          WHERE n IS NOT NULL) d
-                          ORDER BY random() LOOP
-                    EXIT WHEN cardinality(ids) >= batch_size;
-                    lo := hashtext(nm)::bigint << 32;
-                    hi := lo | 4294967295;
-                    SELECT p.ids, p.tids, p.low INTO ids, tids, low
-                    FROM mq_pick_keys(nm, lo, hi,
-                                      CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                      batch_size, budget, ts, lane, mark, ids, tids,
-                                      low) p;
-                END LOOP;
+        -- Round 1 takes up to per_key from each channel; round 2 takes more
+        -- from channels that had more to give (unfiltered polls: only urgent
+        -- ones, the time index tops up the rest).
+        FOR round IN 1..2 LOOP
+            EXIT WHEN round = 2 AND channel_names IS NULL AND cardinality(full_keys) = 0;
+            -- (NULL: all channels, one visit of the whole key space)
+            FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
+                                      WHERE n IS NOT NULL
+                                      UNION ALL
+                                      SELECT NULL::text WHERE channel_names IS NULL) d
+                      ORDER BY random() LOOP
+                EXIT WHEN cardinality(ids) >= batch_size;
+                lo := CASE WHEN nm IS NULL THEN -9223372036854775808
+                           ELSE hashtext(nm)::bigint << 32 END;
+                hi := CASE WHEN nm IS NULL THEN 9223372036854775807
+                           ELSE (hashtext(nm)::bigint << 32) | 4294967295 END;
+                full_keys := '{}';
+                IF urgent THEN
+                    SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
+                    INTO ids, tids, keys, low, full_keys
+                    FROM mq_pick_urgent(nm, lo, hi,
+                                        CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                        batch_size, budget, ts, lane, mark, ids, tids, keys,
+                                        low, full_keys) p;
+                END IF;
+                CONTINUE WHEN cardinality(ids) >= batch_size
+                           OR (round = 2 AND channel_names IS NULL);
+                SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
+                FROM mq_pick_keys(nm, lo, hi,
+                                  CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                  batch_size, budget, ts, lane, mark, full_keys, ids, tids,
+                                  keys, low) p;
             END LOOP;
-        END IF;
+        END LOOP;
 
         -- Unfiltered polls top up from the time index, O(batch log n). When the
         -- channels' scan took something, the top-up starts at the first
         -- claimable message it found (low): the messages in flight before it
         -- were stepped over once already. What is older still sits in channels
         -- the scan's budget left unvisited, for a later poll from another
-        -- random point.
-        IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
+        -- random point. Not while a channel may have urgent messages left:
+        -- the time index would take its older messages of priority 0 first.
+        IF channel_names IS NULL AND cardinality(ids) < batch_size
+           AND cardinality(full_keys) = 0 THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_msgs m
                 WHERE m.dead_since IS NULL
@@ -231,11 +261,13 @@ BEGIN
                AND m.attempts > 0))
         INTO next_at;
     ELSE
+        -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
             (SELECT m.ready_at FROM mq_msgs m
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority = 0 -- mq_msgs_ready_plain
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
@@ -245,6 +277,27 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority = 0
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at >= mark AND m.ready_at <= ts
+               AND m.attempts > 0
+               AND m.channel_name = c.n),
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority > 0 -- mq_msgs_ready_urgent
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+               AND m.channel_name = c.n
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority > 0
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at >= mark AND m.ready_at <= ts
@@ -326,14 +379,15 @@ BEGIN
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
                       m.channel_args, m.deliveries, m.attempts, m.ready_at,
-                      m.name, m.payload_json, m.payload_bytes
+                      m.name, m.payload_json, m.payload_bytes, m.priority
         )
         SELECT c.id, c.committed, c.name, c.payload_json::text, c.payload_bytes,
                c.lease, interval '0', c.channel_name, c.channel_args,
                c.deliveries, c.attempts, NULL::text, false
         FROM claimed c
-        -- Oldest first (final attempts, now at 'infinity', last).
-        ORDER BY c.ready_at, c.id;
+        -- Highest priority first, then oldest (final attempts, now at
+        -- 'infinity', last).
+        ORDER BY c.priority DESC, c.ready_at, c.id;
         RETURN;
     END IF;
 
@@ -378,7 +432,7 @@ BEGIN
                m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
         FROM mq_msgs m
         WHERE m.ctid = ANY (tids) -- the locked row versions (mq_pick_set)
-        ORDER BY m.ready_at, m.id;
+        ORDER BY m.priority DESC, m.ready_at, m.id;
         RETURN;
     END IF;
     RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
@@ -389,14 +443,17 @@ $$;
 
 -- One visit of the channels whose chain key lies in [lo, hi], starting at a
 -- random key and wrapping around once: takes up to per_key ready messages
--- from each channel, up to `want` in all, visiting at most `budget` channels
--- per direction, from the place mark on (mq_low_mark: the probes pass the
--- entries of deleted messages before it without visiting the heap). Locks
--- what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
+-- of priority 0 from each channel (fewer by what the channel gave this poll
+-- already, none from a channel in full_keys: one whose urgent messages
+-- mq_pick_urgent could not all take), up to `want` in all, visiting at most
+-- `budget` channels per direction, from the place mark on (mq_low_mark: the
+-- probes pass the entries of deleted messages before it without visiting
+-- the heap). Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
 -- concurrent pollers skip each other's rows instead of waiting. Appends the
--- ids to ids and the locked row versions' ctids to tids (ids also says what
--- not to take again), and lowers low to the place (ready_at) of the first
--- claimable message of the channels it took from. lane: as in mq_pick_set.
+-- ids to ids, the locked row versions' ctids to tids and their chain keys
+-- to keys (ids also says what not to take again), and lowers low to the
+-- place (ready_at) of the first claimable message of the channels it took
+-- from. lane: as in mq_pick_set.
 --
 -- The locked lane (lane 1) passes a row by when its locker (xmax) spent it:
 -- the locker ended without committing, so the row's locked delivery died
@@ -405,14 +462,15 @@ $$;
 -- other transactions' locks). xmax has 32 bits: the locker's full id is
 -- found from this transaction's (me), both within 2^31 of each other; a
 -- locker newer than this transaction counts as alive (it may still run).
--- The test is written out inline, here and in mq_pick_set: a function
--- call per row (mq_lock_spent, until migration 0011) cost a fifth of the
--- locked lane's poll.
+-- The test is written out inline, here, in mq_pick_urgent and in
+-- mq_pick_set: a function call per row (mq_lock_spent, until migration
+-- 0011) cost a fifth of the locked lane's poll.
 CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
                                         per_key int, want int, budget int,
                                         ts timestamptz, lane int, mark timestamptz,
+                                        full_keys bigint[],
                                         INOUT ids uuid[], INOUT tids tid[],
-                                        INOUT low timestamptz)
+                                        INOUT keys bigint[], INOUT low timestamptz)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 -- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
@@ -429,6 +487,7 @@ DECLARE
                           + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
     got   uuid[];
     got_tid tid[];
+    got_key bigint[];
     got_at timestamptz;
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
     me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
@@ -438,13 +497,15 @@ BEGIN
     -- where in the key that message is (at): the messages in flight and the
     -- dead entries before it are stepped over once, by the probe, and the
     -- key's scan starts at it. A key with nothing claimable is passed by.
-    SELECT array_agg(j.id), array_agg(j.ctid), min(j.at) INTO got, got_tid, got_at FROM (
+    SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), min(j.at)
+    INTO got, got_tid, got_key, got_at FROM (
         WITH RECURSIVE up(k, at, n) AS (
             SELECT f.k, f.at, 1 FROM (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority = 0 -- mq_msgs_ready_plain
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -457,6 +518,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority = 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -471,6 +533,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority = 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -483,6 +546,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority = 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -491,16 +555,22 @@ BEGIN
                 ORDER BY m.channel_key, m.ready_at LIMIT 1) f
             WHERE around.n < budget
         )
-        SELECT r.id, r.ctid, ks.at
-        FROM (SELECT up.k, up.at FROM up
-              UNION ALL
-              SELECT around.k, around.at FROM around) ks,
+        SELECT r.id, r.ctid, ks.k, ks.at
+        FROM (SELECT u.k, u.at,
+                     CASE WHEN u.k = ANY (full_keys) THEN 0
+                          ELSE GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
+                                                      WHERE x = u.k)::int)
+                     END AS lim
+              FROM (SELECT up.k, up.at FROM up
+                    UNION ALL
+                    SELECT around.k, around.at FROM around) u) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority = 0
               AND m.ready_at >= ks.at
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
@@ -522,14 +592,165 @@ BEGIN
                                   = 'aborted', false)
                     END)))
             ORDER BY m.ready_at
-            LIMIT per_key
+            LIMIT ks.lim
             FOR NO KEY UPDATE SKIP LOCKED
         ) r
         LIMIT want - cardinality(ids)
     ) j;
     ids := ids || COALESCE(got, '{}');
     tids := tids || COALESCE(got_tid, '{}');
+    keys := keys || COALESCE(got_key, '{}');
     low := LEAST(low, got_at);
+END;
+$$;
+
+-- mq_pick_keys for the urgent messages (priority above 0, in
+-- mq_msgs_ready_urgent): from each channel visited, up to per_key ready
+-- messages (fewer by what it gave this poll already), highest priority
+-- first and, within a priority, in the order of their places. Appends to
+-- full_keys the channels that gave all they were allowed to, which may
+-- hold more urgent messages: the poll takes none of their messages of
+-- priority 0 (mq_pick_keys) and none from the time index.
+CREATE OR REPLACE FUNCTION mq_pick_urgent(only_name text, lo bigint, hi bigint,
+                                          per_key int, want int, budget int,
+                                          ts timestamptz, lane int, mark timestamptz,
+                                          INOUT ids uuid[], INOUT tids tid[],
+                                          INOUT keys bigint[], INOUT low timestamptz,
+                                          INOUT full_keys bigint[])
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    start bigint := LEAST(hi::numeric, lo::numeric
+                          + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
+    got   uuid[];
+    got_tid tid[];
+    got_key bigint[];
+    got_lim int[];
+    got_at timestamptz;
+    -- This transaction's id, for the test of xmax (lanes 1 and 2).
+    me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
+    me_lo bigint := me & 4294967295;
+BEGIN
+    -- As in mq_pick_keys, where the index has the priority (negated, so
+    -- that the highest comes first) between the chain key and the place:
+    -- a probe finds a key's first claimable message in that order, and the
+    -- key's scan starts at its (priority, place). Within a key the scan
+    -- does not stop at now: it passes the entries of urgent messages not
+    -- ready yet in the index, without visiting the heap.
+    SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), array_agg(j.lim), min(j.at)
+    INTO got, got_tid, got_key, got_lim, got_at FROM (
+        WITH RECURSIVE up(k, np, at, n) AS (
+            SELECT f.k, f.np, f.at, 1 FROM (
+                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority > 0 -- mq_msgs_ready_urgent
+                  AND m.ready_at >= mark
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (ids)
+                  AND m.channel_key >= start AND m.channel_key <= hi
+                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
+            UNION ALL
+            SELECT f.k, f.np, f.at, up.n + 1 FROM up, LATERAL (
+                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority > 0
+                  AND m.ready_at >= mark
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (ids)
+                  AND m.channel_key > up.k AND m.channel_key <= hi
+                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
+            WHERE up.n < budget
+        ),
+        around(k, np, at, n) AS (
+            SELECT f.k, f.np, f.at, 1 FROM (
+                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority > 0
+                  AND m.ready_at >= mark
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (ids)
+                  AND m.channel_key >= lo AND m.channel_key < start
+                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
+            UNION ALL
+            SELECT f.k, f.np, f.at, around.n + 1 FROM around, LATERAL (
+                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority > 0
+                  AND m.ready_at >= mark
+                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                  AND (only_name IS NULL OR m.channel_name = only_name)
+                  AND m.id <> ALL (ids)
+                  AND m.channel_key > around.k AND m.channel_key < start
+                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
+            WHERE around.n < budget
+        )
+        SELECT r.id, r.ctid, ks.k, ks.lim, ks.at
+        FROM (SELECT u.k, u.np, u.at,
+                     GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
+                                            WHERE x = u.k)::int) AS lim
+              FROM (SELECT up.k, up.np, up.at FROM up
+                    UNION ALL
+                    SELECT around.k, around.np, around.at FROM around) u) ks,
+        LATERAL (
+            SELECT m.id, m.ctid FROM mq_msgs m
+            WHERE m.channel_key = ks.k
+              AND m.dead_since IS NULL
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority > 0
+              AND (-m.priority, m.ready_at) >= (ks.np, ks.at)
+              AND m.ready_at >= mark
+              AND m.ready_at <= ts
+              -- Steps over the messages in flight (see ready_at).
+              AND m.attempt_at <= ts
+              AND m.attempts > 0
+              AND (only_name IS NULL OR m.channel_name = only_name)
+              AND m.id <> ALL (ids)
+              -- The locked lane: first deliveries not left by a dead locker.
+              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
+                                             AND (m.xmax = '0'::xid
+                                                  OR NOT CASE -- spent (mq_pick_keys)
+                    WHEN m.xmax::text::bigint < 3 THEN false
+                    WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
+                         - 2147483648 < 0 THEN false
+                    WHEN m.xmax::text::bigint = me_lo THEN true
+                    ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
+                                                          + 6442450944) % 4294967296
+                                                         - 2147483648))::text::xid8)
+                                  = 'aborted', false)
+                    END)))
+            ORDER BY -m.priority, m.ready_at
+            LIMIT ks.lim
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) r
+        LIMIT want - cardinality(ids)
+    ) j;
+    ids := ids || COALESCE(got, '{}');
+    tids := tids || COALESCE(got_tid, '{}');
+    keys := keys || COALESCE(got_key, '{}');
+    low := LEAST(low, got_at);
+    -- A key that gave its whole allowance may have more.
+    full_keys := full_keys || ARRAY(
+        SELECT g.k FROM unnest(got_key, got_lim) AS g(k, l)
+        GROUP BY g.k, g.l HAVING count(*) >= g.l);
 END;
 $$;
 
