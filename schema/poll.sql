@@ -104,8 +104,8 @@ BEGIN
                 SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
                 FROM mq_pick_keys(nm, lo, hi,
                                   CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, ts, lane, mark, full_keys, ids, tids,
-                                  keys, low) p;
+                                  batch_size, budget, ts, lane, mark, ids, tids, keys,
+                                  low) p;
             END LOOP;
         END LOOP;
 
@@ -114,10 +114,10 @@ BEGIN
         -- claimable message it found (low): the messages in flight before it
         -- were stepped over once already. What is older still sits in channels
         -- the scan's budget left unvisited, for a later poll from another
-        -- random point. Not while a channel may have urgent messages left:
-        -- the time index would take its older messages of priority 0 first.
-        IF channel_names IS NULL AND cardinality(ids) < batch_size
-           AND cardinality(full_keys) = 0 THEN
+        -- random point. (A channel with urgent messages left gave all it
+        -- was allowed to, so the batch is full: the time index, which would
+        -- take its older messages of priority 0 first, is not read.)
+        IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_msgs m
                 WHERE m.dead_since IS NULL
@@ -444,8 +444,8 @@ $$;
 -- One visit of the channels whose chain key lies in [lo, hi], starting at a
 -- random key and wrapping around once: takes up to per_key ready messages
 -- of priority 0 from each channel (fewer by what the channel gave this poll
--- already, none from a channel in full_keys: one whose urgent messages
--- mq_pick_urgent could not all take), up to `want` in all, visiting at most
+-- already: none after mq_pick_urgent took its allowance, as a channel may
+-- have urgent messages left then), up to `want` in all, visiting at most
 -- `budget` channels per direction, from the place mark on (mq_low_mark: the
 -- probes pass the entries of deleted messages before it without visiting
 -- the heap). Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
@@ -468,7 +468,6 @@ $$;
 CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
                                         per_key int, want int, budget int,
                                         ts timestamptz, lane int, mark timestamptz,
-                                        full_keys bigint[],
                                         INOUT ids uuid[], INOUT tids tid[],
                                         INOUT keys bigint[], INOUT low timestamptz)
 LANGUAGE plpgsql
@@ -557,10 +556,8 @@ BEGIN
         )
         SELECT r.id, r.ctid, ks.k, ks.at
         FROM (SELECT u.k, u.at,
-                     CASE WHEN u.k = ANY (full_keys) THEN 0
-                          ELSE GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
-                                                      WHERE x = u.k)::int)
-                     END AS lim
+                     GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
+                                            WHERE x = u.k)::int) AS lim
               FROM (SELECT up.k, up.at FROM up
                     UNION ALL
                     SELECT around.k, around.at FROM around) u) ks,
@@ -609,8 +606,7 @@ $$;
 -- messages (fewer by what it gave this poll already), highest priority
 -- first and, within a priority, in the order of their places. Appends to
 -- full_keys the channels that gave all they were allowed to, which may
--- hold more urgent messages: the poll takes none of their messages of
--- priority 0 (mq_pick_keys) and none from the time index.
+-- hold more urgent messages (mq_pick_set visits them again).
 CREATE OR REPLACE FUNCTION mq_pick_urgent(only_name text, lo bigint, hi bigint,
                                           per_key int, want int, budget int,
                                           ts timestamptz, lane int, mark timestamptz,

@@ -335,6 +335,20 @@ static void api_insert(pqmq_client *q, const char *label, const char *ch, const 
     t_msgs_free(msgs, n);
 }
 
+/* n messages of priorities 1..n on ch: the urgent index's statements. */
+static void api_insert_urgent(pqmq_client *q, const char *ch, size_t n)
+{
+    pqmq_msg *msgs[16];
+    for (size_t i = 0; i < n; i++) {
+        msgs[i] = t_msg(ch, NULL, "job", "{\"n\": 1}", 0);
+        pqmq_msg_set_backoff(msgs[i], LEASE_MS);
+        pqmq_msg_set_priority(msgs[i], (int)i + 1);
+    }
+    begin_call("pqmq_insert (priorities)");
+    CHECK_OK(q, pqmq_insert(q, msgs, n));
+    t_msgs_free(msgs, n);
+}
+
 static pqmq_batch *api_poll(pqmq_client *q, const char *label, const char *ch, int max)
 {
     pqmq_batch *b = NULL;
@@ -379,7 +393,12 @@ static void api_workload(pqmq_client *q, PGconn *locker)
     api_insert(q, "pqmq_insert (two-phase)", "api-2pc", NULL, 4, 0, 3600000, pending);
     begin_call("pqmq_commit");
     CHECK_OK(q, pqmq_commit(q, pending, 4));
+    api_insert_urgent(q, "api-pr", 4);
 
+    pqmq_batch *urgent = api_poll(q, "pqmq_poll (one channel, priorities)", "api-pr", 2);
+    CHECK(pqmq_batch_count(urgent) == 2);
+    collect(urgent, held, &nheld, 64);
+    pqmq_batch_free(urgent);
     pqmq_batch *named = api_poll(q, "pqmq_poll (one channel)", "api", 5);
     pqmq_batch *heads = api_poll(q, "pqmq_poll (ordered channel)", "api-ord", 10);
     pqmq_batch *any = api_poll(q, "pqmq_poll (all channels)", NULL, 10);
