@@ -92,8 +92,9 @@ static void setup(void)
     t_exec(su, "CREATE ROLE %s NOLOGIN", cons);
     t_exec(su, "CREATE ROLE %s NOLOGIN", adm);
     t_exec(su, "CREATE ROLE %s NOLOGIN", other);
-    /* mq_insert, mq_insert_unique, mq_commit, mq_schedule, mq_cron_slots */
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 5);
+    /* mq_insert (with and without priorities), mq_insert_unique, mq_commit,
+     * mq_schedule, mq_cron_slots */
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 6);
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 18);
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 14);
 }
@@ -257,13 +258,18 @@ static void test_unknown_duty_and_revoke(void)
 {
     CHECK_STR(sql_state(su, "SELECT mq_grant('drive', 'postgres')"), "22023");
     CHECK_STR(sql_state(su, "SELECT mq_grant(NULL, 'postgres')"), "22023");
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", other), 5);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", other), 6);
     CHECK_INT(t_sql_int(su,
                         "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
                         "'EXECUTE')::int",
                         other),
               1);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 5);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 6);
+    CHECK_INT(t_sql_int(su,
+                        "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[], int[])', "
+                        "'EXECUTE')::int",
+                        other),
+              0);
     CHECK_INT(t_sql_int(su,
                         "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
                         "'EXECUTE')::int",
