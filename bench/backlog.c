@@ -2,15 +2,19 @@
  * backlog.c: --backlog, the poll-cost scaling check. Measures poll+complete
  * cost per message over a 5,000-message backlog on 50 channels and over a
  * 300,000-message backlog on 20,000 channels, in one run, and prints the
- * ratio (the design target is below 2). One producer, one consumer.
+ * ratio (the design target is below 2). With --priorities N (10 unless 0),
+ * also 100,000 messages on 50 channels of one priority against the same
+ * over N priorities (message i of priority i % N; target below 2 too).
+ * One producer, one consumer.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "bench.h"
 
-/* Inserts n messages round-robin over `channels` channels, in batches. */
-static void fill(pqmq_client *c, int n, int batch, int channels, const char *prefix)
+/* Inserts n messages round-robin over `channels` channels, in batches,
+ * message i of priority i % levels (levels 0: all 0). */
+static void fill(pqmq_client *c, int n, int batch, int channels, const char *prefix, int levels)
 {
     pqmq_msg **msgs = calloc((size_t)batch, sizeof *msgs);
     if (!msgs)
@@ -24,7 +28,8 @@ static void fill(pqmq_client *c, int n, int batch, int channels, const char *pre
             msgs[i] = pqmq_msg_new();
             if (!msgs[i] || pqmq_msg_set_channel(msgs[i], BENCH_CHANNEL, args) ||
                 pqmq_msg_set_name(msgs[i], "work") || pqmq_msg_set_json(msgs[i], json) ||
-                pqmq_msg_set_backoff(msgs[i], 600000))
+                pqmq_msg_set_backoff(msgs[i], 600000) ||
+                (levels > 0 && pqmq_msg_set_priority(msgs[i], (done + i) % levels)))
                 die("out of memory");
         }
         if (pqmq_insert(c, msgs, (size_t)k))
@@ -64,12 +69,13 @@ static void reset(PGconn *admin)
 }
 
 /* Cost per message (µs) of poll+complete over `measure` messages drawn from
- * a backlog of `backlog` messages on `channels` channels. */
+ * a backlog of `backlog` messages on `channels` channels, of `levels`
+ * priorities (see fill). */
 static double cost_us(pqmq_client *c, PGconn *admin, int backlog, int channels, int measure,
-                      int batch)
+                      int batch, int levels)
 {
     reset(admin);
-    fill(c, backlog, 1000, channels, "k");
+    fill(c, backlog, 1000, channels, "k", levels);
     bench_sql(admin, "ANALYZE mq_msgs");
     int got = 0;
     drain(c, 200, batch, &got); /* warm plans and caches */
@@ -77,32 +83,56 @@ static double cost_us(pqmq_client *c, PGconn *admin, int backlog, int channels, 
     return t * 1e6 / got;
 }
 
+static double best(const double *v, int n)
+{
+    double b = v[0];
+    for (int i = 1; i < n; i++)
+        b = v[i] < b ? v[i] : b;
+    return b;
+}
+
 void run_backlog(const struct opts *o, PGconn *admin)
 {
-    enum { ROUNDS = 3, MEASURE = 5000 };
-    double small[ROUNDS], large[ROUNDS];
+    enum { ROUNDS = 3, MEASURE = 5000, QUEUED = 100000 };
+    double small[ROUNDS], large[ROUNDS], one[ROUNDS], many[ROUNDS];
+    int levels = o->priorities;
     pqmq_client *c = bench_client(o);
     /* Interleaved rounds, so machine noise hits both sides alike. */
     for (int r = 0; r < ROUNDS; r++) {
-        small[r] = cost_us(c, admin, 5000 + 200, 50, MEASURE, o->batch);
-        large[r] = cost_us(c, admin, 300000, 20000, MEASURE, o->batch);
+        small[r] = cost_us(c, admin, 5000 + 200, 50, MEASURE, o->batch, 0);
+        large[r] = cost_us(c, admin, 300000, 20000, MEASURE, o->batch, 0);
         if (!o->json)
             printf("  round %d: %.1f us/message (5,000 on 50 channels), "
                    "%.1f us/message (300,000 on 20,000 channels)\n",
                    r + 1, small[r], large[r]);
+        if (levels <= 0)
+            continue;
+        one[r] = cost_us(c, admin, QUEUED, 50, MEASURE, o->batch, 0);
+        many[r] = cost_us(c, admin, QUEUED, 50, MEASURE, o->batch, levels);
+        if (!o->json)
+            printf("           %.1f us/message (100,000 on 50 channels, one priority), "
+                   "%.1f us/message (over %d priorities)\n",
+                   one[r], many[r], levels);
     }
-    double s = small[0], l = large[0];
-    for (int r = 1; r < ROUNDS; r++) {
-        s = small[r] < s ? small[r] : s;
-        l = large[r] < l ? large[r] : l;
-    }
+    double s = best(small, ROUNDS), l = best(large, ROUNDS);
+    double p1 = levels > 0 ? best(one, ROUNDS) : 0, pn = levels > 0 ? best(many, ROUNDS) : 0;
     reset(admin);
     pqmq_client_free(c);
-    if (o->json)
-        printf("{\"small_us_per_msg\": %.2f, \"large_us_per_msg\": %.2f, \"ratio\": %.2f}\n", s,
-               l, l / s);
-    else
-        printf("poll+complete cost, best of %d (batch %d): %.1f us vs %.1f us per message: "
-               "ratio %.2f (target < 2)\n",
-               ROUNDS, o->batch, s, l, l / s);
+    if (o->json) {
+        printf("{\"small_us_per_msg\": %.2f, \"large_us_per_msg\": %.2f, \"ratio\": %.2f", s, l,
+               l / s);
+        if (levels > 0)
+            printf(", \"one_priority_us_per_msg\": %.2f, \"priorities_us_per_msg\": %.2f, "
+                   "\"priorities\": %d, \"priorities_ratio\": %.2f",
+                   p1, pn, levels, pn / p1);
+        printf("}\n");
+        return;
+    }
+    printf("poll+complete cost, best of %d (batch %d): %.1f us vs %.1f us per message: "
+           "ratio %.2f (target < 2)\n",
+           ROUNDS, o->batch, s, l, l / s);
+    if (levels > 0)
+        printf("100,000 queued over %d priorities against one: %.1f us vs %.1f us per "
+               "message: ratio %.2f (target < 2)\n",
+               levels, pn, p1, pn / p1);
 }

@@ -26,6 +26,8 @@
  *      threads, each pqmq_complete_and_poll(last batch, --batch) in a loop;
  *   4b. with --floor: exactly-once processing, pqmq's and the floor's: each
  *      batch's result rows commit with its completion (see once.c);
+ *   4c. with --priorities N (10 unless 0): steps 1-4 again, message i with
+ *      priority i % N, reported against the main rates;
  *   5. the same (enqueue, runner, poll API) with every message on one of
  *      --chains ordered chains;
  *   6. latency: single messages every --latency-gap-ms ms into an idle
@@ -66,6 +68,9 @@ static void usage(FILE *f, const char *argv0)
             "  --channels N          channels = chains of the main scenario (100)\n"
             "  --ordered FRACTION    share of messages on ordered chains, 0..1 (0)\n"
             "  --chains N            chains of the all-ordered phase (1000)\n"
+            "  --priorities N        the priorities phase: the main shape, message i of\n"
+            "                        priority i %% N; its rates beside the main ones;\n"
+            "                        and --backlog's priorities case (10; 0: neither)\n"
             "  --payload-bytes N     JSON payload size, about (32)\n"
             "  --runner-threads N    worker threads per runner (default: 8,\n"
             "                        fewer if the server lacks free connections)\n"
@@ -210,7 +215,7 @@ static void run_default(const struct opts *o, PGconn *admin)
     struct results r;
     memset(&r, 0, sizeof r);
     r.runner_threads = threads_for(o, admin);
-    struct shape main_shape = {o->channels, o->ordered};
+    struct shape main_shape = {o->channels, o->ordered, 0};
     double fl[4] = {0, 0, 0, 0};
     run_rates(o, admin, &main_shape, r.runner_threads, "main", &r.main, o->floor ? fl : NULL);
     r.floor_insert = fl[0];
@@ -220,7 +225,14 @@ static void run_default(const struct opts *o, PGconn *admin)
     if (o->floor)
         run_once(o, admin, r.runner_threads, &r);
 
-    struct shape chains = {o->chains, 1.0};
+    if (o->priorities > 0) {
+        struct shape prio = {o->channels, o->ordered, o->priorities};
+        char ptag[64];
+        snprintf(ptag, sizeof ptag, "%d priorities", o->priorities);
+        run_rates(o, admin, &prio, r.runner_threads, ptag, &r.prio, NULL);
+    }
+
+    struct shape chains = {o->chains, 1.0, 0};
     char tag[64];
     snprintf(tag, sizeof tag, "%d ordered chains", o->chains);
     run_rates(o, admin, &chains, r.runner_threads, tag, &r.ordered, NULL);
@@ -289,7 +301,7 @@ static void run_sweep(const struct opts *o, PGconn *admin)
         w->runner_threads = threads_for(&run, admin);
         if (!o->json)
             fprintf(stderr, "sweep: %s = %d\n", param, w->value);
-        struct shape s = {run.channels, run.ordered};
+        struct shape s = {run.channels, run.ordered, 0};
         double fl[4] = {0, 0, 0, 0};
         run_rates(&run, admin, &s, w->runner_threads, param, &w->rates, o->floor ? fl : NULL);
         w->floor_insert = fl[0];
@@ -316,6 +328,7 @@ int main(int argc, char **argv)
         .batch = 100,
         .channels = 100,
         .chains = 1000,
+        .priorities = 10,
         .ordered = 0,
         .payload_bytes = 32,
         .latency_samples = 200,
@@ -331,6 +344,7 @@ int main(int argc, char **argv)
         O_BATCH,
         O_CHANNELS,
         O_CHAINS,
+        O_PRIORITIES,
         O_ORDERED,
         O_PAYLOAD,
         O_THREADS,
@@ -357,6 +371,7 @@ int main(int argc, char **argv)
                                           {"batch", required_argument, 0, O_BATCH},
                                           {"channels", required_argument, 0, O_CHANNELS},
                                           {"chains", required_argument, 0, O_CHAINS},
+                                          {"priorities", required_argument, 0, O_PRIORITIES},
                                           {"ordered", required_argument, 0, O_ORDERED},
                                           {"payload-bytes", required_argument, 0, O_PAYLOAD},
                                           {"runner-threads", required_argument, 0, O_THREADS},
@@ -386,6 +401,9 @@ int main(int argc, char **argv)
         case O_BATCH: o.batch = int_arg("batch", optarg, 1, PQMQ_MAX_BATCH); break;
         case O_CHANNELS: o.channels = int_arg("channels", optarg, 1, 100000000); break;
         case O_CHAINS: o.chains = int_arg("chains", optarg, 1, 100000000); break;
+        case O_PRIORITIES:
+            o.priorities = int_arg("priorities", optarg, 0, PQMQ_MAX_PRIORITY + 1);
+            break;
         case O_ORDERED:
             o.ordered = strtod(optarg, &end);
             if (*optarg == '\0' || *end != '\0' || !(o.ordered >= 0 && o.ordered <= 1)) {

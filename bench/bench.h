@@ -32,6 +32,7 @@ struct opts {
     char *conninfo;         /* dsn plus search_path: every connection uses it */
     const char *listen_dsn; /* runners LISTEN here (pqmq_runner_set_listen_dsn) */
     int messages, producers, consumers, batch, channels, chains;
+    int priorities; /* levels of the priorities phase and --backlog case; 0: none */
     double ordered; /* fraction of messages on ordered chains */
     int payload_bytes;
     int runner_threads; /* worker threads per runner; 0: derived */
@@ -51,6 +52,7 @@ struct opts {
 struct shape {
     int channels;
     double ordered;
+    int priorities; /* message seq gets priority seq % priorities; 0: none */
 };
 
 struct latency {
@@ -71,6 +73,7 @@ struct rates {
 struct results {
     int runner_threads;
     struct rates main, ordered; /* ordered: every message on --chains chains */
+    struct rates prio;          /* the main shape with --priorities priorities */
     double floor_insert, floor_drain, floor_drain_ctid;
     double floor_insert_pipelined;
     double once, floor_once;                /* exactly-once processing: pqmq, the floor's */

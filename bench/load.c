@@ -284,7 +284,7 @@ static void run_target(const struct opts *o, PGconn *admin, const struct load_op
         die("out of memory");
     run->o = o;
     run->ops = ops;
-    run->shape = (struct shape){o->channels, o->ordered};
+    run->shape = (struct shape){o->channels, o->ordered, 0};
     run->interval = o->rate ? (double)o->batch * o->producers / o->rate : 0;
     memset(out, 0, sizeof *out);
     out->target = ops->name;

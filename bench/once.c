@@ -313,7 +313,7 @@ void run_once(const struct opts *o, PGconn *admin, int threads, struct results *
 {
     double *pqmq_rate = &res->once, *locked_rate = &res->once_locked,
            *floor_rate = &res->floor_once;
-    struct shape s = {o->channels, o->ordered};
+    struct shape s = {o->channels, o->ordered, 0};
     const char *label = "exactly-once: poll API";
     queue_reset(admin);
     queue_enqueue(o, &s, "exactly-once: enqueue");

@@ -56,7 +56,8 @@ void queue_fill_batch(const struct opts *o, const struct shape *s, long first, i
         if (!m || pqmq_msg_set_channel(m, BENCH_CHANNEL, args) ||
             pqmq_msg_set_name(m, "work") || pqmq_msg_set_json(m, json) ||
             pqmq_msg_set_backoff(m, 600000) || /* no redelivery mid-run */
-            pqmq_msg_set_ordered(m, shape_ordered(s, seq)))
+            pqmq_msg_set_ordered(m, shape_ordered(s, seq)) ||
+            (s->priorities > 0 && pqmq_msg_set_priority(m, (int)(seq % s->priorities))))
             die("out of memory");
     }
 }

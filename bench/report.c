@@ -104,6 +104,17 @@ void report_text(const struct opts *o, const struct results *r)
         rate_row("exactly-once, vs exactly-once floor", r->once, r->floor_once, 0);
         rate_row("exactly-once, locked, vs its floor", r->once_locked, r->floor_once, 0);
     }
+    if (r->prio.runner > 0) {
+        char f[64];
+        snprintf(f, sizeof f, "%d priorities: enqueue *", o->priorities);
+        rate_row(f, r->prio.enqueue, r->main.enqueue, 0);
+        snprintf(f, sizeof f, "%d priorities: runner *", o->priorities);
+        rate_row(f, r->prio.runner, r->main.runner, 0);
+        snprintf(f, sizeof f, "%d priorities: poll API *", o->priorities);
+        rate_row(f, r->prio.poll, r->main.poll, 0);
+        snprintf(f, sizeof f, "%d priorities: locked lane *", o->priorities);
+        rate_row(f, r->prio.locked, r->main.locked, 0);
+    }
     if (r->ordered.runner > 0) {
         char f[64];
         snprintf(f, sizeof f, "%d ordered chains: enqueue *", o->chains);
@@ -137,10 +148,11 @@ void report_text(const struct opts *o, const struct results *r)
                "  job's transaction (pqmq_ctx_begin), a commit per job, or per worker's\n"
                "  batch on the locked lane); its floor: BEGIN, the floor's DELETE, the same\n"
                "  INSERT, COMMIT.\n");
-    if (r->ordered.runner > 0)
-        printf("%s* ordered rows: every message on an ordered chain; the floor column "
-               "holds the\n  main scenario's rate and the ratio is against it.\n",
-               r->floor_drain_ctid > 0 ? "" : "\n");
+    if (r->ordered.runner > 0 || r->prio.runner > 0)
+        printf("%s* priorities rows: the main scenario with message i of priority i %% %d;\n"
+               "  ordered rows: every message on an ordered chain; the floor column holds\n"
+               "  the main scenario's rate and the ratio is against it.\n",
+               r->floor_drain_ctid > 0 ? "" : "\n", o->priorities);
     if (!o->floor)
         printf("\nRun with --floor for the SQL floor and the ratios.\n");
 }
@@ -218,6 +230,20 @@ void report_json(const struct opts *o, const struct results *r)
     jnum("process_exactly_once_runner_locked_per_s", r->once_runner_locked, "%.0f", 0);
     jnum("ratio_exactly_once_runner_locked", ratio(r->once_runner_locked, r->floor_drain),
          "%.3f", 0);
+    printf("\"priorities\": ");
+    if (r->prio.runner > 0) {
+        printf("{\"levels\": %d, ", o->priorities);
+        jnum("enqueue_per_s", r->prio.enqueue, "%.0f", 0);
+        jnum("process_runner_per_s", r->prio.runner, "%.0f", 0);
+        jnum("process_poll_per_s", r->prio.poll, "%.0f", 0);
+        jnum("process_locked_per_s", r->prio.locked, "%.0f", 0);
+        jnum("ratio_enqueue_to_main", ratio(r->prio.enqueue, r->main.enqueue), "%.3f", 0);
+        jnum("ratio_runner_to_main", ratio(r->prio.runner, r->main.runner), "%.3f", 0);
+        jnum("ratio_poll_to_main", ratio(r->prio.poll, r->main.poll), "%.3f", 1);
+        printf("}, ");
+    } else {
+        printf("null, ");
+    }
     printf("\"ordered\": ");
     if (r->ordered.runner > 0) {
         printf("{\"chains\": %d, ", o->chains);
