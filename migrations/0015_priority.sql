@@ -13,7 +13,7 @@
 -- mq_new_t keeps its eleven attributes.
 --
 -- Rebuilds the channel index: on a large queue this blocks inserts and
--- polls while it runs (see the README, Upgrading).
+-- polls while it runs (see the README, The SQL contract).
 
 ALTER TABLE mq_msgs ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0
     CONSTRAINT mq_msgs_priority_range CHECK (priority >= 0);
