@@ -16,8 +16,14 @@
 #   table  the same rows INSERTed into mq_msgs     (reads the source rows)
 #   array  builds the mq_new_t[] of each batch     (reads the source rows)
 #   pqmq   mq_insert of that array
+#   ordarray, ordered   the same with every message ordered, on one of
+#          1,000 chains (message k of the run on chain k % 1000, as the
+#          bench's chains phase spreads them)
+#   claim  pqmq, then as many mq_claim(NULL, 100) (the lease lane's poll of
+#          all channels, without completing)
 # and prints instructions per message: floor and table less base, and
-# mq_insert alone (pqmq less array). Needs valgrind.
+# mq_insert alone (pqmq less array; ordered less ordarray), and mq_claim
+# (claim less pqmq). Needs valgrind.
 set -euo pipefail
 batches=${1:-200}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,7 +42,7 @@ q -c "CREATE TABLE q.floor_msgs (id uuid PRIMARY KEY, channel text NOT NULL, pay
                                  created_at timestamptz NOT NULL DEFAULT now())" \
     -c 'CREATE INDEX ON q.floor_msgs (created_at)' \
     -c "CREATE TABLE q.src AS
-        SELECT i AS batch,
+        SELECT i AS batch, i * 100 + g AS k,
                ('00000000-0000-7000-8000-' || lpad(to_hex(i * 1000 + g), 12, '0'))::uuid AS id,
                'c' || (i % 100) AS ch, '{\"k\": ' || g || '}' AS payload
         FROM generate_series(1, $batches) i, generate_series(1, 100) g" \
@@ -58,8 +64,16 @@ script() {
             table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
             array) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             pqmq) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            ordarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
+            claim) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            ordered) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
             esac
         done
+        if [[ $form == claim ]]; then
+            for ((i = 1; i <= batches; i++)); do
+                printf 'SELECT count(*) FROM mq_claim(NULL, 100);\n\n'
+            done
+        fi
     } >"$work/$form.sql"
 }
 
@@ -80,7 +94,7 @@ count() {
 }
 
 declare -A n
-for form in base floor table array pqmq; do
+for form in base floor table array pqmq ordarray ordered claim; do
     n[$form]=$(count "$form")
 done
 rows=$((batches * 100))
@@ -88,12 +102,17 @@ per() { echo "scale=1; $1 / $rows / 1000" | bc; }
 floor=$(per "$((n[floor] - n[base]))")
 table=$(per "$((n[table] - n[base]))")
 insert=$(per "$((n[pqmq] - n[array]))")
+ordered=$(per "$((n[ordered] - n[ordarray]))")
+claim=$(per "$((n[claim] - n[pqmq]))")
 printf 'instructions per message (thousands), %d batches of 100:\n' "$batches"
 printf '  floor INSERT (with reading the source rows)          %s\n' "$floor"
 printf '  plain INSERT into mq_msgs (with reading the source)  %s  (%.2fx)\n' "$table" \
     "$(echo "$table / $floor" | bc -l)"
 printf '  mq_insert alone (without reading or building)        %s  (%.2fx)\n' "$insert" \
     "$(echo "$insert / $floor" | bc -l)"
+printf '  mq_insert, ordered, 1,000 chains (the same)          %s  (%.2fx; %.2f of unordered)\n' \
+    "$ordered" "$(echo "$ordered / $floor" | bc -l)" "$(echo "$insert / $ordered" | bc -l)"
+printf '  mq_claim, polls of 100 of all channels (claim only)   %s\n' "$claim"
 
 # Where the difference goes: inclusive instructions per message of the
 # executor steps the two tables do not share.

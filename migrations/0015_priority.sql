@@ -4,7 +4,7 @@
 -- the ready messages of a channel, higher priorities are delivered first,
 -- then the order of before; fairness between channels is unchanged and a
 -- chain is never reordered. Messages of priority 0 keep the channel index
--- they had (now mq_msgs_ready_plain, with priority = 0 in its predicate);
+-- they had (now mq_msgs_ready_plain, with priority <= 0 in its predicate);
 -- the others have one of their own, keyed by priority within the channel
 -- (mq_msgs_ready_urgent), which a poll probes first. A queue that never
 -- sets a priority pays one probe of an empty index per poll, and no more
@@ -15,21 +15,20 @@
 -- Rebuilds the channel index: on a large queue this blocks inserts and
 -- polls while it runs (see the README, The SQL contract).
 
-ALTER TABLE mq_msgs ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0
-    CONSTRAINT mq_msgs_priority_range CHECK (priority >= 0);
+ALTER TABLE mq_msgs ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0;
 
 -- Polls walk these indexes channel by channel (loose index scan on
 -- channel_key) and take each channel's oldest ready rows: the messages of
--- priority 0 (most, and all when no producer sets one) in
--- mq_msgs_ready_plain, the others, highest first, in mq_msgs_ready_urgent.
--- Each message has an entry in one of them. No index keys on attempt_at,
+-- priority 0 (most, and all when no producer sets one; below 0 only by
+-- hand) in mq_msgs_ready_plain, the others, highest first, in
+-- mq_msgs_ready_urgent. Each candidate has an entry in one of them. No index keys on attempt_at,
 -- attempts, deliveries or retry_backoff: those are what a claim writes.
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_plain
     ON mq_msgs (channel_key, ready_at)
     WHERE dead_since IS NULL
       AND (after_message_id IS NULL
            OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-      AND priority = 0;
+      AND priority <= 0;
 
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
     ON mq_msgs (channel_key, (- priority), ready_at)
@@ -489,7 +488,7 @@ DECLARE
     mark    timestamptz; -- see mq_low_mark
     again   timestamptz;
     keys    bigint[];    -- the chain key of each message taken
-    full_keys bigint[];  -- see mq_pick_urgent
+    full_keys bigint[];  -- see mq_pick_urgent (unfiltered polls)
     urgent  boolean;
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
@@ -515,40 +514,59 @@ BEGIN
               AND m.priority > 0 -- mq_msgs_ready_urgent
               AND m.ready_at >= mark AND m.ready_at <= ts);
 
-        -- Round 1 takes up to per_key from each channel; round 2 takes more
-        -- from channels that had more to give (unfiltered polls: only urgent
-        -- ones, the time index tops up the rest).
-        FOR round IN 1..2 LOOP
-            EXIT WHEN round = 2 AND channel_names IS NULL AND cardinality(full_keys) = 0;
-            -- (NULL: all channels, one visit of the whole key space)
-            FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-                                      WHERE n IS NOT NULL
-                                      UNION ALL
-                                      SELECT NULL::text WHERE channel_names IS NULL) d
-                      ORDER BY random() LOOP
-                EXIT WHEN cardinality(ids) >= batch_size;
-                lo := CASE WHEN nm IS NULL THEN -9223372036854775808
-                           ELSE hashtext(nm)::bigint << 32 END;
-                hi := CASE WHEN nm IS NULL THEN 9223372036854775807
-                           ELSE (hashtext(nm)::bigint << 32) | 4294967295 END;
-                full_keys := '{}';
-                IF urgent THEN
-                    SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
-                    INTO ids, tids, keys, low, full_keys
-                    FROM mq_pick_urgent(nm, lo, hi,
-                                        CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                        batch_size, budget, ts, lane, mark, ids, tids, keys,
-                                        low, full_keys) p;
-                END IF;
-                CONTINUE WHEN cardinality(ids) >= batch_size
-                           OR (round = 2 AND channel_names IS NULL);
+        IF channel_names IS NULL THEN
+            -- One visit of the whole key space: each channel's urgent
+            -- messages, then the rest of its allowance; channels whose urgent
+            -- messages used it all are visited again for more of them.
+            IF urgent THEN
+                SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
+                INTO ids, tids, keys, low, full_keys
+                FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
+                                    per_key, batch_size, budget, ts, lane, mark, ids, tids,
+                                    keys, low, full_keys) p;
+            END IF;
+            IF cardinality(ids) < batch_size THEN
                 SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
-                FROM mq_pick_keys(nm, lo, hi,
-                                  CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, ts, lane, mark, ids, tids, keys,
-                                  low) p;
+                FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
+                                  per_key, batch_size, budget, ts, lane, mark, ids, tids,
+                                  keys, low) p;
+            END IF;
+            IF cardinality(ids) < batch_size AND cardinality(full_keys) > 0 THEN
+                full_keys := '{}';
+                SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
+                INTO ids, tids, keys, low, full_keys
+                FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
+                                    batch_size, batch_size, budget, ts, lane, mark, ids,
+                                    tids, keys, low, full_keys) p;
+            END IF;
+        ELSE
+            -- Round 1 takes up to per_key from each named channel (its urgent
+            -- messages first); round 2 takes more from channels that had
+            -- more to give.
+            FOR round IN 1..2 LOOP
+                FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
+                                          WHERE n IS NOT NULL) d
+                          ORDER BY random() LOOP
+                    EXIT WHEN cardinality(ids) >= batch_size;
+                    lo := hashtext(nm)::bigint << 32;
+                    hi := lo | 4294967295;
+                    IF urgent THEN
+                        SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
+                        INTO ids, tids, keys, low, full_keys
+                        FROM mq_pick_urgent(nm, lo, hi,
+                                            CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                            batch_size, budget, ts, lane, mark, ids, tids,
+                                            keys, low, full_keys) p;
+                    END IF;
+                    CONTINUE WHEN cardinality(ids) >= batch_size;
+                    SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
+                    FROM mq_pick_keys(nm, lo, hi,
+                                      CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                      batch_size, budget, ts, lane, mark, ids, tids, keys,
+                                      low) p;
+                END LOOP;
             END LOOP;
-        END LOOP;
+        END IF;
 
         -- Unfiltered polls top up from the time index, O(batch log n). When the
         -- channels' scan took something, the top-up starts at the first
@@ -645,7 +663,7 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.priority = 0 -- mq_msgs_ready_plain
+               AND m.priority <= 0 -- mq_msgs_ready_plain
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
@@ -655,7 +673,7 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.priority = 0
+               AND m.priority <= 0
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at >= mark AND m.ready_at <= ts
@@ -870,7 +888,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0 -- mq_msgs_ready_plain
+                  AND m.priority <= 0 -- mq_msgs_ready_plain
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -883,7 +901,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -898,7 +916,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -911,7 +929,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -933,7 +951,7 @@ BEGIN
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-              AND m.priority = 0
+              AND m.priority <= 0
               AND m.ready_at >= ks.at
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
@@ -1202,7 +1220,7 @@ BEGIN
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-              AND m.priority = 0
+              AND m.priority <= 0
               AND m.ready_at <= ts
               AND m.attempt_at > ts
               AND m.attempts > 0
@@ -1281,7 +1299,7 @@ AS $$
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                         | 4294967295)
@@ -1291,7 +1309,7 @@ AS $$
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.channel_key > keys.k
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                         | 4294967295)
@@ -1307,7 +1325,7 @@ AS $$
           AND m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-          AND m.priority = 0
+          AND m.priority <= 0
           AND m.ready_at <= ts
           AND m.attempt_at <= ts
           AND m.attempts > 0
@@ -1365,7 +1383,7 @@ BEGIN
            AND m.attempts > 0
            AND (m.after_message_id IS NULL
                 OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-           AND m.priority = 0
+           AND m.priority <= 0
            AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
            AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                  | 4294967295)

@@ -48,7 +48,7 @@ DECLARE
     mark    timestamptz; -- see mq_low_mark
     again   timestamptz;
     keys    bigint[];    -- the chain key of each message taken
-    full_keys bigint[];  -- see mq_pick_urgent
+    full_keys bigint[];  -- see mq_pick_urgent (unfiltered polls)
     urgent  boolean;
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
@@ -74,40 +74,59 @@ BEGIN
               AND m.priority > 0 -- mq_msgs_ready_urgent
               AND m.ready_at >= mark AND m.ready_at <= ts);
 
-        -- Round 1 takes up to per_key from each channel; round 2 takes more
-        -- from channels that had more to give (unfiltered polls: only urgent
-        -- ones, the time index tops up the rest).
-        FOR round IN 1..2 LOOP
-            EXIT WHEN round = 2 AND channel_names IS NULL AND cardinality(full_keys) = 0;
-            -- (NULL: all channels, one visit of the whole key space)
-            FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-                                      WHERE n IS NOT NULL
-                                      UNION ALL
-                                      SELECT NULL::text WHERE channel_names IS NULL) d
-                      ORDER BY random() LOOP
-                EXIT WHEN cardinality(ids) >= batch_size;
-                lo := CASE WHEN nm IS NULL THEN -9223372036854775808
-                           ELSE hashtext(nm)::bigint << 32 END;
-                hi := CASE WHEN nm IS NULL THEN 9223372036854775807
-                           ELSE (hashtext(nm)::bigint << 32) | 4294967295 END;
-                full_keys := '{}';
-                IF urgent THEN
-                    SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
-                    INTO ids, tids, keys, low, full_keys
-                    FROM mq_pick_urgent(nm, lo, hi,
-                                        CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                        batch_size, budget, ts, lane, mark, ids, tids, keys,
-                                        low, full_keys) p;
-                END IF;
-                CONTINUE WHEN cardinality(ids) >= batch_size
-                           OR (round = 2 AND channel_names IS NULL);
+        IF channel_names IS NULL THEN
+            -- One visit of the whole key space: each channel's urgent
+            -- messages, then the rest of its allowance; channels whose urgent
+            -- messages used it all are visited again for more of them.
+            IF urgent THEN
+                SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
+                INTO ids, tids, keys, low, full_keys
+                FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
+                                    per_key, batch_size, budget, ts, lane, mark, ids, tids,
+                                    keys, low, full_keys) p;
+            END IF;
+            IF cardinality(ids) < batch_size THEN
                 SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
-                FROM mq_pick_keys(nm, lo, hi,
-                                  CASE WHEN round = 1 THEN per_key ELSE batch_size END,
-                                  batch_size, budget, ts, lane, mark, ids, tids, keys,
-                                  low) p;
+                FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
+                                  per_key, batch_size, budget, ts, lane, mark, ids, tids,
+                                  keys, low) p;
+            END IF;
+            IF cardinality(ids) < batch_size AND cardinality(full_keys) > 0 THEN
+                full_keys := '{}';
+                SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
+                INTO ids, tids, keys, low, full_keys
+                FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
+                                    batch_size, batch_size, budget, ts, lane, mark, ids,
+                                    tids, keys, low, full_keys) p;
+            END IF;
+        ELSE
+            -- Round 1 takes up to per_key from each named channel (its urgent
+            -- messages first); round 2 takes more from channels that had
+            -- more to give.
+            FOR round IN 1..2 LOOP
+                FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
+                                          WHERE n IS NOT NULL) d
+                          ORDER BY random() LOOP
+                    EXIT WHEN cardinality(ids) >= batch_size;
+                    lo := hashtext(nm)::bigint << 32;
+                    hi := lo | 4294967295;
+                    IF urgent THEN
+                        SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
+                        INTO ids, tids, keys, low, full_keys
+                        FROM mq_pick_urgent(nm, lo, hi,
+                                            CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                            batch_size, budget, ts, lane, mark, ids, tids,
+                                            keys, low, full_keys) p;
+                    END IF;
+                    CONTINUE WHEN cardinality(ids) >= batch_size;
+                    SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
+                    FROM mq_pick_keys(nm, lo, hi,
+                                      CASE WHEN round = 1 THEN per_key ELSE batch_size END,
+                                      batch_size, budget, ts, lane, mark, ids, tids, keys,
+                                      low) p;
+                END LOOP;
             END LOOP;
-        END LOOP;
+        END IF;
 
         -- Unfiltered polls top up from the time index, O(batch log n). When the
         -- channels' scan took something, the top-up starts at the first
@@ -267,7 +286,7 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.priority = 0 -- mq_msgs_ready_plain
+               AND m.priority <= 0 -- mq_msgs_ready_plain
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
@@ -277,7 +296,7 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-               AND m.priority = 0
+               AND m.priority <= 0
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at >= mark AND m.ready_at <= ts
@@ -504,7 +523,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0 -- mq_msgs_ready_plain
+                  AND m.priority <= 0 -- mq_msgs_ready_plain
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -517,7 +536,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -532,7 +551,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -545,7 +564,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -567,7 +586,7 @@ BEGIN
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-              AND m.priority = 0
+              AND m.priority <= 0
               AND m.ready_at >= ks.at
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).

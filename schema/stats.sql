@@ -256,7 +256,7 @@ BEGIN
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-              AND m.priority = 0
+              AND m.priority <= 0
               AND m.ready_at <= ts
               AND m.attempt_at > ts
               AND m.attempts > 0
@@ -335,7 +335,7 @@ AS $$
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                         | 4294967295)
@@ -345,7 +345,7 @@ AS $$
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                  AND m.priority = 0
+                  AND m.priority <= 0
                   AND m.channel_key > keys.k
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                         | 4294967295)
@@ -361,7 +361,7 @@ AS $$
           AND m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-          AND m.priority = 0
+          AND m.priority <= 0
           AND m.ready_at <= ts
           AND m.attempt_at <= ts
           AND m.attempts > 0
@@ -419,7 +419,7 @@ BEGIN
            AND m.attempts > 0
            AND (m.after_message_id IS NULL
                 OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-           AND m.priority = 0
+           AND m.priority <= 0
            AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
            AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                  | 4294967295)

@@ -116,23 +116,24 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     unique_key       text,
     key_retention    interval,
     -- Among the ready messages of a channel, higher first (mq_insert with
-    -- priorities); 0, the default, is the lowest.
+    -- priorities); 0, the default, is the lowest. The functions take
+    -- 0..32767; a message written below 0 by hand counts as 0 (a CHECK
+    -- constraint cost every insert and claim more than that is worth).
     priority         smallint NOT NULL DEFAULT 0
-                     CONSTRAINT mq_msgs_priority_range CHECK (priority >= 0)
 );
 
 -- Polls walk these indexes channel by channel (loose index scan on
 -- channel_key) and take each channel's oldest ready rows: the messages of
--- priority 0 (most, and all when no producer sets one) in
--- mq_msgs_ready_plain, the others, highest first, in mq_msgs_ready_urgent.
--- Each message has an entry in one of them. No index keys on attempt_at,
+-- priority 0 (most, and all when no producer sets one; below 0 only by
+-- hand) in mq_msgs_ready_plain, the others, highest first, in
+-- mq_msgs_ready_urgent. Each candidate has an entry in one of them. No index keys on attempt_at,
 -- attempts, deliveries or retry_backoff: those are what a claim writes.
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_plain
     ON mq_msgs (channel_key, ready_at)
     WHERE dead_since IS NULL
       AND (after_message_id IS NULL
            OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-      AND priority = 0;
+      AND priority <= 0;
 
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
     ON mq_msgs (channel_key, (- priority), ready_at)
