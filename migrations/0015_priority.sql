@@ -707,124 +707,6 @@ BEGIN
 END;
 $$;
 
--- Claims up to batch_size ready messages of a lane (see mq_pick_batch) and
--- leases them. Lane 2, the rest of lane 0 once lane 1 is taken out (retries
--- and messages whose locked delivery died), is what a runner whose workers
--- use the locked lane claims with leases.
-CREATE OR REPLACE FUNCTION mq_claim_lane(channel_names text[], batch_size int, lane int)
-RETURNS SETOF mq_job_t
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
--- Custom plans (a new session's first five calls) pick hash joins over the
--- whole table for arrays of ids; the generic plan probes the indexes.
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    ts      timestamptz := clock_timestamp();
-    picked  uuid[];
-    tids    tid[];
-    max_dur interval := (mq_limits()).max_duration; -- once, not per row
-BEGIN
-    SELECT p.ids, p.tids INTO picked, tids
-    FROM mq_pick_set(channel_names, batch_size, ts, lane) p;
-
-    -- Not busy: a good moment to notice messages whose last lease ran out.
-    IF cardinality(picked) < batch_size THEN
-        PERFORM mq_reap_dead();
-    END IF;
-
-    IF cardinality(picked) > 0 THEN
-        RETURN QUERY
-        WITH claimed AS (
-            -- Writes no indexed column (ready_at stays), so the new row
-            -- version is a HOT update: no index entry is written. Only a
-            -- final attempt moves, to 'infinity', where mq_reap_dead looks.
-            UPDATE mq_msgs m SET
-                -- A zero backoff retries at once (mq_fail), but a delivery
-                -- is still leased: one second, extended by keep-alives.
-                attempt_at = ts + CASE WHEN m.retry_backoff > interval '0'
-                                       THEN m.retry_backoff
-                                       ELSE interval '1 second' END,
-                attempts = m.attempts - 1,
-                -- Doubling stops at the duration limit so it never overflows.
-                retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur
-                                     THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
-                deliveries = m.deliveries + 1,
-                ready_at = CASE WHEN m.attempts = 1 THEN 'infinity'::timestamptz
-                                ELSE m.ready_at END
-            -- The row versions the pick locked, by TID: no index probe,
-            -- whatever the statistics say.
-            WHERE m.ctid = ANY (tids)
-            RETURNING m.id, m.commit_interval IS NULL AS committed,
-                      m.attempt_at - ts AS lease, m.channel_name,
-                      m.channel_args, m.deliveries, m.attempts, m.ready_at,
-                      m.name, m.payload_json, m.payload_bytes, m.priority
-        )
-        SELECT c.id, c.committed, c.name, c.payload_json::text, c.payload_bytes,
-               c.lease, interval '0', c.channel_name, c.channel_args,
-               c.deliveries, c.attempts, NULL::text, false
-        FROM claimed c
-        -- Highest priority first, then oldest (final attempts, now at
-        -- 'infinity', last).
-        ORDER BY c.priority DESC, c.ready_at, c.id;
-        RETURN;
-    END IF;
-
-    -- Nothing claimed: the one row says when to poll again.
-    RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
-        NULL::bytea, NULL::interval, mq_wait_time(channel_names, ts),
-        NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
-END;
-$$;
-
--- The locked lane: claims up to batch_size first deliveries for the
--- caller's open transaction and writes nothing. The jobs are held by row
--- locks (FOR NO KEY UPDATE, SKIP LOCKED by other pollers) until that
--- transaction ends: completing them there (mq_complete, attempt 0) commits
--- with the caller's own writes; a rollback or a crash leaves them ready
--- again at once, with no attempt spent. A message whose locked delivery
--- died that way, and every retry, is delivered by mq_claim only, whose
--- lease counts the attempt before the handler runs: so a message that kills
--- its consumer still ends dead after its retries.
-CREATE OR REPLACE FUNCTION mq_claim_locked(channel_names text[], batch_size int)
-RETURNS SETOF mq_job_t
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
-    ts     timestamptz := clock_timestamp();
-    picked uuid[];
-    tids   tid[];
-BEGIN
-    SELECT p.ids, p.tids INTO picked, tids
-    FROM mq_pick_set(channel_names, batch_size, ts, 1) p;
-    IF cardinality(picked) > 0 THEN
-        RETURN QUERY
-        SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
-               m.payload_bytes, interval '0', interval '0', m.channel_name,
-               m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
-        FROM mq_msgs m
-        WHERE m.ctid = ANY (tids) -- the locked row versions (mq_pick_set)
-        ORDER BY m.priority DESC, m.ready_at, m.id;
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
-        NULL::bytea, NULL::interval, mq_wait_time(channel_names, ts),
-        NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
-END;
-$$;
-
 -- One visit of the channels whose chain key lies in [lo, hi], starting at a
 -- random key and wrapping around once: takes up to per_key ready messages
 -- of priority 0 from each channel (fewer by what the channel gave this poll
@@ -940,8 +822,9 @@ BEGIN
         )
         SELECT r.id, r.ctid, ks.k, ks.at
         FROM (SELECT u.k, u.at,
-                     GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
-                                            WHERE x = u.k)::int) AS lim
+                     CASE WHEN cardinality(keys) = 0 THEN per_key
+                          ELSE GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
+                                                      WHERE x = u.k)::int) END AS lim
               FROM (SELECT up.k, up.at FROM up
                     UNION ALL
                     SELECT around.k, around.at FROM around) u) ks,

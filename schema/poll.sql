@@ -398,15 +398,14 @@ BEGIN
             RETURNING m.id, m.commit_interval IS NULL AS committed,
                       m.attempt_at - ts AS lease, m.channel_name,
                       m.channel_args, m.deliveries, m.attempts, m.ready_at,
-                      m.name, m.payload_json, m.payload_bytes, m.priority
+                      m.name, m.payload_json, m.payload_bytes
         )
         SELECT c.id, c.committed, c.name, c.payload_json::text, c.payload_bytes,
                c.lease, interval '0', c.channel_name, c.channel_args,
                c.deliveries, c.attempts, NULL::text, false
         FROM claimed c
-        -- Highest priority first, then oldest (final attempts, now at
-        -- 'infinity', last).
-        ORDER BY c.priority DESC, c.ready_at, c.id;
+        -- Oldest first (final attempts, now at 'infinity', last).
+        ORDER BY c.ready_at, c.id;
         RETURN;
     END IF;
 
@@ -451,7 +450,7 @@ BEGIN
                m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
         FROM mq_msgs m
         WHERE m.ctid = ANY (tids) -- the locked row versions (mq_pick_set)
-        ORDER BY m.priority DESC, m.ready_at, m.id;
+        ORDER BY m.ready_at, m.id;
         RETURN;
     END IF;
     RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
@@ -575,8 +574,9 @@ BEGIN
         )
         SELECT r.id, r.ctid, ks.k, ks.at
         FROM (SELECT u.k, u.at,
-                     GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
-                                            WHERE x = u.k)::int) AS lim
+                     CASE WHEN cardinality(keys) = 0 THEN per_key
+                          ELSE GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
+                                                      WHERE x = u.k)::int) END AS lim
               FROM (SELECT up.k, up.at FROM up
                     UNION ALL
                     SELECT around.k, around.at FROM around) u) ks,
