@@ -3,20 +3,33 @@
 -- A message may carry a priority (0..32767, default 0, the lowest): among
 -- the ready messages of a channel, higher priorities are delivered first,
 -- then the order of before; fairness between channels is unchanged and a
--- chain is never reordered. The candidates of priority above 0 get a
--- second entry, in an index keyed by priority within the channel
--- (mq_msgs_ready_urgent), which a poll probes first; nothing else changes
--- for messages of priority 0, and a queue that never sets one pays one
--- probe of an empty index per poll. Producers set priorities through
+-- chain is never reordered. Messages of priority 0 keep the channel index
+-- they had (now mq_msgs_ready_plain, with priority <= 0 in its predicate);
+-- the others have one of their own, keyed by priority within the channel
+-- (mq_msgs_ready_urgent), which a poll probes first. A queue that never
+-- sets a priority pays one probe of an empty index per poll, and no more
+-- index entries per message. Producers set priorities through
 -- mq_insert(new_messages, priorities) or mq_insert_unique's priorities;
 -- mq_new_t keeps its eleven attributes.
+--
+-- Rebuilds the channel index: on a large queue this blocks inserts and
+-- polls while it runs (see the README, The SQL contract).
 
 ALTER TABLE mq_msgs ADD COLUMN IF NOT EXISTS priority smallint NOT NULL DEFAULT 0;
 
--- The candidates of priority above 0 once more (mq_pick_urgent), highest
--- first within a channel: a poll takes these before the others. Empty
--- unless producers set priorities; an urgent message costs an entry here
--- besides its entry in mq_msgs_ready_by_channel.
+-- Polls walk these indexes channel by channel (loose index scan on
+-- channel_key) and take each channel's oldest ready rows: the messages of
+-- priority 0 (most, and all when no producer sets one; below 0 only by
+-- hand) in mq_msgs_ready_plain, the others, highest first, in
+-- mq_msgs_ready_urgent. Each candidate has an entry in one of them. No index keys on attempt_at,
+-- attempts, deliveries or retry_backoff: those are what a claim writes.
+CREATE INDEX IF NOT EXISTS mq_msgs_ready_plain
+    ON mq_msgs (channel_key, ready_at)
+    WHERE dead_since IS NULL
+      AND (after_message_id IS NULL
+           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND priority <= 0;
+
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
     ON mq_msgs (channel_key, (- priority), ready_at)
     WHERE dead_since IS NULL
@@ -24,7 +37,9 @@ CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
            OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
       AND priority > 0;
 
--- Signatures that change: the pick gains the urgent pass's bookkeeping, the
+DROP INDEX IF EXISTS mq_msgs_ready_by_channel;
+
+-- Signatures that change: the pick gains the urgent pass's arguments, the
 -- inserts their priorities.
 DROP FUNCTION IF EXISTS mq_pick_keys(text, bigint, bigint, int, int, int, timestamptz, int,
                                      timestamptz, uuid[], tid[], timestamptz);
@@ -441,10 +456,8 @@ $$;
 -- (one random point per name when the poll names channels), taking at most a
 -- quarter of the batch from each, so a busy channel cannot starve a quiet one.
 -- Priority: within a channel, its urgent messages (priority above 0,
--- mq_pick_urgent) are taken first, then the rest in the order of their
--- places (mq_pick_keys, whose index holds every candidate: what it meets of
--- the urgent ones is taken or held already), and nothing after them while
--- the channel has urgent ones left (its allowance is used up).
+-- mq_pick_urgent) are taken before those of priority 0 (mq_pick_keys), and
+-- none of priority 0 while it has urgent ones left.
 -- Cost: each channel visited is one index probe (loose index scan); a budget
 -- bounds the visits, and the time index fills whatever is left. Nothing here
 -- groups or sorts the whole backlog.
@@ -562,7 +575,7 @@ BEGIN
         -- the scan's budget left unvisited, for a later poll from another
         -- random point. (A channel with urgent messages left gave all it
         -- was allowed to, so the batch is full: the time index, which would
-        -- take its older messages of lower priority first, is not read.)
+        -- take its older messages of priority 0 first, is not read.)
         IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_msgs m
@@ -607,12 +620,98 @@ BEGIN
 END;
 $$;
 
+-- How long until the earliest candidate of these channels (NULL: all)
+-- becomes ready: a message that is not ready yet (one probe) or a lease
+-- that runs out (the messages in flight, which the poll just stepped over).
+-- NULL when there is none.
+CREATE OR REPLACE FUNCTION mq_wait_time(channel_names text[], ts timestamptz)
+RETURNS interval
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    next_at timestamptz;
+    -- Leases of the messages in flight, from where live rows start.
+    mark    timestamptz := mq_low_mark(ts, false);
+BEGIN
+    IF channel_names IS NULL THEN
+        SELECT LEAST(
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.ready_at > '-infinity'::timestamptz
+               AND m.ready_at >= mark AND m.ready_at <= ts
+               AND m.attempts > 0))
+        INTO next_at;
+    ELSE
+        -- Each channel index (plain and urgent) for its range of chain keys.
+        SELECT min(LEAST(
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority <= 0 -- mq_msgs_ready_plain
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+               AND m.channel_name = c.n
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority <= 0
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at >= mark AND m.ready_at <= ts
+               AND m.attempts > 0
+               AND m.channel_name = c.n),
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority > 0 -- mq_msgs_ready_urgent
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+               AND m.channel_name = c.n
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority > 0
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at >= mark AND m.ready_at <= ts
+               AND m.attempts > 0
+               AND m.channel_name = c.n)))
+        INTO next_at
+        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
+    END IF;
+    RETURN CASE WHEN next_at IS NOT NULL
+                THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
+END;
+$$;
+
 -- One visit of the channels whose chain key lies in [lo, hi], starting at a
 -- random key and wrapping around once: takes up to per_key ready messages
--- from each channel in the order of their places (fewer by what the
--- channel gave this poll already: none after mq_pick_urgent took its
--- allowance, as a channel may have urgent messages left then), up to
--- `want` in all, visiting at most
+-- of priority 0 from each channel (fewer by what the channel gave this poll
+-- already: none after mq_pick_urgent took its allowance, as a channel may
+-- have urgent messages left then), up to `want` in all, visiting at most
 -- `budget` channels per direction, from the place mark on (mq_low_mark: the
 -- probes pass the entries of deleted messages before it without visiting
 -- the heap). Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
@@ -671,6 +770,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0 -- mq_msgs_ready_plain
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -683,6 +783,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -697,6 +798,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -709,6 +811,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -731,6 +834,7 @@ BEGIN
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority <= 0
               AND m.ready_at >= ks.at
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
@@ -913,11 +1017,227 @@ BEGIN
 END;
 $$;
 
+-- One row per channel with messages (only the named ones when channel_names
+-- is not NULL), each message counted in exactly one state:
+--   dead         ran out of attempts (dead_since set, or final lease over)
+--   waiting      ordered, behind an earlier message of its chain
+--   uncommitted  two-phase, not yet committed, commit interval running
+--   in_flight    delivered and leased, or failed and waiting for its retry
+--   scheduled    not delivered yet, delay running
+--   ready        a poll would take it now
+-- blocked_chains: dead chain heads (their chain waits for retry or skip).
+-- oldest_ready_age: seconds since the oldest ready message became ready.
+-- removed: messages of the channel deleted so far (completed or purged).
+--
+-- Cost: what it reads never includes the waiting messages. total and
+-- waiting come from the counters; dead, scheduled and uncommitted messages
+-- and final attempts are read through the partial indexes that hold them
+-- (mq_msgs_dead and the part of mq_msgs_ready_by_time later than now);
+-- messages in flight are told from ready ones by reading the ready range
+-- of mq_msgs_ready_by_time (the price of claims that write no index
+-- entry); ready is what remains. The oldest ready message is a probe of
+-- mq_msgs_ready_plain per chain key of the channel (and a read of the
+-- channel's urgent messages).
+CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
+RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
+              uncommitted bigint, waiting bigint, dead bigint,
+              blocked_chains bigint, oldest_ready_age double precision,
+              removed bigint)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+    PERFORM mq_count_fold();
+    RETURN QUERY
+    WITH counts AS (
+        SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
+               pg_catalog.sum(x.waiting)::bigint AS waiting,
+               pg_catalog.sum(x.removed)::bigint AS removed
+        FROM (SELECT c.channel_name, c.total, c.waiting, c.removed FROM mq_counts c
+              UNION ALL
+              SELECT d.channel_name, d.total, d.waiting, d.removed
+              FROM mq_count_deltas d) x
+        WHERE channel_names IS NULL
+           OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
+        GROUP BY x.channel_name
+    ),
+    -- Not ready and not waiting. Messages not ready yet and final attempts
+    -- are ranges of mq_msgs_ready_by_time past now; messages in flight
+    -- that were not kept alive sit among the ready ones (a claim leaves
+    -- ready_at where it was), so that part reads the ready range.
+    later AS (
+        SELECT m.channel_name,
+               CASE WHEN m.deliveries > 0 THEN 'f'
+                    WHEN m.commit_interval IS NOT NULL THEN 'u'
+                    ELSE 's' END AS st, false AS head
+        FROM mq_msgs m
+        WHERE m.dead_since IS NULL
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+          AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+          AND m.attempts > 0
+        UNION ALL
+        -- (all channels: the whole ready range of the time index)
+        SELECT m.channel_name, 'f', false FROM mq_msgs m
+        WHERE channel_names IS NULL
+          AND m.dead_since IS NULL
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz
+          AND m.ready_at <= ts
+          AND m.attempt_at > ts
+          AND m.attempts > 0
+        UNION ALL
+        -- (named channels: only their ranges of the channel indexes, plain
+        -- and urgent)
+        SELECT m.channel_name, 'f', false
+        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
+        LATERAL (
+            SELECT m.channel_name FROM mq_msgs m
+            WHERE m.channel_key >= (pg_catalog.hashtext(c.n)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
+              AND m.channel_name = c.n
+              AND m.dead_since IS NULL
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority <= 0
+              AND m.ready_at <= ts
+              AND m.attempt_at > ts
+              AND m.attempts > 0
+        ) m
+        WHERE channel_names IS NOT NULL
+        UNION ALL
+        SELECT m.channel_name, 'f', false
+        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
+        LATERAL (
+            SELECT m.channel_name FROM mq_msgs m
+            WHERE m.channel_key >= (pg_catalog.hashtext(c.n)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
+              AND m.channel_name = c.n
+              AND m.dead_since IS NULL
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority > 0
+              AND m.ready_at <= ts
+              AND m.attempt_at > ts
+              AND m.attempts > 0
+        ) m
+        WHERE channel_names IS NOT NULL
+        UNION ALL
+        SELECT m.channel_name,
+               CASE WHEN m.attempt_at > ts THEN 'f' ELSE 'd' END,
+               m.attempt_at <= ts
+                 AND m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        FROM mq_msgs m
+        WHERE m.dead_since IS NULL
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.ready_at > '-infinity'::timestamptz
+          AND m.ready_at = 'infinity'::timestamptz
+          AND m.attempts = 0
+        UNION ALL
+        SELECT m.channel_name, 'd',
+               m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        FROM mq_msgs m
+        WHERE m.dead_since IS NOT NULL
+    ),
+    by_state AS (
+        SELECT l.channel_name,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'f') AS f,
+               pg_catalog.count(*) FILTER (WHERE l.st = 's') AS s,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'u') AS u,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'd') AS d,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'd' AND l.head) AS b
+        FROM later l
+        GROUP BY l.channel_name
+    )
+    SELECT c.channel_name,
+           c.total - c.waiting - COALESCE(b.f + b.s + b.u + b.d, 0),
+           COALESCE(b.f, 0), COALESCE(b.s, 0), COALESCE(b.u, 0), c.waiting,
+           COALESCE(b.d, 0), COALESCE(b.b, 0),
+           COALESCE(pg_catalog.date_part('epoch', ts OPERATOR(pg_catalog.-) o.at), 0),
+           c.removed
+    FROM counts c
+    LEFT JOIN by_state b ON b.channel_name = c.channel_name
+    LEFT JOIN LATERAL mq_oldest_ready(c.channel_name, ts) o(at) ON true
+    WHERE c.total > 0
+       OR (channel_names IS NOT NULL AND c.channel_name = ANY (channel_names))
+    ORDER BY c.channel_name;
+END;
+$$;
+
+-- When the oldest ready message of a channel became ready (NULL: none is
+-- ready): a loose index scan over the channel's chain keys, one probe each,
+-- in mq_msgs_ready_plain; the channel's urgent messages are read whole.
+CREATE OR REPLACE FUNCTION mq_oldest_ready(channel text, ts timestamptz)
+RETURNS timestamptz
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    WITH RECURSIVE keys(k) AS (
+        SELECT (SELECT m.channel_key FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
+                  AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+                  AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                        | 4294967295)
+                ORDER BY m.channel_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT m.channel_key FROM mq_msgs m
+                WHERE m.dead_since IS NULL
+                  AND (m.after_message_id IS NULL
+                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
+                  AND m.channel_key > keys.k
+                  AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                        | 4294967295)
+                ORDER BY m.channel_key LIMIT 1)
+        FROM keys WHERE keys.k IS NOT NULL
+    )
+    SELECT pg_catalog.min(o.at) FROM (
+    SELECT f.at
+    FROM keys,
+    LATERAL (
+        SELECT m.attempt_at AS at FROM mq_msgs m
+        WHERE m.channel_key = keys.k
+          AND m.dead_since IS NULL
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.priority <= 0
+          AND m.ready_at <= ts
+          AND m.attempt_at <= ts
+          AND m.attempts > 0
+          AND m.channel_name = channel
+        ORDER BY m.ready_at
+        LIMIT 1
+    ) f
+    WHERE keys.k IS NOT NULL AND f.at <= ts
+    UNION ALL
+    -- The urgent messages: few, read whole.
+    SELECT m.attempt_at FROM mq_msgs m
+    WHERE m.dead_since IS NULL
+      AND (m.after_message_id IS NULL
+           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND m.priority > 0
+      AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+      AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+      AND m.ready_at <= ts
+      AND m.attempt_at <= ts
+      AND m.attempts > 0
+      AND m.channel_name = channel
+    ) o
+$$;
+
 -- The next max_rows messages of a channel (and of one chain when
 -- channel_args is not NULL) in the order polls would deliver them, without
 -- claiming or locking anything (args NULL: all chains): first the chain heads and unordered
--- messages, highest priority first and then by the time they become ready,
--- then the ordered messages behind them, chain by chain, each in chain order. Dead messages are left out
+-- messages, highest priority first and then by the time they become ready, then the ordered messages behind
+-- them, chain by chain, each in chain order. Dead messages are left out
 -- (pqmq dead lists them). state is as in mq_metrics.
 CREATE OR REPLACE FUNCTION mq_peek(channel text, args text DEFAULT NULL,
                                    max_rows int DEFAULT 10)
@@ -938,21 +1258,38 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH RECURSIVE heads AS (
-        -- Candidates: the (channel_key, ready_at) index, one key range.
-        SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
-               m.commit_interval, m.after_message_id, GREATEST(m.priority, 0) AS priority
-        FROM mq_msgs m
-        WHERE m.dead_since IS NULL
-          AND m.attempts > 0
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-          AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-          AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
-                                | 4294967295)
-          AND m.channel_name = channel
-          AND (args IS NULL OR m.channel_args = args)
-        ORDER BY GREATEST(m.priority, 0) DESC, m.attempt_at, m.id
-        LIMIT max_rows
+        -- Candidates: the channel indexes (plain and urgent), one key range.
+        (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
+                m.commit_interval, m.after_message_id, m.priority
+         FROM mq_msgs m
+         WHERE m.dead_since IS NULL
+           AND m.attempts > 0
+           AND (m.after_message_id IS NULL
+                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.priority <= 0
+           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                 | 4294967295)
+           AND m.channel_name = channel
+           AND (args IS NULL OR m.channel_args = args)
+         ORDER BY m.attempt_at, m.id
+         LIMIT max_rows)
+        UNION ALL
+        (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
+                m.commit_interval, m.after_message_id, m.priority
+         FROM mq_msgs m
+         WHERE m.dead_since IS NULL
+           AND m.attempts > 0
+           AND (m.after_message_id IS NULL
+                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.priority > 0
+           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                 | 4294967295)
+           AND m.channel_name = channel
+           AND (args IS NULL OR m.channel_args = args)
+         ORDER BY m.priority DESC, m.attempt_at, m.id
+         LIMIT max_rows)
     ),
     -- Followers, through the successor index, at most max_rows deep.
     chain(id, channel_args, attempt_at, deliveries, attempts, commit_interval,

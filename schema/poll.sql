@@ -16,10 +16,8 @@
 -- (one random point per name when the poll names channels), taking at most a
 -- quarter of the batch from each, so a busy channel cannot starve a quiet one.
 -- Priority: within a channel, its urgent messages (priority above 0,
--- mq_pick_urgent) are taken first, then the rest in the order of their
--- places (mq_pick_keys, whose index holds every candidate: what it meets of
--- the urgent ones is taken or held already), and nothing after them while
--- the channel has urgent ones left (its allowance is used up).
+-- mq_pick_urgent) are taken before those of priority 0 (mq_pick_keys), and
+-- none of priority 0 while it has urgent ones left.
 -- Cost: each channel visited is one index probe (loose index scan); a budget
 -- bounds the visits, and the time index fills whatever is left. Nothing here
 -- groups or sorts the whole backlog.
@@ -137,7 +135,7 @@ BEGIN
         -- the scan's budget left unvisited, for a later poll from another
         -- random point. (A channel with urgent messages left gave all it
         -- was allowed to, so the batch is full: the time index, which would
-        -- take its older messages of lower priority first, is not read.)
+        -- take its older messages of priority 0 first, is not read.)
         IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_msgs m
@@ -282,11 +280,13 @@ BEGIN
                AND m.attempts > 0))
         INTO next_at;
     ELSE
+        -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
             (SELECT m.ready_at FROM mq_msgs m
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority <= 0 -- mq_msgs_ready_plain
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
@@ -296,6 +296,27 @@ BEGIN
              WHERE m.dead_since IS NULL
                AND (m.after_message_id IS NULL
                     OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority <= 0
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at >= mark AND m.ready_at <= ts
+               AND m.attempts > 0
+               AND m.channel_name = c.n),
+            (SELECT m.ready_at FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority > 0 -- mq_msgs_ready_urgent
+               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
+                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+               AND m.channel_name = c.n
+             ORDER BY m.ready_at LIMIT 1),
+            (SELECT min(m.attempt_at) FROM mq_msgs m
+             WHERE m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority > 0
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at >= mark AND m.ready_at <= ts
@@ -440,10 +461,9 @@ $$;
 
 -- One visit of the channels whose chain key lies in [lo, hi], starting at a
 -- random key and wrapping around once: takes up to per_key ready messages
--- from each channel in the order of their places (fewer by what the
--- channel gave this poll already: none after mq_pick_urgent took its
--- allowance, as a channel may have urgent messages left then), up to
--- `want` in all, visiting at most
+-- of priority 0 from each channel (fewer by what the channel gave this poll
+-- already: none after mq_pick_urgent took its allowance, as a channel may
+-- have urgent messages left then), up to `want` in all, visiting at most
 -- `budget` channels per direction, from the place mark on (mq_low_mark: the
 -- probes pass the entries of deleted messages before it without visiting
 -- the heap). Locks what it returns (FOR NO KEY UPDATE SKIP LOCKED), so
@@ -502,6 +522,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0 -- mq_msgs_ready_plain
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -514,6 +535,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -528,6 +550,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -540,6 +563,7 @@ BEGIN
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
@@ -562,6 +586,7 @@ BEGIN
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority <= 0
               AND m.ready_at >= ks.at
               AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).

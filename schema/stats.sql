@@ -189,7 +189,8 @@ $$;
 -- messages in flight are told from ready ones by reading the ready range
 -- of mq_msgs_ready_by_time (the price of claims that write no index
 -- entry); ready is what remains. The oldest ready message is a probe of
--- mq_msgs_ready_by_channel per chain key of the channel.
+-- mq_msgs_ready_plain per chain key of the channel (and a read of the
+-- channel's urgent messages).
 CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
 RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
               uncommitted bigint, waiting bigint, dead bigint,
@@ -243,7 +244,8 @@ BEGIN
           AND m.attempt_at > ts
           AND m.attempts > 0
         UNION ALL
-        -- (named channels: only their ranges of the channel index)
+        -- (named channels: only their ranges of the channel indexes, plain
+        -- and urgent)
         SELECT m.channel_name, 'f', false
         FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
         LATERAL (
@@ -254,6 +256,24 @@ BEGIN
               AND m.dead_since IS NULL
               AND (m.after_message_id IS NULL
                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority <= 0
+              AND m.ready_at <= ts
+              AND m.attempt_at > ts
+              AND m.attempts > 0
+        ) m
+        WHERE channel_names IS NOT NULL
+        UNION ALL
+        SELECT m.channel_name, 'f', false
+        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
+        LATERAL (
+            SELECT m.channel_name FROM mq_msgs m
+            WHERE m.channel_key >= (pg_catalog.hashtext(c.n)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
+              AND m.channel_name = c.n
+              AND m.dead_since IS NULL
+              AND (m.after_message_id IS NULL
+                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.priority > 0
               AND m.ready_at <= ts
               AND m.attempt_at > ts
               AND m.attempts > 0
@@ -303,7 +323,8 @@ END;
 $$;
 
 -- When the oldest ready message of a channel became ready (NULL: none is
--- ready): a loose index scan over the channel's chain keys, one probe each.
+-- ready): a loose index scan over the channel's chain keys, one probe each,
+-- in mq_msgs_ready_plain; the channel's urgent messages are read whole.
 CREATE OR REPLACE FUNCTION mq_oldest_ready(channel text, ts timestamptz)
 RETURNS timestamptz
 LANGUAGE sql
@@ -314,6 +335,7 @@ AS $$
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                         | 4294967295)
@@ -323,13 +345,15 @@ AS $$
                 WHERE m.dead_since IS NULL
                   AND (m.after_message_id IS NULL
                        OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.priority <= 0
                   AND m.channel_key > keys.k
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                         | 4294967295)
                 ORDER BY m.channel_key LIMIT 1)
         FROM keys WHERE keys.k IS NOT NULL
     )
-    SELECT pg_catalog.min(f.at)
+    SELECT pg_catalog.min(o.at) FROM (
+    SELECT f.at
     FROM keys,
     LATERAL (
         SELECT m.attempt_at AS at FROM mq_msgs m
@@ -337,6 +361,7 @@ AS $$
           AND m.dead_since IS NULL
           AND (m.after_message_id IS NULL
                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.priority <= 0
           AND m.ready_at <= ts
           AND m.attempt_at <= ts
           AND m.attempts > 0
@@ -345,13 +370,27 @@ AS $$
         LIMIT 1
     ) f
     WHERE keys.k IS NOT NULL AND f.at <= ts
+    UNION ALL
+    -- The urgent messages: few, read whole.
+    SELECT m.attempt_at FROM mq_msgs m
+    WHERE m.dead_since IS NULL
+      AND (m.after_message_id IS NULL
+           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND m.priority > 0
+      AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+      AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+      AND m.ready_at <= ts
+      AND m.attempt_at <= ts
+      AND m.attempts > 0
+      AND m.channel_name = channel
+    ) o
 $$;
 
 -- The next max_rows messages of a channel (and of one chain when
 -- channel_args is not NULL) in the order polls would deliver them, without
 -- claiming or locking anything (args NULL: all chains): first the chain heads and unordered
--- messages, highest priority first and then by the time they become ready,
--- then the ordered messages behind them, chain by chain, each in chain order. Dead messages are left out
+-- messages, highest priority first and then by the time they become ready, then the ordered messages behind
+-- them, chain by chain, each in chain order. Dead messages are left out
 -- (pqmq dead lists them). state is as in mq_metrics.
 CREATE OR REPLACE FUNCTION mq_peek(channel text, args text DEFAULT NULL,
                                    max_rows int DEFAULT 10)
@@ -372,21 +411,38 @@ BEGIN
     END IF;
     RETURN QUERY
     WITH RECURSIVE heads AS (
-        -- Candidates: the (channel_key, ready_at) index, one key range.
-        SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
-               m.commit_interval, m.after_message_id, GREATEST(m.priority, 0) AS priority
-        FROM mq_msgs m
-        WHERE m.dead_since IS NULL
-          AND m.attempts > 0
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-          AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-          AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
-                                | 4294967295)
-          AND m.channel_name = channel
-          AND (args IS NULL OR m.channel_args = args)
-        ORDER BY GREATEST(m.priority, 0) DESC, m.attempt_at, m.id
-        LIMIT max_rows
+        -- Candidates: the channel indexes (plain and urgent), one key range.
+        (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
+                m.commit_interval, m.after_message_id, m.priority
+         FROM mq_msgs m
+         WHERE m.dead_since IS NULL
+           AND m.attempts > 0
+           AND (m.after_message_id IS NULL
+                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.priority <= 0
+           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                 | 4294967295)
+           AND m.channel_name = channel
+           AND (args IS NULL OR m.channel_args = args)
+         ORDER BY m.attempt_at, m.id
+         LIMIT max_rows)
+        UNION ALL
+        (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
+                m.commit_interval, m.after_message_id, m.priority
+         FROM mq_msgs m
+         WHERE m.dead_since IS NULL
+           AND m.attempts > 0
+           AND (m.after_message_id IS NULL
+                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.priority > 0
+           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
+                                 | 4294967295)
+           AND m.channel_name = channel
+           AND (args IS NULL OR m.channel_args = args)
+         ORDER BY m.priority DESC, m.attempt_at, m.id
+         LIMIT max_rows)
     ),
     -- Followers, through the successor index, at most max_rows deep.
     chain(id, channel_args, attempt_at, deliveries, attempts, commit_interval,

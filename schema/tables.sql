@@ -117,23 +117,24 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     key_retention    interval,
     -- Among the ready messages of a channel, higher first (mq_insert with
     -- priorities); 0, the default, is the lowest. The functions take
-    -- 0..32767; one written below 0 by hand counts as 0.
+    -- 0..32767; a message written below 0 by hand counts as 0 (a CHECK
+    -- constraint cost every insert and claim more than that is worth).
     priority         smallint NOT NULL DEFAULT 0
 );
 
--- Polls walk this index channel by channel (loose index scan on channel_key)
--- and take each channel's oldest ready rows. No index keys on attempt_at,
+-- Polls walk these indexes channel by channel (loose index scan on
+-- channel_key) and take each channel's oldest ready rows: the messages of
+-- priority 0 (most, and all when no producer sets one; below 0 only by
+-- hand) in mq_msgs_ready_plain, the others, highest first, in
+-- mq_msgs_ready_urgent. Each candidate has an entry in one of them. No index keys on attempt_at,
 -- attempts, deliveries or retry_backoff: those are what a claim writes.
-CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_channel
+CREATE INDEX IF NOT EXISTS mq_msgs_ready_plain
     ON mq_msgs (channel_key, ready_at)
     WHERE dead_since IS NULL
       AND (after_message_id IS NULL
-           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid);
+           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND priority <= 0;
 
--- The candidates of priority above 0 once more (mq_pick_urgent), highest
--- first within a channel: a poll takes these before the others. Empty
--- unless producers set priorities; an urgent message costs an entry here
--- besides its entry in mq_msgs_ready_by_channel.
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
     ON mq_msgs (channel_key, (- priority), ready_at)
     WHERE dead_since IS NULL
@@ -144,7 +145,7 @@ CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
 -- The ready set in time order: fills a batch and answers wait_time; its
 -- 'infinity' end holds the final attempts in flight. Only a query that says
 -- ready_at > '-infinity' (always true) can use it: a poll of one channel
--- must walk mq_msgs_ready_by_channel, and a plan that took this index and
+-- must walk the channel indexes, and a plan that took this index and
 -- filtered by channel read the whole ready backlog for every channel once
 -- statistics said the table was small.
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_time
