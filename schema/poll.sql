@@ -92,7 +92,6 @@ BEGIN
                                   keys, low) p;
             END IF;
             IF cardinality(ids) < batch_size AND cardinality(full_keys) > 0 THEN
-                full_keys := '{}';
                 SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                 INTO ids, tids, keys, low, full_keys
                 FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,

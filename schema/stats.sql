@@ -352,38 +352,36 @@ AS $$
                 ORDER BY m.channel_key LIMIT 1)
         FROM keys WHERE keys.k IS NOT NULL
     )
-    SELECT pg_catalog.min(o.at) FROM (
-    SELECT f.at
-    FROM keys,
-    LATERAL (
-        SELECT m.attempt_at AS at FROM mq_msgs m
-        WHERE m.channel_key = keys.k
-          AND m.dead_since IS NULL
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-          AND m.priority <= 0
-          AND m.ready_at <= ts
-          AND m.attempt_at <= ts
-          AND m.attempts > 0
-          AND m.channel_name = channel
-        ORDER BY m.ready_at
-        LIMIT 1
-    ) f
-    WHERE keys.k IS NOT NULL AND f.at <= ts
-    UNION ALL
-    -- The urgent messages: few, read whole.
-    SELECT m.attempt_at FROM mq_msgs m
-    WHERE m.dead_since IS NULL
-      AND (m.after_message_id IS NULL
-           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-      AND m.priority > 0
-      AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-      AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-      AND m.ready_at <= ts
-      AND m.attempt_at <= ts
-      AND m.attempts > 0
-      AND m.channel_name = channel
-    ) o
+    SELECT LEAST(
+        (SELECT pg_catalog.min(f.at)
+         FROM keys,
+         LATERAL (
+             SELECT m.attempt_at AS at FROM mq_msgs m
+             WHERE m.channel_key = keys.k
+               AND m.dead_since IS NULL
+               AND (m.after_message_id IS NULL
+                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.priority <= 0
+               AND m.ready_at <= ts
+               AND m.attempt_at <= ts
+               AND m.attempts > 0
+               AND m.channel_name = channel
+             ORDER BY m.ready_at
+             LIMIT 1
+         ) f
+         WHERE keys.k IS NOT NULL AND f.at <= ts),
+        -- The urgent messages: few, read whole.
+        (SELECT pg_catalog.min(m.attempt_at) FROM mq_msgs m
+         WHERE m.dead_since IS NULL
+           AND (m.after_message_id IS NULL
+                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.priority > 0
+           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+           AND m.ready_at <= ts
+           AND m.attempt_at <= ts
+           AND m.attempts > 0
+           AND m.channel_name = channel))
 $$;
 
 -- The next max_rows messages of a channel (and of one chain when
