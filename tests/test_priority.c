@@ -336,6 +336,10 @@ static void test_batches_and_unique_keys(void)
     CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_REPLACE, 0, &res));
     CHECK_INT(res.outcome, PQMQ_REPLACED);
     CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 8);
+    CHECK_INT(pqmq_msg_set_priority(k, 1), 0);
+    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_REPLACE_PAYLOAD, 0, &res));
+    CHECK_INT(res.outcome, PQMQ_REPLACED);
+    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 8);
     /* pqmq_insert with a key and a priority. */
     pqmq_msg_free(k);
     k = t_msg("pk", NULL, "k2", "{}", 0);
@@ -344,6 +348,35 @@ static void test_batches_and_unique_keys(void)
     CHECK_OK(q, pqmq_insert(q, &k, 1));
     pqmq_msg_free(k);
     CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key2'"), 3);
+}
+
+/* Status sees urgent messages like the others: the oldest ready one, one in
+ * flight (named channels read the channel indexes), and peek lists them in
+ * the order polls take them. */
+static void test_metrics_and_peek_see_priorities(void)
+{
+    t_truncate();
+    insert_sql("pm", 1, "4", "u");
+    t_sleep_ms(200);
+    const char *m = "SELECT %s FROM mq_metrics(ARRAY['pm'])";
+    CHECK_INT(t_sql_int(pg, m, "ready"), 1);
+    CHECK(t_sql_int(pg, m, "(oldest_ready_age * 1000)::bigint") >= 150);
+    insert_sql("pm", 1, "0", "z");
+    /* Peek lists the urgent message before an older one of priority 0. */
+    insert_sql("pp", 1, "0", "z");
+    insert_sql("pp", 1, "4", "u");
+    PGresult *r = t_sql(pg, "SELECT name FROM mq_peek('pp')");
+    CHECK_INT(PQntuples(r), 2);
+    if (PQntuples(r) == 2)
+        CHECK_STR(PQgetvalue(r, 0, 0), "u4:1");
+    PQclear(r);
+    const char *chans[] = {"pm"};
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, chans, 1, 1, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    pqmq_batch_free(b);
+    CHECK_INT(t_sql_int(pg, m, "in_flight"), 1);
+    CHECK_INT(t_sql_int(pg, m, "ready"), 1);
 }
 
 int main(void)
@@ -361,6 +394,7 @@ int main(void)
     T_RUN(test_poll_cost_over_priorities);
     T_RUN(test_sql_interface_and_bad_input);
     T_RUN(test_batches_and_unique_keys);
+    T_RUN(test_metrics_and_peek_see_priorities);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
