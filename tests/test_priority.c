@@ -238,6 +238,20 @@ static void test_no_priorities_no_urgent_entries(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE priority > 0"), 0);
 }
 
+/* An urgent message has its entry in the urgent index only: the channel
+ * index of priority 0 does not grow. */
+static void test_urgent_messages_one_index_entry(void)
+{
+    t_truncate();
+    t_exec(pg, "VACUUM mq_msgs");
+    const char *size = "SELECT pg_relation_size('%s') / 8192";
+    long long plain = t_sql_int(pg, size, "mq_msgs_ready_plain");
+    long long urgent = t_sql_int(pg, size, "mq_msgs_ready_urgent");
+    insert_sql("ue", 2000, "1 + g % 9", "");
+    CHECK_INT(t_sql_int(pg, size, "mq_msgs_ready_plain"), plain);
+    CHECK(t_sql_int(pg, size, "mq_msgs_ready_urgent") > urgent);
+}
+
 /* A poll stays flat with a backlog spread over priorities. */
 static void test_poll_cost_over_priorities(void)
 {
@@ -391,6 +405,7 @@ int main(void)
     T_RUN(test_every_lane_and_retries);
     T_RUN(test_delayed_urgent_message_waits);
     T_RUN(test_no_priorities_no_urgent_entries);
+    T_RUN(test_urgent_messages_one_index_entry);
     T_RUN(test_poll_cost_over_priorities);
     T_RUN(test_sql_interface_and_bad_input);
     T_RUN(test_batches_and_unique_keys);
