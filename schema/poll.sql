@@ -12,9 +12,15 @@
 -- first deliveries whose last locked delivery did not die and that this
 -- transaction does not hold yet; lane 2: the others (see mq_claim_lane).
 --
--- Fairness: channels are visited from a random point of the chain-key space
--- (one random point per name when the poll names channels), taking at most a
--- quarter of the batch from each, so a busy channel cannot starve a quiet one.
+-- Fairness: channels are visited in turn, taking at most a quarter of the
+-- batch from each, so a busy channel cannot starve a quiet one. An unfiltered
+-- poll starts at the chain key after the last channel this session's previous
+-- poll took from (the setting 'pqmq.next_' and mq_msgs' oid; a random key the
+-- first time): a random point of the key space would almost always land
+-- between names, whose keys sit in narrow ranges (the name's hash, then the
+-- args'), and each poll would start at the same channel. A poll that names
+-- channels starts each name's visit at a random key of that name's range,
+-- where the args' hashes spread evenly.
 -- Priority: within a channel, its urgent messages (priority above 0,
 -- mq_pick_urgent) are taken before those of priority 0 (mq_pick_keys), and
 -- none of priority 0 while it has urgent ones left.
@@ -50,6 +56,9 @@ DECLARE
     keys    bigint[];    -- the chain key of each message taken
     full_keys bigint[];  -- see mq_pick_urgent (unfiltered polls)
     urgent  boolean;
+    turn    text := 'pqmq.next_' || 'mq_msgs'::regclass::oid;
+    kept    text;
+    start   bigint;      -- where the visit of a key range begins
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
@@ -59,6 +68,18 @@ BEGIN
     per_key := GREATEST(1, (batch_size + 3) / 4);
     budget := 2 * batch_size + 16;
     mark := mq_low_mark(ts, false);
+    IF channel_names IS NULL THEN
+        -- Anything but a key (unset, or set by hand to something else)
+        -- counts as unset.
+        kept := current_setting(turn, true);
+        start := CASE WHEN kept ~ '^-?[0-9]{1,19}$'
+                           AND kept::numeric BETWEEN -9223372036854775808
+                                                 AND 9223372036854775807
+                      THEN kept::bigint
+                      ELSE LEAST(9223372036854775807, -9223372036854775808
+                                 + floor(random() * 18446744073709551616::numeric))::bigint
+                      END;
+    END IF;
     LOOP -- twice at most (below)
         ids := '{}';
         tids := '{}';
@@ -82,20 +103,20 @@ BEGIN
                 SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                 INTO ids, tids, keys, low, full_keys
                 FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
-                                    per_key, batch_size, budget, ts, lane, mark, ids, tids,
+                                    start, per_key, batch_size, budget, ts, lane, mark, ids, tids,
                                     keys, low, full_keys) p;
             END IF;
             IF cardinality(ids) < batch_size THEN
                 SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
                 FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
-                                  per_key, batch_size, budget, ts, lane, mark, ids, tids,
+                                  start, per_key, batch_size, budget, ts, lane, mark, ids, tids,
                                   keys, low) p;
             END IF;
             IF cardinality(ids) < batch_size AND cardinality(full_keys) > 0 THEN
                 SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                 INTO ids, tids, keys, low, full_keys
                 FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
-                                    batch_size, batch_size, budget, ts, lane, mark, ids,
+                                    start, batch_size, batch_size, budget, ts, lane, mark, ids,
                                     tids, keys, low, full_keys) p;
             END IF;
         ELSE
@@ -109,17 +130,18 @@ BEGIN
                     EXIT WHEN cardinality(ids) >= batch_size;
                     lo := hashtext(nm)::bigint << 32;
                     hi := lo | 4294967295;
+                    start := lo + floor(random() * 4294967296)::bigint;
                     IF urgent THEN
                         SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                         INTO ids, tids, keys, low, full_keys
-                        FROM mq_pick_urgent(nm, lo, hi,
+                        FROM mq_pick_urgent(nm, lo, hi, start,
                                             CASE WHEN round = 1 THEN per_key ELSE batch_size END,
                                             batch_size, budget, ts, lane, mark, ids, tids,
                                             keys, low, full_keys) p;
                     END IF;
                     CONTINUE WHEN cardinality(ids) >= batch_size;
                     SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
-                    FROM mq_pick_keys(nm, lo, hi,
+                    FROM mq_pick_keys(nm, lo, hi, start,
                                       CASE WHEN round = 1 THEN per_key ELSE batch_size END,
                                       batch_size, budget, ts, lane, mark, ids, tids, keys,
                                       low) p;
@@ -166,6 +188,16 @@ BEGIN
             ) s;
             ids := ids || COALESCE(got, '{}');
             tids := tids || COALESCE(got_tid, '{}');
+        END IF;
+
+        IF channel_names IS NULL AND cardinality(keys) > 0 THEN
+            -- The next poll starts after the last channel taken from, in
+            -- the order of this visit (from start up, then around).
+            SELECT COALESCE(max(k) FILTER (WHERE k < start), max(k)) INTO lo
+            FROM unnest(keys) AS k;
+            PERFORM set_config(turn, CASE WHEN lo = 9223372036854775807
+                                          THEN -9223372036854775808 ELSE lo + 1 END::text,
+                               false);
         END IF;
 
         -- Nothing past the mark: find it afresh (at most once a second: under
@@ -458,8 +490,8 @@ BEGIN
 END;
 $$;
 
--- One visit of the channels whose chain key lies in [lo, hi], starting at a
--- random key and wrapping around once: takes up to per_key ready messages
+-- One visit of the channels whose chain key lies in [lo, hi], starting at
+-- key start (mq_pick_set chooses it) and wrapping around once: takes up to per_key ready messages
 -- of priority 0 from each channel (fewer by what the channel gave this poll
 -- already: none after mq_pick_urgent took its allowance, as a channel may
 -- have urgent messages left then), up to `want` in all, visiting at most
@@ -483,7 +515,7 @@ $$;
 -- mq_pick_set: a function call per row (mq_lock_spent, until migration
 -- 0011) cost a fifth of the locked lane's poll.
 CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
-                                        per_key int, want int, budget int,
+                                        start bigint, per_key int, want int, budget int,
                                         ts timestamptz, lane int, mark timestamptz,
                                         INOUT ids uuid[], INOUT tids tid[],
                                         INOUT keys bigint[], INOUT low timestamptz)
@@ -499,8 +531,6 @@ SET jit = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-    start bigint := LEAST(hi::numeric, lo::numeric
-                          + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
     got   uuid[];
     got_tid tid[];
     got_key bigint[];
@@ -626,7 +656,7 @@ $$;
 -- full_keys the channels that gave all they were allowed to, which may
 -- hold more urgent messages (mq_pick_set visits them again).
 CREATE OR REPLACE FUNCTION mq_pick_urgent(only_name text, lo bigint, hi bigint,
-                                          per_key int, want int, budget int,
+                                          start bigint, per_key int, want int, budget int,
                                           ts timestamptz, lane int, mark timestamptz,
                                           INOUT ids uuid[], INOUT tids tid[],
                                           INOUT keys bigint[], INOUT low timestamptz,
@@ -641,8 +671,6 @@ SET jit = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-    start bigint := LEAST(hi::numeric, lo::numeric
-                          + floor(random() * (hi::numeric - lo::numeric + 1)))::bigint;
     got   uuid[];
     got_tid tid[];
     got_key bigint[];

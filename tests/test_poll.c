@@ -156,6 +156,37 @@ static void test_busy_channel_does_not_starve_quiet_one(void)
     }
 }
 
+/* The channels of one name sit in one narrow range of chain keys (the
+ * name's hash, then the args'): unfiltered polls must still go round all of
+ * them. 40 channels of 200 messages; each poll of 100 takes 25 from 4
+ * channels, so 10 polls serve all 40. Before migration 0016 each poll
+ * started at a random key of the whole space, almost always outside the
+ * name's range, hence at its first channel: 10 polls served 4 channels. */
+static void test_channels_of_one_name_are_served_in_turn(void)
+{
+    t_truncate();
+    for (int c = 0; c < 40; c++) {
+        char args[16];
+        snprintf(args, sizeof args, "a%d", c);
+        insert_n("one", args, 200, 1, 60000);
+    }
+    int served[40] = {0};
+    for (int poll = 0; poll < 10; poll++) {
+        pqmq_batch *b = NULL;
+        CHECK_OK(q, pqmq_poll(q, NULL, 0, 100, &b));
+        CHECK_INT((long long)pqmq_batch_count(b), 100);
+        for (size_t i = 0; i < pqmq_batch_count(b); i++)
+            served[atoi(pqmq_job_args(pqmq_batch_job(b, i)) + 1)]++;
+        CHECK_OK(q, pqmq_complete_batch(q, b));
+        pqmq_batch_free(b);
+    }
+    int channels = 0;
+    for (int c = 0; c < 40; c++)
+        channels += served[c] > 0;
+    printf("    channels served by 10 polls of 100: %d of 40\n", channels);
+    CHECK_INT(channels, 40);
+}
+
 /* Index and heap tuples the server read for one poll of batch_size, from
  * the statistics of this test's tables. */
 /* A backend flushes its counters before it reports idle, when forced: so
@@ -647,6 +678,7 @@ int main(void)
     T_RUN(test_wait_time);
     T_RUN(test_channel_filter);
     T_RUN(test_busy_channel_does_not_starve_quiet_one);
+    T_RUN(test_channels_of_one_name_are_served_in_turn);
     T_RUN(test_poll_cost_does_not_grow_with_backlog);
     T_RUN(test_poll_reads_channels_in_index_order);
     T_RUN(test_in_flight_are_stepped_over_once);
