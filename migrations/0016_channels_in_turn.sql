@@ -76,6 +76,7 @@ DECLARE
     turn    text := 'pqmq.next_' || 'mq_msgs'::regclass::oid;
     kept    text;
     start   bigint;      -- where the visit of a key range begins
+    last_key bigint;     -- the last channel an unfiltered visit took from
 BEGIN
     IF batch_size IS NULL OR batch_size < 1 OR batch_size > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
@@ -86,13 +87,13 @@ BEGIN
     budget := 2 * batch_size + 16;
     mark := mq_low_mark(ts, false);
     IF channel_names IS NULL THEN
-        -- Anything but a key (unset, or set by hand to something else)
-        -- counts as unset.
+        -- A key in hex (to_hex: two's complement); anything else (unset,
+        -- or set by hand) counts as unset. (No regular expression and no
+        -- numeric: they cost more than the rest of this.)
         kept := current_setting(turn, true);
-        start := CASE WHEN kept ~ '^-?[0-9]{1,19}$'
-                           AND kept::numeric BETWEEN -9223372036854775808
-                                                 AND 9223372036854775807
-                      THEN kept::bigint
+        start := CASE WHEN length(kept) BETWEEN 1 AND 16
+                           AND btrim(kept, '0123456789abcdef') = ''
+                      THEN ('x' || lpad(kept, 16, '0'))::bit(64)::bigint
                       ELSE LEAST(9223372036854775807, -9223372036854775808
                                  + floor(random() * 18446744073709551616::numeric))::bigint
                       END;
@@ -129,6 +130,9 @@ BEGIN
                                   start, per_key, batch_size, budget, ts, lane, mark, ids, tids,
                                   keys, low) p;
             END IF;
+            -- The last channel of this visit (from start up, then around;
+            -- the urgent round 2 below starts over).
+            last_key := keys[cardinality(keys)];
             IF cardinality(ids) < batch_size AND cardinality(full_keys) > 0 THEN
                 SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                 INTO ids, tids, keys, low, full_keys
@@ -207,14 +211,11 @@ BEGIN
             tids := tids || COALESCE(got_tid, '{}');
         END IF;
 
-        IF channel_names IS NULL AND cardinality(keys) > 0 THEN
-            -- The next poll starts after the last channel taken from, in
-            -- the order of this visit (from start up, then around).
-            SELECT COALESCE(max(k) FILTER (WHERE k < start), max(k)) INTO lo
-            FROM unnest(keys) AS k;
-            PERFORM set_config(turn, CASE WHEN lo = 9223372036854775807
-                                          THEN -9223372036854775808 ELSE lo + 1 END::text,
-                               false);
+        IF last_key IS NOT NULL THEN
+            -- The next poll starts after the last channel taken from.
+            PERFORM set_config(turn, to_hex(CASE WHEN last_key = 9223372036854775807
+                                                 THEN -9223372036854775808
+                                                 ELSE last_key + 1 END), false);
         END IF;
 
         -- Nothing past the mark: find it afresh (at most once a second: under

@@ -187,6 +187,30 @@ static void test_channels_of_one_name_are_served_in_turn(void)
     CHECK_INT(channels, 40);
 }
 
+/* The place of the next poll is a session setting, so a session may set it
+ * by hand: anything but a key counts as unset, and any key is a valid place
+ * to start (every channel is still visited, wrapping around). */
+static void test_turn_set_by_hand(void)
+{
+    t_truncate();
+    insert_n("one", "a", 4, 1, 60000);
+    insert_n("one", "b", 3, 1, 60000);
+    PGconn *c = t_pg();
+    const char *set =
+        "SELECT set_config('pqmq.next_' || 'mq_msgs'::regclass::oid, '%s', false)";
+    const char *any = "SELECT count(*) FROM mq_poll_jobs(NULL, 1) WHERE id IS NOT NULL";
+    const char *values[] = {
+        "not a key",        "-5", "12345678901234567", "", "7fffffffffffffff",
+        "ffffffffffffffff", "0"};
+    for (size_t i = 0; i < sizeof values / sizeof *values; i++) {
+        t_exec(c, set, values[i]);
+        CHECK_INT(t_sql_int(c, "%s", any), 1);
+    }
+    /* Seven messages, one a poll: the polls above left none behind. */
+    CHECK_INT(t_sql_int(c, "%s", any), 0);
+    PQfinish(c);
+}
+
 /* Index and heap tuples the server read for one poll of batch_size, from
  * the statistics of this test's tables. */
 /* A backend flushes its counters before it reports idle, when forced: so
@@ -679,6 +703,7 @@ int main(void)
     T_RUN(test_channel_filter);
     T_RUN(test_busy_channel_does_not_starve_quiet_one);
     T_RUN(test_channels_of_one_name_are_served_in_turn);
+    T_RUN(test_turn_set_by_hand);
     T_RUN(test_poll_cost_does_not_grow_with_backlog);
     T_RUN(test_poll_reads_channels_in_index_order);
     T_RUN(test_in_flight_are_stepped_over_once);
