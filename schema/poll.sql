@@ -15,8 +15,8 @@
 -- Fairness: channels are visited in turn, taking at most a quarter of the
 -- batch from each, so a busy channel cannot starve a quiet one. An unfiltered
 -- poll starts at the chain key after the last channel this session's previous
--- poll took from (the setting 'pqmq.next_' and mq_msgs' oid; a random key the
--- first time): a random point of the key space would almost always land
+-- poll took from (the setting 'pqmq.next_' and mq_msgs' oid; mq_random_start
+-- when there is none): a random point of the key space would almost always land
 -- between names, whose keys sit in narrow ranges (the name's hash, then the
 -- args'), and each poll would start at the same channel. A poll that names
 -- channels starts each name's visit at a random key of that name's range,
@@ -74,12 +74,11 @@ BEGIN
         -- or set by hand) counts as unset. (No regular expression and no
         -- numeric: they cost more than the rest of this.)
         kept := current_setting(turn, true);
-        start := CASE WHEN length(kept) BETWEEN 1 AND 16
-                           AND btrim(kept, '0123456789abcdef') = ''
-                      THEN ('x' || lpad(kept, 16, '0'))::bit(64)::bigint
-                      ELSE LEAST(9223372036854775807, -9223372036854775808
-                                 + floor(random() * 18446744073709551616::numeric))::bigint
-                      END;
+        IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
+            start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
+        ELSE
+            start := mq_random_start(mark);
+        END IF;
     END IF;
     LOOP -- twice at most (below)
         ids := '{}';
@@ -209,6 +208,53 @@ BEGIN
         EXIT WHEN again >= mark;
         mark := again;
     END LOOP;
+END;
+$$;
+
+-- Where an unfiltered poll starts when its session has no turn (its first
+-- poll, or each poll behind a pooler that resets sessions, such as PgBouncer
+-- with DISCARD ALL): a random key of the range of the name of the first
+-- channel at or after a random key of the whole space. A random key of the
+-- whole space alone would nearly always fall between names (mq_pick_set),
+-- and so start at a name's first channel every time. One probe of the
+-- channel index, from the place mark on.
+CREATE OR REPLACE FUNCTION mq_random_start(mark timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    start bigint := LEAST(9223372036854775807, -9223372036854775808
+                          + floor(random() * 18446744073709551616::numeric))::bigint;
+    found bigint;
+BEGIN
+    SELECT m.channel_key INTO found FROM mq_msgs m
+    WHERE m.dead_since IS NULL
+      AND (m.after_message_id IS NULL
+           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND m.priority <= 0 -- mq_msgs_ready_plain
+      AND m.ready_at >= mark
+      AND m.channel_key >= start
+    ORDER BY m.channel_key LIMIT 1;
+    IF found IS NULL THEN -- past the last channel: the first one
+        SELECT m.channel_key INTO found FROM mq_msgs m
+        WHERE m.dead_since IS NULL
+          AND (m.after_message_id IS NULL
+               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.priority <= 0
+          AND m.ready_at >= mark
+        ORDER BY m.channel_key LIMIT 1;
+    END IF;
+    IF found IS NULL THEN
+        RETURN start;
+    END IF;
+    RETURN ((found >> 32) << 32) + floor(random() * 4294967296)::bigint;
 END;
 $$;
 

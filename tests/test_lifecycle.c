@@ -169,11 +169,12 @@ static void test_checkpoint_replaces_payload(void)
 {
     t_truncate();
     uuid_t id;
-    insert_one(5, 100, "{\"step\": 0}", "abc", 3, id);
+    /* Leases of 200, 400 and 800 ms: room for a slow client (valgrind). */
+    insert_one(5, 200, "{\"step\": 0}", "abc", 3, id);
     CHECK_INT(poll_count(), 1);
     /* JSON only: the bytes stay. */
     CHECK_OK(q, pqmq_checkpoint(q, id, 0, "{\"step\": 1}", NULL, 0, 0));
-    t_sleep_ms(150);
+    t_sleep_ms(250);
     pqmq_batch *b = poll_batch();
     CHECK_INT(pqmq_batch_count(b), 1);
     size_t len = 0;
@@ -184,7 +185,7 @@ static void test_checkpoint_replaces_payload(void)
     pqmq_batch_free(b);
     /* Bytes only (with a NUL inside): the JSON stays. */
     CHECK_OK(q, pqmq_checkpoint(q, id, 0, NULL, "x\0yz", 4, 0));
-    t_sleep_ms(250);
+    t_sleep_ms(450);
     b = poll_batch();
     CHECK_INT(pqmq_batch_count(b), 1);
     j = pqmq_batch_job(b, 0);
