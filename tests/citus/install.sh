@@ -77,9 +77,9 @@ build() {
         rm -rf "$src"
         mkdir -p "$builddir"
         tar -xzf "$(tarball)" -C "$builddir"
-        # Minor releases of PostgreSQL 15 from 15.14 on export
-        # have_createdb_privilege, which this release of Citus still defines
-        # for itself; keep the server's.
+        # Recent minor releases of PostgreSQL 15 (15.20 here) export
+        # have_createdb_privilege, which this release of Citus defines for
+        # itself as a static function; keep the server's.
         compat=$src/src/include/pg_version_compat.h
         if grep -q 'have_createdb_privilege' \
                "$("$pg_config" --includedir-server)/commands/dbcommands.h"; then
