@@ -22,8 +22,13 @@
  * to carry them (ms). */
 #define DONE_WAIT_MS 20
 /* With the locked lane, the loop's lease claims come at most this often
- * (ms). */
+ * (ms); while they find nothing though messages are ready (first
+ * deliveries, the workers'), the gap doubles up to LEFT_POLL_MAX_MS: such
+ * a claim reads every ready row of the channels it visits (240 ms a call
+ * with 50,000 queued), and at 250 ms apart it took as much of the server as
+ * the workers' own claims. */
 #define LEFT_POLL_MS 250
+#define LEFT_POLL_MAX_MS 4000
 /* Channel names of at most this many bytes (in the server's encoding) have
  * a notify channel of their own, mq_<name> (mq_wake). */
 #define PQMQ_MAX_CHANNEL_NOTIFY 60
@@ -265,6 +270,7 @@ struct loop {
     int64_t poll_at;  /* or: when the earliest message becomes ready */
     uint64_t settled; /* processed + failed when the loop last looked */
     int64_t left_at;  /* locked lane: no lease claim before this */
+    int64_t left_gap; /* locked lane: ms from a lease claim to the next */
     int64_t tick_at;  /* schedules: evaluate them next at this time */
 };
 
@@ -425,7 +431,6 @@ static void poll_left(struct loop *L)
         return;
     }
     want = want < r->batch ? want : r->batch;
-    L->left_at = now + LEFT_POLL_MS;
     pqmq_batch *b = NULL;
     atomic_fetch_add(&r->counters.polls, 1);
     int rc = pqmq__poll(L->ctl, (const char *const *)r->channels, r->nchannels, want, 1,
@@ -437,7 +442,12 @@ static void poll_left(struct loop *L)
     size_t got = rc ? 0 : pqmq_batch_count(b);
     L->poll_due = got == (size_t)want;
     int64_t wait = rc ? LEFT_POLL_MS : pqmq_batch_wait_ms(b);
-    L->poll_at = wait < 0 ? FOREVER : now + (wait > LEFT_POLL_MS ? wait : LEFT_POLL_MS);
+    if (!rc && !got && wait == 0)
+        L->left_gap = L->left_gap * 2 < LEFT_POLL_MAX_MS ? L->left_gap * 2 : LEFT_POLL_MAX_MS;
+    else
+        L->left_gap = LEFT_POLL_MS;
+    L->left_at = now + L->left_gap;
+    L->poll_at = wait < 0 ? FOREVER : now + (wait > L->left_gap ? wait : L->left_gap);
     if (got)
         pqmq__claims_add(L->q, b);
     else
@@ -651,7 +661,7 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: no handler registered");
         return PQMQ_EINVAL;
     }
-    struct loop L = {.r = r, .poll_due = 1};
+    struct loop L = {.r = r, .poll_due = 1, .left_gap = LEFT_POLL_MS};
     int rc = pqmq_connect(r->conninfo, &L.ctl);
     L.lis = L.ctl;
     if (!rc && r->listen_conninfo)

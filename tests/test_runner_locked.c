@@ -236,6 +236,57 @@ static void test_a_notification_wakes_the_workers(void)
     pqmq_runner_free(r);
 }
 
+/* A handler that holds its worker until *arg is set. */
+static int held(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)ctx, (void)job;
+    while (!atomic_load((atomic_int *)arg))
+        t_sleep_ms(5);
+    return 0;
+}
+
+static uint64_t polls(pqmq_runner *r)
+{
+    pqmq_runner_stats_t s;
+    pqmq_runner_stats(r, &s);
+    return s.polls;
+}
+
+/* While the workers are busy and first deliveries wait (theirs, not the
+ * lease lane's), the loop's lease claims find nothing and each reads every
+ * ready row of the channels it visits: they back off, 250 ms doubling up to
+ * 4 s (3 s: at most 5 claims; every 250 ms, 12), and come back to 250 ms
+ * once one finds something (the rolled-back delivery below, within 5 s). */
+static void test_lease_claims_back_off_while_first_deliveries_wait(void)
+{
+    reset();
+    insert_n(200, "{\"x\": 1}", 3, 60000);
+    atomic_int go = 0;
+    pqmq_runner *r = new_runner(1, 10);
+    CHECK_INT(pqmq_runner_handle(r, NULL, held, &go), 0);
+    bg_t b;
+    bg_start(&b, r);
+    t_sleep_ms(3000);
+    uint64_t n = polls(r);
+    printf("    lease claims in 3 s with first deliveries waiting: %llu\n",
+           (unsigned long long)n);
+    CHECK(n >= 1 && n <= 5);
+    /* A delivery that died is still found (lease claims every 4 s at most). */
+    pqmq_batch *b0 = NULL;
+    CHECK_OK(q, pqmq_poll_locked(q, NULL, 0, 1, &b0));
+    CHECK_INT(pqmq_batch_count(b0), 1);
+    t_exec(pqmq_conn(q), "ROLLBACK");
+    pqmq_batch_free(b0);
+    int64_t t0 = t_now_ms();
+    atomic_store(&go, 1);
+    WAIT_UNTIL(processed(r) >= 200, 30000);
+    bg_stop(&b);
+    CHECK_INT(processed(r), 200);
+    printf("    all 200 run %lld ms after the handlers were let go\n",
+           (long long)(t_now_ms() - t0));
+    pqmq_runner_free(r);
+}
+
 /* Messages whose locked delivery died (here: a consumer's transaction that
  * rolled back) are run by the runner through the lease lane. */
 static void test_what_a_dead_delivery_left_is_run(void)
@@ -291,6 +342,7 @@ int main(void)
     T_RUN(test_plain_handlers_complete);
     T_RUN(test_a_notification_wakes_the_workers);
     T_RUN(test_what_a_dead_delivery_left_is_run);
+    T_RUN(test_lease_claims_back_off_while_first_deliveries_wait);
     T_RUN(test_two_runners_never_share_a_message);
     PQfinish(pg);
     pqmq_client_free(q);
