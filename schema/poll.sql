@@ -156,8 +156,8 @@ BEGIN
         -- channels' scan took something, the top-up starts at the first
         -- claimable message it found (low): the messages in flight before it
         -- were stepped over once already. What is older still sits in channels
-        -- the scan's budget left unvisited, for a later poll from another
-        -- random point. (A channel with urgent messages left gave all it
+        -- the scan's budget left unvisited, for the next poll, which starts
+        -- where this one stopped. (A channel with urgent messages left gave all it
         -- was allowed to, so the batch is full: the time index, which would
         -- take its older messages of priority 0 first, is not read.)
         IF channel_names IS NULL AND cardinality(ids) < batch_size THEN

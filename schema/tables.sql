@@ -28,8 +28,9 @@
 --              or 'infinity'.
 --   chain      the ordered messages of one (channel_name, channel_args)
 --   chain key  (hashtext(channel_name) << 32) | hashtext(channel_args): groups a
---              channel's rows together in an index and spreads channels
---              uniformly, so a poll can start at a random channel
+--              channel's rows together in an index, and a name's channels in
+--              one range of keys (a poll that names channels visits that
+--              range; see mq_pick_set for where polls start)
 
 CREATE TABLE IF NOT EXISTS mq_schema_migrations (
     version    int PRIMARY KEY,
