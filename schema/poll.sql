@@ -56,7 +56,7 @@ DECLARE
     keys    bigint[];    -- the chain key of each message taken
     full_keys bigint[];  -- see mq_pick_urgent (unfiltered polls)
     urgent  boolean;
-    turn    text := 'pqmq.next_' || 'mq_msgs'::regclass::oid;
+    turn    text;        -- the session setting of the turn (unfiltered polls)
     kept    text;
     start   bigint;      -- where the visit of a key range begins
     last_key bigint;     -- the last channel an unfiltered visit took from
@@ -73,6 +73,7 @@ BEGIN
         -- A key in hex (to_hex: two's complement); anything else (unset,
         -- or set by hand) counts as unset. (No regular expression and no
         -- numeric: they cost more than the rest of this.)
+        turn := 'pqmq.next_' || 'mq_msgs'::regclass::oid;
         kept := current_setting(turn, true);
         IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
             start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
@@ -157,9 +158,9 @@ BEGIN
         -- claimable message it found (low): the messages in flight before it
         -- were stepped over once already. What is older still sits in channels
         -- the scan's budget left unvisited, for the next poll, which starts
-        -- where this one stopped. (A channel with urgent messages left gave all it
-        -- was allowed to, so the batch is full: the time index, which would
-        -- take its older messages of priority 0 first, is not read.)
+        -- where this one stopped. (A channel with urgent messages left gave
+        -- all it was allowed to, so the batch is full: the time index, which
+        -- would take its older messages of priority 0 first, is not read.)
         IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_msgs m
