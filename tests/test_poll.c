@@ -244,6 +244,12 @@ static void test_turn_set_by_hand(void)
         t_exec(c, set, values[i]);
         CHECK_INT(t_sql_int(c, "%s", any), 1);
     }
+    /* Each poll left its turn: the key after its channel's, in hex (behind a
+     * pooler that resets sessions, gone with the transaction). */
+    if (!t_pooled())
+        CHECK_INT(t_sql_int(c, "SELECT (current_setting('pqmq.next_' || "
+                               "'mq_msgs'::regclass::oid, true) ~ '^[0-9a-f]{1,16}$')::int"),
+                  1);
     /* Seven messages, one a poll: the polls above left none behind. */
     CHECK_INT(t_sql_int(c, "%s", any), 0);
     PQfinish(c);
@@ -660,6 +666,10 @@ static void test_mark_set_by_hand(void)
     insert_n("hand", NULL, 1, 1, 60000);
     t_exec(c, set, "'not a mark'");
     CHECK_INT(t_sql_int(c, "%s", any), 1);
+    /* The poll put its mark there (README: read it with current_setting). */
+    CHECK_INT(t_sql_int(c, "SELECT (current_setting('pqmq.low_' || 'mq_msgs'::regclass::oid) "
+                           "~ '^[0-9]+,[0-9]+,[0-9]+$')::int"),
+              1);
     insert_n("hand", NULL, 2, 1, 60000);
     t_sleep_ms(1200);
     /* A day ahead, moved on and found afresh just now. */
