@@ -1,6 +1,9 @@
 /*
  * migrate.c: applies the embedded migrations (lib/migrations.c is generated
  * from the files of migrations/) in one transaction under an advisory lock.
+ * On a Citus coordinator the queue's schema becomes a distributed schema
+ * (its tables on one node, chosen by Citus) and each statement is sent on
+ * its own, under a search_path that Citus passes on to the workers.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +53,99 @@ static int run(pqmq_client *c, const char *sql, const char *what)
     return rc;
 }
 
+/* Whether the server is a Citus coordinator (the extension is installed
+ * and this node holds the metadata). */
+static int on_citus(pqmq_client *c, int *citus)
+{
+    int rc;
+    PGresult *r = pqmq__exec_text(
+        c, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')",
+        "pqmq_migrate", &rc);
+    if (!r)
+        return rc;
+    *citus = PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    return 0;
+}
+
+/* Citus: the schema is distributed before its first table, and the
+ * workers resolve the names in forwarded statements (GRANT ... ON FUNCTION
+ * mq_insert(mq_new_t[])) under the search_path set here: Citus passes SET
+ * LOCAL on to them. */
+static int citus_prepare(pqmq_client *c)
+{
+    /* The queue's triggers touch only tables of its own schema, which
+     * Citus keeps on one node: none of the risks this setting warns of. */
+    int rc = run(c,
+                 "SET LOCAL citus.propagate_set_commands = 'local'; "
+                 "SET LOCAL citus.enable_unsafe_triggers = on",
+                 "pqmq_migrate");
+    if (rc)
+        return rc;
+    PGresult *r = pqmq__exec_text(
+        c,
+        "SELECT 'SET LOCAL search_path = ' || quote_ident(current_schema()), "
+        "NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_schema d "
+        "            WHERE d.schemaid = quote_ident(current_schema())::regnamespace) "
+        "AND to_regclass(quote_ident(current_schema()) || '.mq_msgs') IS NULL",
+        "pqmq_migrate", &rc);
+    if (!r)
+        return rc;
+    char *set_path = strdup(PQgetvalue(r, 0, 0));
+    int distribute = PQgetvalue(r, 0, 1)[0] == 't';
+    PQclear(r);
+    if (!set_path)
+        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_migrate: out of memory");
+    rc = run(c, set_path, "pqmq_migrate");
+    free(set_path);
+    if (!rc && distribute)
+        rc = run(c,
+                 "SELECT citus_schema_distribute(quote_ident(current_schema())::regnamespace)",
+                 "pqmq_migrate: distributing the queue's schema");
+    return rc;
+}
+
+/* Settings of the queue's functions on Citus, after every pqmq_migrate (a
+ * migration that redefines a function resets them): pqmq.citus = on, which
+ * selects the forms of the few statements that Citus plans differently
+ * (schema/citus.sql), and custom plans for those that pin generic ones for a
+ * single server's plan cache: Citus plans a statement with parameters only
+ * when it sees their values. */
+static int citus_settings(pqmq_client *c)
+{
+    return run(c,
+               "DO $$ DECLARE f record; BEGIN "
+               "FOR f IN SELECT p.oid::regprocedure AS sig, "
+               "'plan_cache_mode=force_generic_plan' = ANY (p.proconfig) AS generic "
+               "FROM pg_catalog.pg_proc p "
+               "WHERE p.pronamespace = quote_ident(current_schema())::regnamespace "
+               "AND p.proname LIKE 'mq\\_%' LOOP "
+               "EXECUTE pg_catalog.format('ALTER FUNCTION %s SET pqmq.citus = on', f.sig); "
+               "IF f.generic THEN EXECUTE pg_catalog.format("
+               "'ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f.sig); "
+               "END IF; END LOOP; END $$",
+               "pqmq_migrate: settings for Citus");
+}
+
+/* Runs a migration one statement at a time (Citus). */
+static int run_each(pqmq_client *c, const char *sql, const char *what)
+{
+    size_t pos = 0, start, len;
+    int rc = 0;
+    while (!rc && sql[pos]) {
+        start = pos;
+        pos = pqmq__sql_next(sql, &start, &len);
+        if (!len)
+            break;
+        char *one = strndup(sql + start, len);
+        if (!one)
+            return pqmq__seterr(c, PQMQ_ENOMEM, "%s: out of memory", what);
+        rc = run(c, one, what);
+        free(one);
+    }
+    return rc;
+}
+
 static int apply_all(pqmq_client *c)
 {
     int rc = run(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")", "pqmq_migrate");
@@ -68,6 +164,11 @@ static int apply_all(pqmq_client *c)
      * target schema. */
     rc = run(c, "SELECT set_config('search_path', quote_ident(current_schema()), true)",
              "pqmq_migrate");
+    int citus = 0;
+    if (!rc)
+        rc = on_citus(c, &citus);
+    if (!rc && citus)
+        rc = citus_prepare(c);
     int have = 0;
     if (!rc)
         rc = applied_version(c, &have);
@@ -77,8 +178,11 @@ static int apply_all(pqmq_client *c)
             continue;
         char what[128];
         snprintf(what, sizeof what, "pqmq_migrate: %s", pqmq_migrations[i].name);
-        rc = run(c, pqmq_migrations[i].sql, what);
+        rc = citus ? run_each(c, pqmq_migrations[i].sql, what)
+                   : run(c, pqmq_migrations[i].sql, what);
     }
+    if (!rc && citus)
+        rc = citus_settings(c);
     return rc;
 }
 

@@ -76,7 +76,7 @@ BEGIN
     FROM found f;
 
     IF at_tid IS NOT NULL THEN
-        UPDATE mq_chains c SET tail_id = at_id[width_bucket(c.ctid, at_tid)]
+        UPDATE mq_chains c SET tail_id = COALESCE(at_id[width_bucket(c.ctid, at_tid)]) -- (see mq_unlink)
         WHERE c.ctid = ANY (at_tid);
     END IF;
     IF new_id IS NOT NULL THEN
@@ -98,14 +98,22 @@ SET enable_hashjoin = off
 SET enable_mergejoin = off
 SET jit = off
 AS $$
+DECLARE
+    a int[];
+    b int[];
 BEGIN
-    PERFORM pg_advisory_xact_lock(k.a, k.b)
+    -- Read first, locked after: on Citus a statement that reads the queue's
+    -- tables runs on the worker that holds them, and these locks must be
+    -- taken where mq_lock_new_chains takes them (where this function runs).
+    SELECT array_agg(k.a ORDER BY k.a, k.b), array_agg(k.b ORDER BY k.a, k.b) INTO a, b
     FROM (
         SELECT DISTINCT hashtext(m.channel_name) AS a, hashtext(m.channel_args) AS b
         FROM mq_msgs m
         WHERE m.id = ANY (msg_ids) AND m.after_message_id IS NOT NULL
-        ORDER BY 1, 2
     ) k;
+    PERFORM pg_advisory_xact_lock(k.a, k.b)
+    FROM unnest(a, b) WITH ORDINALITY AS k(a, b, o)
+    ORDER BY k.o;
 END;
 $$;
 
@@ -144,6 +152,7 @@ DECLARE
     h_pred   uuid[];
     gone_tid tid[];  -- chain rows of chains now empty
     nil      uuid := '00000000-0000-0000-0000-000000000000';
+    ts       timestamptz;
 BEGIN
     SELECT array_agg(u.id ORDER BY u.id), array_agg(u.after ORDER BY u.id)
     INTO s_id, s_after
@@ -168,13 +177,18 @@ BEGIN
     INTO o_id, o_pred
     FROM unnest(r_id, r_pred) AS u(id, pred);
 
+    ts := clock_timestamp(); -- a value, not a call in the statement (Citus)
     WITH moved AS (
-        UPDATE mq_msgs s SET after_message_id = o_pred[width_bucket(s.after_message_id, o_id)],
+        -- (COALESCE of one value: Citus's deparser takes an array element
+        -- at the top of a SET inside WITH for an element assignment, and
+        -- crashes.)
+        UPDATE mq_msgs s SET after_message_id = COALESCE(o_pred[width_bucket(s.after_message_id,
+                                                                             o_id)]),
             -- A new head joins the ready indexes no earlier than now, so
             -- never behind a poll's low-water mark (mq_low_mark).
             ready_at = CASE WHEN o_pred[width_bucket(s.after_message_id, o_id)]
                                  = '00000000-0000-0000-0000-000000000000'::uuid
-                            THEN GREATEST(s.ready_at, clock_timestamp())
+                            THEN GREATEST(s.ready_at, ts)
                             ELSE s.ready_at END
         -- Found by after_message_id = ANY: an index condition on
         -- mq_msgs_successor, whose predicate follows.
@@ -205,7 +219,7 @@ BEGIN
         OFFSET 0 -- a probe per chain: never flattened into a join
     ) c;
     IF h_tid IS NOT NULL THEN
-        UPDATE mq_chains c SET tail_id = h_pred[width_bucket(c.ctid, h_tid)]
+        UPDATE mq_chains c SET tail_id = COALESCE(h_pred[width_bucket(c.ctid, h_tid)]) -- (above)
         WHERE c.ctid = ANY (h_tid);
     END IF;
     IF gone_tid IS NOT NULL THEN

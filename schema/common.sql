@@ -28,6 +28,67 @@ BEGIN
 END;
 $$;
 
+-- at + d, declared IMMUTABLE (timestamptz + interval is STABLE: a day's
+-- length depends on the time zone). Citus ships an UPDATE to a worker only
+-- when the functions it applies to a row's columns are immutable; the
+-- queue's intervals have a fixed length (mq_fixed_length), so it is. Used
+-- on Citus, and in statements too rare for a call per row to matter.
+CREATE OR REPLACE FUNCTION mq_at(at timestamptz, d interval)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+SET search_path FROM CURRENT
+AS $$ SELECT at OPERATOR(pg_catalog.+) d $$;
+
+-- This transaction's id (pg_current_xact_id) where the queue's rows are,
+-- for the tests of a row's locker (xmax) on the locked lane: on Citus, the
+-- worker's, found by a statement that reads a queue table (Citus runs it on
+-- the worker that holds the queue, in this transaction); else this server's.
+CREATE OR REPLACE FUNCTION mq_xact_id()
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN (SELECT pg_current_xact_id()::text::bigint FROM mq_schema_migrations LIMIT 1);
+    END IF;
+    RETURN pg_current_xact_id()::text::bigint;
+END;
+$$;
+
+-- A function's signature with its schema and its argument types'
+-- schemas, whatever the search_path: for the GRANT, REVOKE and ALTER
+-- FUNCTION statements the queue builds, which a Citus coordinator forwards
+-- as text to workers that resolve names under a path of their own.
+CREATE OR REPLACE FUNCTION mq_qualified(f oid)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    -- Only pg_catalog on the path (until this function returns): every
+    -- other name comes out qualified.
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true);
+    RETURN f::pg_catalog.regprocedure::text;
+END;
+$$;
+
+-- Runs a GRANT, REVOKE or ALTER FUNCTION the queue builds (its names
+-- qualified: mq_qualified) with only pg_catalog on the search_path: a
+-- Citus coordinator deparses such a statement for its workers, naming what
+-- the path leaves visible without its schema, and the workers resolve
+-- those names under a path of their own. Not for PUBLIC (mq_secure).
+CREATE OR REPLACE FUNCTION mq_run_ddl(command text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog', true);
+    EXECUTE command;
+END;
+$$;
+
 -- An interval with its months taken as 30 days and its days as 24 hours:
 -- a fixed length, which compares and adds the same on every date.
 CREATE OR REPLACE FUNCTION mq_fixed_length(x interval)

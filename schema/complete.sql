@@ -189,6 +189,11 @@ BEGIN
             cardinality(msg_ids), cardinality(msg_attempts)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- (Nothing to do: and Citus fails on the statement below when its
+    -- condition is false whatever the rows.)
+    IF cardinality(msg_ids) = 0 THEN
+        RETURN 0;
+    END IF;
     SELECT array_agg(u.id ORDER BY u.id), array_agg(u.a ORDER BY u.id)
     INTO by_id, att
     FROM unnest(msg_ids, msg_attempts) AS u(id, a);

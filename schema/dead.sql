@@ -99,6 +99,10 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM mq_reap_dead();
+    -- (As in mq_commit.)
+    IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
+        RETURN 0;
+    END IF;
     WITH r AS (
         UPDATE mq_msgs m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL,
                              ready_at = ts

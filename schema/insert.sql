@@ -53,6 +53,7 @@ DECLARE
     bad     record;
     chans   text[];
     has_ordered boolean;
+    afters  uuid[];
 BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
         RETURN;
@@ -153,18 +154,66 @@ BEGIN
         PERFORM mq_lock_new_chains(new_messages);
     END IF;
 
-    IF NOT has_ordered THEN
-        -- No chains to extend: a plain insert.
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        -- Citus copies the rows of the insert below to the worker, and a
+        -- duplicate id fails there without its SQLSTATE: found here first,
+        -- in the batch or the queue (a race with another producer of the
+        -- same id still fails, as XX000).
+        SELECT t.id INTO bad FROM unnest(new_messages) AS t
+        GROUP BY t.id HAVING count(*) > 1
+        LIMIT 1;
+        IF NOT FOUND THEN
+            SELECT m.id INTO bad FROM mq_msgs m
+            WHERE m.id = ANY (ARRAY(SELECT t.id FROM unnest(new_messages) AS t))
+            LIMIT 1;
+        END IF;
+        IF FOUND THEN
+            RAISE EXCEPTION 'duplicate key value violates unique constraint "mq_msgs_pkey"'
+                USING ERRCODE = 'unique_violation',
+                      DETAIL = format('Key (id)=(%s) already exists.', bad.id);
+        END IF;
+    END IF;
+    IF has_ordered AND current_setting('pqmq.citus', true) = 'on' THEN
+        -- Citus cannot ship an INSERT whose SELECT reads the queue's tables
+        -- (it adds a filter on a distribution column that single-shard
+        -- tables lack): each message's predecessor is found first, as
+        -- below, and the insert that follows reads only the arrays.
+        WITH batch AS (
+            SELECT t.*, COALESCE(t.channel_args, '') AS args
+            FROM unnest(new_messages) WITH ORDINALITY AS t(
+                id, delay, retries, retry_backoff, channel_name, channel_args,
+                commit_interval, ordered, name, payload_json, payload_bytes, ord)
+        )
+        SELECT array_agg(a.after ORDER BY a.ord) INTO afters FROM (
+            SELECT b.ord, CASE WHEN b.ordered THEN COALESCE(
+                       lag(b.id) OVER chain,
+                       (SELECT c.tail_id FROM mq_chains c
+                        WHERE c.channel_key = ((hashtext(b.channel_name)::bigint << 32)
+                                               | (hashtext(b.args)::bigint & 4294967295))
+                          AND c.channel_name = b.channel_name
+                          AND c.channel_args = b.args
+                          AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
+                        LIMIT 1),
+                       '00000000-0000-0000-0000-000000000000'::uuid)
+                   END AS after
+            FROM batch b
+            WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
+        ) a;
+    END IF;
+
+    IF NOT has_ordered OR afters IS NOT NULL THEN
+        -- No chains to extend (or their links found above): a plain insert.
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
-                             channel_name, channel_args, commit_interval, ready_at,
-                             name, payload_json, payload_bytes, unique_key, key_retention,
-                             priority)
+                             channel_name, channel_args, commit_interval, after_message_id,
+                             ready_at, name, payload_json, payload_bytes, unique_key,
+                             key_retention, priority)
         SELECT t.id, ts,
                ts + COALESCE(t.delay, interval '0')
                   + COALESCE(t.commit_interval, interval '0'),
                LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
                COALESCE(t.retry_backoff, interval '1 second'),
                t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
+               afters[t.ordinality::int],
                ts + COALESCE(t.delay, interval '0')
                   + COALESCE(t.commit_interval, interval '0'),
                COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes,
@@ -243,15 +292,21 @@ DECLARE
     chans text[];
     ts    timestamptz := clock_timestamp();
 BEGIN
+    -- (Nothing to do: and Citus fails on the statement below when its
+    -- condition is false whatever the rows.)
+    IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
+        RETURN;
+    END IF;
     WITH c AS (
         -- Ready when its delay ends, and placed no earlier than now, so
         -- never behind a poll's low-water mark (mq_low_mark).
         UPDATE mq_msgs m SET
+            -- (mq_at: see schema/common.sql.)
             attempt_at = CASE WHEN m.deliveries = 0
-                              THEN GREATEST(m.attempt_at - m.commit_interval, ts)
+                              THEN GREATEST(mq_at(m.attempt_at, - m.commit_interval), ts)
                               ELSE m.attempt_at END,
             ready_at = CASE WHEN m.deliveries = 0
-                            THEN GREATEST(m.attempt_at - m.commit_interval, ts)
+                            THEN GREATEST(mq_at(m.attempt_at, - m.commit_interval), ts)
                             ELSE m.ready_at END,
             commit_interval = NULL
         WHERE m.id = ANY (msg_ids)

@@ -47,6 +47,7 @@ DECLARE
     live  boolean;
     got   tid;
     src   mq_new_t;
+    at0   timestamptz; -- 'replace': when the new message is due
     prio  int[];
 BEGIN
     IF n IS NULL OR n = 0 THEN
@@ -124,17 +125,18 @@ BEGIN
                     FOR NO KEY UPDATE SKIP LOCKED;
                 END IF;
                 IF got IS NOT NULL THEN
+                    -- (A value, and mq_at, where Citus needs them: see
+                    -- schema/common.sql.)
+                    at0 := ts + COALESCE(mq_fixed_length(src.delay), interval '0');
                     UPDATE mq_msgs m SET
                         name = COALESCE(src.name, ''),
                         payload_json = src.payload_json::jsonb,
                         payload_bytes = src.payload_bytes,
                         attempt_at = CASE WHEN mode = 'replace'
-                            THEN ts + COALESCE(mq_fixed_length(src.delay), interval '0')
-                                    + COALESCE(m.commit_interval, interval '0')
+                            THEN mq_at(at0, COALESCE(m.commit_interval, interval '0'))
                             ELSE m.attempt_at END,
                         ready_at = CASE WHEN mode = 'replace'
-                            THEN ts + COALESCE(mq_fixed_length(src.delay), interval '0')
-                                    + COALESCE(m.commit_interval, interval '0')
+                            THEN mq_at(at0, COALESCE(m.commit_interval, interval '0'))
                             ELSE m.ready_at END,
                         priority = CASE WHEN mode = 'replace'
                             THEN COALESCE(priorities[g.last], 0) ELSE m.priority END
@@ -148,7 +150,7 @@ BEGIN
                 CONTINUE;
             END IF;
             -- The holder is dead or gone and its window over: the key is free.
-            UPDATE mq_keys k SET message_id = ids[g.first], expires_at = NULL
+            UPDATE mq_keys k SET message_id = COALESCE(ids[g.first]), expires_at = NULL -- (COALESCE: see mq_unlink)
             WHERE k.channel_name = g.ch AND k.unique_key = g.key;
         END IF;
         -- The first message is inserted (with the last one's payload in
@@ -184,9 +186,12 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    until timestamptz;
 BEGIN
     IF OLD.dead_since IS NULL AND OLD.key_retention IS NOT NULL THEN
-        UPDATE mq_keys k SET expires_at = clock_timestamp() + OLD.key_retention
+        until := clock_timestamp() + OLD.key_retention; -- a value (Citus)
+        UPDATE mq_keys k SET expires_at = until
         WHERE k.channel_name = OLD.channel_name AND k.unique_key = OLD.unique_key
           AND k.message_id = OLD.id;
     ELSE

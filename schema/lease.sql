@@ -28,8 +28,9 @@ SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
-    ts timestamptz := clock_timestamp();
-    n  int;
+    ts    timestamptz := clock_timestamp();
+    n     int;
+    until timestamptz;
 BEGIN
     duration := mq_fixed_length(duration);
     IF duration IS NULL OR duration < interval '0' THEN
@@ -39,21 +40,23 @@ BEGIN
     -- A client that doubles its keep-alive (sqlxmq's runner does) reaches
     -- any limit in time: longer durations are cut to the limit, not refused.
     duration := LEAST(duration, (mq_limits()).max_duration);
+    -- Computed once, outside the statement (which Citus then ships whole).
+    until := ts + duration;
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
     -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
     -- A kept-alive message is a long one: it moves out of the polls' way
     -- (ready_at), a final attempt stays at 'infinity'.
     UPDATE mq_msgs m SET
-        attempt_at = ts + duration,
+        attempt_at = until,
         commit_interval = CASE WHEN m.deliveries = 0 AND m.commit_interval IS NOT NULL
-                               THEN m.commit_interval + ((ts + duration) - m.attempt_at)
+                               THEN m.commit_interval + (until - m.attempt_at)
                                ELSE m.commit_interval END,
         ready_at = CASE WHEN m.ready_at = 'infinity'::timestamptz THEN m.ready_at
-                        ELSE ts + duration END
+                        ELSE until END
     WHERE m.id = ANY (ARRAY(SELECT l.id FROM mq_msgs l
                             WHERE l.id = ANY (msg_ids)
                               AND l.attempt_at > ts
-                              AND l.attempt_at < ts + duration
+                              AND l.attempt_at < until
                             FOR NO KEY UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -92,7 +95,8 @@ SET enable_mergejoin = off
 SET jit = off
 AS $$
 DECLARE
-    ts timestamptz := clock_timestamp();
+    ts    timestamptz := clock_timestamp();
+    until timestamptz;
 BEGIN
     duration := mq_fixed_length(duration);
     IF duration IS NULL OR duration < interval '0' THEN
@@ -109,14 +113,15 @@ BEGIN
         RAISE EXCEPTION 'mq_checkpoint: payload is over 16 MiB'
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
+    until := ts + duration; -- as in mq_keep_alive_count
     UPDATE mq_msgs m SET
-        attempt_at = GREATEST(m.attempt_at, ts + duration),
+        attempt_at = GREATEST(m.attempt_at, until),
         attempts = LEAST(m.attempts::bigint + COALESCE(extra_retries, 0),
                          2147483647)::int,
         -- Moves with the lease, or stays at 'infinity' while no attempt is left.
         ready_at = CASE WHEN m.attempts::bigint + COALESCE(extra_retries, 0) = 0
                         THEN 'infinity'::timestamptz
-                        ELSE GREATEST(m.attempt_at, ts + duration) END,
+                        ELSE GREATEST(m.attempt_at, until) END,
         payload_json = COALESCE(new_payload_json::jsonb, m.payload_json),
         payload_bytes = COALESCE(new_payload_bytes, m.payload_bytes)
     WHERE m.id = msg_id
@@ -144,14 +149,16 @@ AS $$
 DECLARE
     ts   timestamptz := clock_timestamp();
     dead boolean;
+    mine xid;
 BEGIN
+    -- (mq_at: see schema/common.sql.)
     UPDATE mq_msgs m SET
         attempt_at = CASE WHEN m.attempts > 0
-                          THEN ts + m.retry_backoff / 2
+                          THEN mq_at(ts, m.retry_backoff / 2)
                           ELSE ts END,
         dead_since = CASE WHEN m.attempts > 0 THEN NULL ELSE ts END,
         ready_at = CASE WHEN m.attempts > 0
-                        THEN ts + m.retry_backoff / 2
+                        THEN mq_at(ts, m.retry_backoff / 2)
                         ELSE m.ready_at END,
         last_error = left(error, 10000)
     WHERE m.id = msg_id
@@ -162,14 +169,15 @@ BEGIN
     IF NOT FOUND THEN
         -- A locked delivery (mq_claim_locked) held by this transaction:
         -- its attempt is counted here, as a lease would have counted it.
+        mine := (mq_xact_id() & 4294967295)::text::xid;
         UPDATE mq_msgs m SET
             attempts = m.attempts - 1,
             deliveries = m.deliveries + 1,
             retry_backoff = CASE WHEN m.retry_backoff * 2 > (mq_limits()).max_duration
                                  THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
-            attempt_at = CASE WHEN m.attempts > 1 THEN ts + m.retry_backoff ELSE ts END,
+            attempt_at = CASE WHEN m.attempts > 1 THEN mq_at(ts, m.retry_backoff) ELSE ts END,
             dead_since = CASE WHEN m.attempts > 1 THEN NULL ELSE ts END,
-            ready_at = CASE WHEN m.attempts > 1 THEN ts + m.retry_backoff
+            ready_at = CASE WHEN m.attempts > 1 THEN mq_at(ts, m.retry_backoff)
                             ELSE m.ready_at END,
             last_error = left(error, 10000)
         WHERE m.id = msg_id
@@ -177,7 +185,7 @@ BEGIN
           AND m.dead_since IS NULL
           AND m.attempts > 0
           AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
-          AND m.xmax = xid(pg_current_xact_id_if_assigned())
+          AND m.xmax = mine
         RETURNING m.attempts = 0 INTO dead;
     END IF;
     IF NOT FOUND THEN

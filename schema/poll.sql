@@ -43,7 +43,7 @@ DECLARE
     got     uuid[];
     got_tid tid[];
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
-    me      bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
+    me      bigint := CASE WHEN lane <> 0 THEN mq_xact_id() END;
     me_lo   bigint := me & 4294967295;
     per_key int;
     budget  int;
@@ -452,7 +452,35 @@ BEGIN
         PERFORM mq_reap_dead();
     END IF;
 
-    IF cardinality(picked) > 0 THEN
+    IF cardinality(picked) > 0 AND current_setting('pqmq.citus', true) = 'on' THEN
+        -- The same claim in the form Citus ships to a worker: immutable
+        -- functions of the row's columns only (mq_at), and the lease
+        -- computed from what the update returns.
+        RETURN QUERY
+        WITH claimed AS (
+            UPDATE mq_msgs m SET
+                attempt_at = mq_at(ts, CASE WHEN m.retry_backoff > interval '0'
+                                            THEN m.retry_backoff
+                                            ELSE interval '1 second' END),
+                attempts = m.attempts - 1,
+                retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur
+                                     THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
+                deliveries = m.deliveries + 1,
+                ready_at = CASE WHEN m.attempts = 1 THEN 'infinity'::timestamptz
+                                ELSE m.ready_at END
+            WHERE m.ctid = ANY (tids)
+            RETURNING m.id, m.commit_interval IS NULL AS committed,
+                      m.attempt_at, m.channel_name,
+                      m.channel_args, m.deliveries, m.attempts, m.ready_at,
+                      m.name, m.payload_json, m.payload_bytes
+        )
+        SELECT c.id, c.committed, c.name, c.payload_json::text, c.payload_bytes,
+               c.attempt_at - ts, interval '0', c.channel_name, c.channel_args,
+               c.deliveries, c.attempts, NULL::text, false
+        FROM claimed c
+        ORDER BY c.ready_at, c.id;
+        RETURN;
+    ELSIF cardinality(picked) > 0 THEN
         RETURN QUERY
         WITH claimed AS (
             -- Writes no indexed column (ready_at stays), so the new row
@@ -584,7 +612,7 @@ DECLARE
     got_key bigint[];
     got_at timestamptz;
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
-    me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
+    me    bigint := CASE WHEN lane <> 0 THEN mq_xact_id() END;
     me_lo bigint := me & 4294967295;
 BEGIN
     -- Each probe finds the next chain key that has a claimable message, and
@@ -725,7 +753,7 @@ DECLARE
     got_lim int[];
     got_at timestamptz;
     -- This transaction's id, for the test of xmax (lanes 1 and 2).
-    me    bigint := CASE WHEN lane <> 0 THEN pg_current_xact_id()::text::bigint END;
+    me    bigint := CASE WHEN lane <> 0 THEN mq_xact_id() END;
     me_lo bigint := me & 4294967295;
 BEGIN
     -- As in mq_pick_keys, where the index has the priority (negated, so

@@ -59,7 +59,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     q  text := mq_queue_schema();
-    fn regprocedure;
+    fn text;
     n  int := 0;
 BEGIN
     IF grantee IS NULL OR NOT EXISTS (
@@ -75,15 +75,15 @@ BEGIN
                   HINT = pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC (and from %s).',
                                            q, grantee);
     END IF;
-    EXECUTE pg_catalog.format('GRANT USAGE ON SCHEMA %I TO %s', q, grantee);
+    PERFORM mq_run_ddl(pg_catalog.format('GRANT USAGE ON SCHEMA %I TO %s', q, grantee));
     FOR fn IN
-        SELECT p.oid::regprocedure
+        SELECT mq_qualified(p.oid)
         FROM pg_catalog.pg_proc p
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_grant.duty
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, grantee);
+        PERFORM mq_run_ddl(pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, grantee));
         n := n OPERATOR(pg_catalog.+) 1;
     END LOOP;
     RETURN n;
@@ -98,17 +98,18 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    fn regprocedure;
+    fn text;
     n  int := 0;
 BEGIN
     FOR fn IN
-        SELECT p.oid::regprocedure
+        SELECT mq_qualified(p.oid)
         FROM pg_catalog.pg_proc p
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_revoke.duty
     LOOP
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn, grantee);
+        PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn,
+                                             grantee));
         n := n OPERATOR(pg_catalog.+) 1;
     END LOOP;
     RETURN n;
@@ -194,7 +195,7 @@ DECLARE
     f record;
 BEGIN
     FOR f IN
-        SELECT p.oid::regprocedure AS sig,
+        SELECT mq_qualified(p.oid) AS sig,
                EXISTS (SELECT 1 FROM mq_duties() d
                        WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text) AS definer
         FROM pg_catalog.pg_proc p
@@ -202,12 +203,10 @@ BEGIN
           AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
           AND p.prokind OPERATOR(pg_catalog.=) 'f'
     LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %s %s SET search_path = pg_catalog, %I, pg_temp',
-                                  f.sig,
-                                  CASE WHEN f.definer THEN 'SECURITY DEFINER'
-                                       ELSE 'SECURITY INVOKER' END,
-                                  q);
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig);
+        PERFORM mq_run_ddl(pg_catalog.format(
+            'ALTER FUNCTION %s %s SET search_path = pg_catalog, %I, pg_temp',
+            f.sig, CASE WHEN f.definer THEN 'SECURITY DEFINER' ELSE 'SECURITY INVOKER' END, q));
+        PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig));
     END LOOP;
 END;
 $$;

@@ -67,15 +67,35 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    names  text[];
+    totals bigint[];
+    waits  bigint[];
 BEGIN
-    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-    SELECT n.channel_name, pg_catalog.count(*),
-           pg_catalog.count(*) FILTER (
-               WHERE n.after_message_id OPERATOR(pg_catalog.<>)
-                     '00000000-0000-0000-0000-000000000000'::uuid),
-           0
-    FROM mq_new_rows n
-    GROUP BY n.channel_name;
+    IF pg_catalog.current_setting('pqmq.citus', true) = 'on' THEN
+        -- Citus ships an INSERT to the shard as text, where the transition
+        -- table is unknown: it is read here first.
+        SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(d.total),
+               pg_catalog.array_agg(d.waiting)
+        INTO names, totals, waits
+        FROM (SELECT n.channel_name, pg_catalog.count(*) AS total,
+                     pg_catalog.count(*) FILTER (
+                         WHERE n.after_message_id OPERATOR(pg_catalog.<>)
+                               '00000000-0000-0000-0000-000000000000'::uuid) AS waiting
+              FROM mq_new_rows n
+              GROUP BY n.channel_name) d;
+        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+        SELECT u.n, u.t, u.w, 0 FROM unnest(names, totals, waits) AS u(n, t, w);
+    ELSE
+        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+        SELECT n.channel_name, pg_catalog.count(*),
+               pg_catalog.count(*) FILTER (
+                   WHERE n.after_message_id OPERATOR(pg_catalog.<>)
+                         '00000000-0000-0000-0000-000000000000'::uuid),
+               0
+        FROM mq_new_rows n
+        GROUP BY n.channel_name;
+    END IF;
     IF pg_catalog.random() < 0.004 THEN
         PERFORM mq_count_fold();
     END IF;
@@ -88,15 +108,35 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    names  text[];
+    totals bigint[];
+    waits  bigint[];
 BEGIN
-    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-    SELECT o.channel_name, -pg_catalog.count(*),
-           -pg_catalog.count(*) FILTER (
-               WHERE o.after_message_id OPERATOR(pg_catalog.<>)
-                     '00000000-0000-0000-0000-000000000000'::uuid),
-           pg_catalog.count(*)
-    FROM mq_old_rows o
-    GROUP BY o.channel_name;
+    IF pg_catalog.current_setting('pqmq.citus', true) = 'on' THEN
+        -- As in mq_count_inserted.
+        SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(d.total),
+               pg_catalog.array_agg(d.waiting)
+        INTO names, totals, waits
+        FROM (SELECT o.channel_name, pg_catalog.count(*) AS total,
+                     pg_catalog.count(*) FILTER (
+                         WHERE o.after_message_id OPERATOR(pg_catalog.<>)
+                               '00000000-0000-0000-0000-000000000000'::uuid) AS waiting
+              FROM mq_old_rows o
+              GROUP BY o.channel_name) d;
+        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+        SELECT u.n, -u.t, -u.w, u.t
+        FROM unnest(names, totals, waits) AS u(n, t, w);
+    ELSE
+        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+        SELECT o.channel_name, -pg_catalog.count(*),
+               -pg_catalog.count(*) FILTER (
+                   WHERE o.after_message_id OPERATOR(pg_catalog.<>)
+                         '00000000-0000-0000-0000-000000000000'::uuid),
+               pg_catalog.count(*)
+        FROM mq_old_rows o
+        GROUP BY o.channel_name;
+    END IF;
     IF pg_catalog.random() < 0.004 THEN
         PERFORM mq_count_fold();
     END IF;
@@ -201,9 +241,10 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     ts timestamptz := pg_catalog.clock_timestamp();
+    r  record;
 BEGIN
     PERFORM mq_count_fold();
-    RETURN QUERY
+    FOR r IN
     WITH counts AS (
         SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
                pg_catalog.sum(x.waiting)::bigint AS waiting,
@@ -307,18 +348,32 @@ BEGIN
         FROM later l
         GROUP BY l.channel_name
     )
-    SELECT c.channel_name,
-           c.total - c.waiting - COALESCE(b.f + b.s + b.u + b.d, 0),
-           COALESCE(b.f, 0), COALESCE(b.s, 0), COALESCE(b.u, 0), c.waiting,
-           COALESCE(b.d, 0), COALESCE(b.b, 0),
-           COALESCE(pg_catalog.date_part('epoch', ts OPERATOR(pg_catalog.-) o.at), 0),
-           c.removed
+    SELECT c.channel_name AS ch,
+           c.total - c.waiting - COALESCE(b.f + b.s + b.u + b.d, 0) AS rdy,
+           COALESCE(b.f, 0) AS f, COALESCE(b.s, 0) AS s, COALESCE(b.u, 0) AS u,
+           c.waiting AS w, COALESCE(b.d, 0) AS d, COALESCE(b.b, 0) AS bl, c.removed AS rm
     FROM counts c
     LEFT JOIN by_state b ON b.channel_name = c.channel_name
-    LEFT JOIN LATERAL mq_oldest_ready(c.channel_name, ts) o(at) ON true
     WHERE c.total > 0
        OR (channel_names IS NOT NULL AND c.channel_name = ANY (channel_names))
-    ORDER BY c.channel_name;
+    ORDER BY c.channel_name
+    LOOP
+        -- Each channel's oldest ready message is found here, not in the
+        -- statement above: on Citus that statement runs on the worker that
+        -- holds the queue, where a function that reads its tables cannot.
+        channel_name := r.ch;
+        ready := r.rdy;
+        in_flight := r.f;
+        scheduled := r.s;
+        uncommitted := r.u;
+        waiting := r.w;
+        dead := r.d;
+        blocked_chains := r.bl;
+        oldest_ready_age := COALESCE(pg_catalog.date_part(
+            'epoch', ts OPERATOR(pg_catalog.-) mq_oldest_ready(r.ch, ts)), 0);
+        removed := r.rm;
+        RETURN NEXT;
+    END LOOP;
 END;
 $$;
 

@@ -78,6 +78,15 @@ int t_pooled(void)
     return t_dsn_pooled != NULL;
 }
 
+int t_citus_skip(const char *why)
+{
+    const char *v = getenv("PQMQ_TEST_CITUS");
+    if (!v || strcmp(v, "1") != 0)
+        return 0;
+    printf("    skipped on Citus: %s\n", why);
+    return 1;
+}
+
 PGconn *t_listener(void)
 {
     const char *direct = getenv("PQMQ_TEST_LISTEN_DSN");

@@ -81,6 +81,12 @@ PGconn *t_listener(void);
 /* 1 when the tests run behind a pooler in transaction mode
  * (PQMQ_TEST_POOLED=1, tests/test_pgbouncer.sh). */
 int t_pooled(void);
+/* 1, after saying why, when the tests run through a Citus coordinator
+ * (PQMQ_TEST_CITUS=1, tests/citus/check.sh): for the checks of what only a
+ * single server shows (its statistics counters, plans and index sizes), or
+ * of what tests build around the queue on that server (triggers of their
+ * own on its tables). */
+int t_citus_skip(const char *why);
 
 /* Runs SQL (printf-formatted; only for trusted test text) and fails the
  * check on error. Returns the result (caller PQclear's) or NULL. */

@@ -86,7 +86,7 @@ psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema; CREATE SCHEMA $old; CR
 "$pqmq_bin" --help >"$work/out" || fail "pqmq --help failed"
 has out "usage: pqmq" "migrate" "metrics"
 "$pqmq_bin" --version >"$work/out" || fail "pqmq --version failed"
-has out "schema version 16"
+has out "schema version 17"
 run 2 nosuchcommand
 has err "unknown command"
 for c in migrate status peek dead retry skip purge send watch metrics; do
@@ -122,7 +122,7 @@ grep -q pending "$work/out" && fail "migrate --sql then psql left pending migrat
 [[ -s $work/out ]] && fail "migrate --sql of an up-to-date schema printed SQL"
 has err "up to date"
 run 0 migrate
-has out "is at version 16"
+has out "is at version 17"
 run 0 migrate
 run 0 migrate --status
 has out "applied"

@@ -118,7 +118,8 @@ static void test_helpers_not_for_public(void)
                              "mq_pick_keys",       "mq_pick_set",     "mq_lock_chains",
                              "mq_unlink",          "mq_fixed_length", "mq_insert_rows",
                              "mq_release_key",     "mq_retake_keys",  "mq_low_mark",
-                             "mq_pick_urgent",     "mq_random_start"};
+                             "mq_pick_urgent",     "mq_random_start", "mq_at",
+                             "mq_xact_id",         "mq_qualified",    "mq_run_ddl"};
     for (size_t i = 0; i < sizeof helpers / sizeof *helpers; i++)
         if (t_sql_int(pg,
                       "SELECT count(*) FROM pg_proc p WHERE p.proname = '%s' "

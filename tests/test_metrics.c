@@ -65,8 +65,15 @@ static pqmq_batch *poll_ch(const char *ch, int max)
 /* mq_metrics and the full scan agree on every channel and state. */
 static void check_against_scan(const char *when)
 {
-    long long diff = t_sql_int(pg, "SELECT count(*) FROM ((" BRUTE " EXCEPT " METRICS
-                                   ") UNION ALL (" METRICS " EXCEPT " BRUTE ")) x");
+    /* Each read on its own, compared here: on Citus a query that holds
+     * both would run mq_metrics on the worker, which cannot. */
+    PGresult *b =
+        t_sql(pg, "SELECT string_agg(x::text, ';' ORDER BY x::text) FROM (" BRUTE ") x");
+    PGresult *m =
+        t_sql(pg, "SELECT string_agg(x::text, ';' ORDER BY x::text) FROM (" METRICS ") x");
+    long long diff = !b || !m || strcmp(PQgetvalue(b, 0, 0), PQgetvalue(m, 0, 0)) != 0;
+    PQclear(b);
+    PQclear(m);
     if (diff != 0) {
         PGresult *r = t_sql(pg, BRUTE);
         fprintf(stderr, "%s: scan says:\n", when);
@@ -416,7 +423,8 @@ static void test_named_channels_read_only_their_messages(void)
     long long read = rows_fetched() - before;
     printf("    rows of mq_msgs read by two mq_metrics(ARRAY['mine']): %lld\n", read);
     /* Reading the ready backlog of every channel is over 10,000. */
-    CHECK(read < 500);
+    if (!t_citus_skip("the rows read are counted by the worker"))
+        CHECK(read < 500);
 }
 
 static void test_pqmq_metrics_parses_and_matches(void)

@@ -224,7 +224,14 @@ static void test_consumer_has_no_table_rights(void)
     PGconn *cc = as_role(cons, &c);
     /* Writing another channel's messages straight into the tables. */
     DENIED(cc, "INSERT INTO mq_msgs (id, channel_name) VALUES (gen_random_uuid(), 'theirs')");
-    DENIED(cc, "INSERT INTO mq_payloads (id, name) VALUES (gen_random_uuid(), 'x')");
+    /* (A Citus coordinator refuses writes through this view to anyone,
+     * 0A000, before it looks at rights.) */
+    if (getenv("PQMQ_TEST_CITUS"))
+        CHECK_STR(
+            sql_state(cc, "INSERT INTO mq_payloads (id, name) VALUES (gen_random_uuid(), 'x')"),
+            "0A000");
+    else
+        DENIED(cc, "INSERT INTO mq_payloads (id, name) VALUES (gen_random_uuid(), 'x')");
     DENIED(cc, "INSERT INTO mq_chains (channel_name, channel_args, tail_id) "
                "VALUES ('theirs', '', gen_random_uuid())");
     DENIED(cc, "SELECT payload_json FROM mq_payloads");
@@ -284,6 +291,9 @@ static void test_unknown_duty_and_revoke(void)
  * that schema first on its path, it drives a whole consume cycle. */
 static void test_shadowing_functions_in_own_schema_are_not_run(void)
 {
+    if (t_citus_skip("its hostile role cannot log in, and Citus creates the role's functions "
+                     "on the workers as that role"))
+        return;
     t_truncate();
     t_exec(su, "CREATE SCHEMA %s AUTHORIZATION %s", evil_schema, cons);
     pqmq_client *c;
@@ -471,6 +481,9 @@ static char *roles_migration(void)
  * schema gets none (a warning says why). */
 static void test_table_users_keep_working(void)
 {
+    if (t_citus_skip("it installs the roles migration's release with psql, whose statements "
+                     "a coordinator forwards unqualified"))
+        return;
     char *sql = roles_migration();
     CHECK(sql != NULL);
     if (!sql)

@@ -527,6 +527,9 @@ static long long msg_exists(const uuid_t id)
 
 static void test_transactional_completion(void)
 {
+    if (t_citus_skip("it records deletions with a trigger of its own on mq_msgs, which would "
+                     "run on the worker"))
+        return;
     t_truncate();
     t_exec(pg, "CREATE TABLE rt_effects (msg_id uuid PRIMARY KEY, "
                "tx bigint NOT NULL DEFAULT txid_current())");

@@ -969,6 +969,9 @@ static char *read_file(const char *path)
 
 static void test_adopt_original_database(void)
 {
+    if (t_citus_skip("the original schema's script is one multi-statement string, which a "
+                     "coordinator cannot forward"))
+        return;
     const char *dir = getenv("PQMQ_MIGRATIONS_DIR");
     char *path = NULL;
     if (asprintf(&path, "%s/../tests/fixtures/sqlxmq_original.sql", dir ? dir : "migrations") <

@@ -8,6 +8,7 @@
 #                          CITUS_DSN          the coordinator's conninfo
 #                          CITUS_WORKER_DSN   the workers' (an array)
 #                          CITUS_WORKER_DIR   their directories (an array)
+#                          CITUS_WORKER_PORT  their ports (an array)
 #                        Returns non-zero, with the reason on stderr.
 #   citus_stop           stop all three and remove them (safe to call twice,
 #                        and after a failed citus_start: call it from a trap).
@@ -21,6 +22,7 @@ _citus_here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$_citus_here/../pgtmp.sh"
 
 CITUS_DSN=
+CITUS_WORKER_PORT=()
 CITUS_WORKER_DSN=()
 CITUS_WORKER_DIR=()
 _citus_dirs=()
@@ -56,6 +58,7 @@ citus_start() {
         CITUS_WORKER_DIR+=("$PGTMP_DIR")
         _citus_ports+=("$PGTMP_PORT")
     done
+    CITUS_WORKER_PORT=("${_citus_ports[@]}")
     # Nodes reach each other over TCP on loopback (pgtmp.sh listens there,
     # with trust authentication).
     psql -X -q -v ON_ERROR_STOP=1 -d "$CITUS_DSN" \
@@ -68,14 +71,11 @@ citus_start() {
 }
 
 citus_worker_stop() {
-    pgtmp_run "$PGTMP_BINDIR/pg_ctl" -D "${CITUS_WORKER_DIR[$1]}/data" -m immediate -w stop \
-        >/dev/null 2>&1
+    bash "$_citus_here/node.sh" stop "${CITUS_WORKER_DIR[$1]}" "${_citus_ports[$1]}"
 }
 
 citus_worker_start() {
-    local dir=${CITUS_WORKER_DIR[$1]}
-    pgtmp_run "$PGTMP_BINDIR/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-        -o "-p ${_citus_ports[$1]}" start >/dev/null 2>&1
+    bash "$_citus_here/node.sh" start "${CITUS_WORKER_DIR[$1]}" "${_citus_ports[$1]}"
 }
 
 citus_stop() {
