@@ -20,7 +20,13 @@ top=$(cd "$here/../.." && pwd)
 builddir=$PWD
 
 echo "== Citus: the extension"
-if ! bash "$here/install.sh" "$builddir/citus"; then
+bash "$here/install.sh" "$builddir/citus"
+rc=$?
+if (( rc == 3 )); then
+    echo "SKIP: check-citus: no Citus, and no source to build it from (above)"
+    echo "0 passed, 0 failed, 1 skipped"
+    exit 0
+elif (( rc != 0 )); then
     echo "check-citus: Citus could not be built or installed (above)"
     echo "0 passed, 1 failed"
     exit 1

@@ -6,16 +6,18 @@
 #
 # Citus is not in Debian's archive, and this machine reaches no other
 # package source, so the tests build the release the project pins from its
-# source tarball (found in $PQMQ_CITUS_TARBALL, else ../shared/vendor or
-# /work/shared/vendor beside the checkout), in BUILDDIR/citus-VERSION, and
-# install it into the server's library and extension directories. The build
-# is kept there: a second run only installs it again (a package upgrade may
-# have replaced the server's directories). Users install Citus from its own
-# packages instead (README, "Citus").
+# source tarball (found in $PQMQ_CITUS_TARBALL, else in shared/vendor/
+# beside the checkout or one of the directories above it, else in
+# /work/shared/vendor), in BUILDDIR/citus-VERSION, and install it into the
+# server's library and extension directories. The build is kept there: a
+# second run only installs it again (a package upgrade may have replaced
+# the server's directories). Users install Citus from its own packages
+# instead (README, "Citus").
 #
 # As root, the Debian packages the build needs are installed with apt-get;
 # otherwise the apt-get line is printed. Prints "citus: ..." lines; exits
-# non-zero, with the reason, when Citus cannot be had.
+# non-zero, with the reason, when Citus cannot be had: 3 when the server has
+# none and no tarball is found.
 set -euo pipefail
 
 version=13.2.2
@@ -61,13 +63,19 @@ packages() {
         { apt-get update >/dev/null && apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
 }
 
+# The source tarball: $PQMQ_CITUS_TARBALL, else shared/vendor/ beside the
+# checkout or beside any directory above it, else /work/shared/vendor.
 tarball() {
-    local t
-    for t in "${PQMQ_CITUS_TARBALL:-}" "$top/../shared/vendor/citus-$version.tar.gz" \
-             "/work/shared/vendor/citus-$version.tar.gz"; do
-        [[ -n $t && -f $t ]] && { printf '%s\n' "$t"; return 0; }
+    local t d=$top
+    t=${PQMQ_CITUS_TARBALL:-}
+    [[ -n $t && -f $t ]] && { printf '%s\n' "$t"; return 0; }
+    while [[ $d != / ]]; do
+        t=$(dirname "$d")/shared/vendor/citus-$version.tar.gz
+        [[ -f $t ]] && { printf '%s\n' "$t"; return 0; }
+        d=$(dirname "$d")
     done
-    say "no citus-$version.tar.gz (set PQMQ_CITUS_TARBALL)" >&2
+    t=/work/shared/vendor/citus-$version.tar.gz
+    [[ -f $t ]] && { printf '%s\n' "$t"; return 0; }
     return 1
 }
 
@@ -103,6 +111,13 @@ build() {
 if installed; then
     say "the server has Citus"
     exit 0
+fi
+# Exit status 3: no Citus and nothing to build it from (tests/citus/check.sh
+# then skips, saying so).
+if ! tarball >/dev/null; then
+    say "no Citus in the server and no citus-$version.tar.gz to build it from" >&2
+    say "(put it in ../shared/vendor/ or set PQMQ_CITUS_TARBALL)" >&2
+    exit 3
 fi
 packages
 pg_config=$PGTMP_BINDIR/pg_config
