@@ -53,8 +53,8 @@ static int run(pqmq_client *c, const char *sql, const char *what)
     return rc;
 }
 
-/* Whether the server is a Citus coordinator (the extension is installed
- * and this node holds the metadata). */
+/* Whether the server has the Citus extension: then it must be the
+ * coordinator (a worker refuses to distribute a schema, and says so). */
 static int on_citus(pqmq_client *c, int *citus)
 {
     int rc;
@@ -108,7 +108,7 @@ static int citus_prepare(pqmq_client *c)
 /* Settings of the queue's functions on Citus, after every pqmq_migrate (a
  * migration that redefines a function resets them): pqmq.citus = on, which
  * selects the forms of the few statements that Citus plans differently
- * (schema/citus.sql), and custom plans for those that pin generic ones for a
+ * (migration 0017; DESIGN.md, "Citus"), and custom plans for those that pin generic ones for a
  * single server's plan cache: Citus plans a statement with parameters only
  * when it sees their values. */
 static int citus_settings(pqmq_client *c)
