@@ -100,7 +100,61 @@ static void test_a_queue_lives_on_one_worker(void)
     PQfinish(pg);
 }
 
-/* ---- 2. a worker stops while both queues are busy ----------------------- */
+/* ---- 2. every statement is a router query ------------------------------ */
+
+/* With citus.multi_task_query_log_level = error, Citus refuses any query
+ * that would run on more than one shard: each call below must run, every
+ * statement in it on the queue's one worker (so FOR UPDATE SKIP LOCKED
+ * means what it means on one server). */
+static void test_every_statement_is_a_router_query(void)
+{
+    char *ci = NULL;
+    if (asprintf(&ci,
+                 "%s options='-c search_path=%s -c client_min_messages=warning "
+                 "-c citus.multi_task_query_log_level=error'",
+                 t_dsn(), t_schema()) < 0)
+        abort();
+    pqmq_client *q = NULL;
+    CHECK_INT(pqmq_connect(ci, &q), 0);
+    free(ci);
+    if (!q)
+        return;
+    pqmq_msg *m[4];
+    for (int i = 0; i < 4; i++)
+        m[i] = t_msg(i < 2 ? "r1" : "r2", i == 1 ? "x" : "", "job", "{}", i >= 2);
+    pqmq_msg_set_retries(m[3], 0);
+    CHECK_OK(q, pqmq_insert(q, m, 4));
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 3); /* the second of chain r2 waits */
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    CHECK_OK(q, pqmq_keep_alive(q, (const uuid_t *)&id, 1, 60000, NULL));
+    CHECK_OK(q, pqmq_complete_batch(q, b));
+    pqmq_batch_free(b);
+    b = NULL;
+    CHECK_OK(q, pqmq_poll(q, (const char *const[]){"r2"}, 1, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    if (pqmq_batch_count(b) == 1) {
+        pqmq_job_id(pqmq_batch_job(b, 0), id);
+        CHECK_OK(q, pqmq_fail(q, id, "no retries: dead"));
+    }
+    pqmq_batch_free(b);
+    pqmq_batch *dead = NULL;
+    CHECK_OK(q, pqmq_dead_letters(q, NULL, 0, 10, &dead));
+    CHECK_INT(pqmq_batch_count(dead), 1);
+    pqmq_batch_free(dead);
+    size_t revived = 0;
+    CHECK_OK(q, pqmq_retry(q, (const uuid_t *)&id, 1, 0, &revived));
+    CHECK_INT(revived, 1);
+    PGresult *r = PQexec(pqmq_conn(q), "SELECT count(*) FROM mq_metrics()");
+    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK);
+    PQclear(r);
+    t_msgs_free(m, 4);
+    pqmq_client_free(q);
+}
+
+/* ---- 3. a worker stops while both queues are busy ----------------------- */
 
 struct queue {
     const char *label;
@@ -318,6 +372,7 @@ int main(void)
     }
     t_init("citus");
     T_RUN(test_a_queue_lives_on_one_worker);
+    T_RUN(test_every_statement_is_a_router_query);
     T_RUN(test_a_worker_stops_while_both_queues_are_busy);
     return t_done();
 }
