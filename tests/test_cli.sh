@@ -112,15 +112,20 @@ run 0 migrate --status
 has out "0001_schema" "0007_operations" "pending"
 run 0 migrate --sql
 has out "-- 0001_schema" "-- 0007_operations" "CREATE TABLE IF NOT EXISTS mq_msgs"
-# The printed SQL, applied by psql in another schema, makes a whole queue.
-"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --sql >"$work/bare.sql" 2>/dev/null
-psql -X -q -v ON_ERROR_STOP=1 -1 -d "$PQMQ_TEST_DSN" -f "$work/bare.sql" >/dev/null 2>&1 \
-    || fail "psql -1 -f of 'migrate --sql' failed"
-"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --status >"$work/out" 2>&1
-grep -q pending "$work/out" && fail "migrate --sql then psql left pending migrations"
-"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --sql >"$work/out" 2>"$work/err"
-[[ -s $work/out ]] && fail "migrate --sql of an up-to-date schema printed SQL"
-has err "up to date"
+# The printed SQL, applied by psql in another schema, makes a whole queue
+# (not on a Citus coordinator, which psql cannot install to: README, "Citus").
+if [[ ${PQMQ_TEST_CITUS:-} == 1 ]]; then
+    echo "skipped on Citus: migrate --sql applied with psql"
+else
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --sql >"$work/bare.sql" 2>/dev/null
+    psql -X -q -v ON_ERROR_STOP=1 -1 -d "$PQMQ_TEST_DSN" -f "$work/bare.sql" >/dev/null 2>&1 \
+        || fail "psql -1 -f of 'migrate --sql' failed"
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --status >"$work/out" 2>&1
+    grep -q pending "$work/out" && fail "migrate --sql then psql left pending migrations"
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$bare" migrate --sql >"$work/out" 2>"$work/err"
+    [[ -s $work/out ]] && fail "migrate --sql of an up-to-date schema printed SQL"
+    has err "up to date"
+fi
 run 0 migrate
 has out "is at version 17"
 run 0 migrate

@@ -11,7 +11,7 @@
 # schemas of the programs over both workers). tests/citus/test_citus then
 # checks what only a cluster shows: two queues on two workers, a worker
 # stopped while both are busy. The exactly-once example runs under kill -9
-# through the coordinator too. Prints the runner's summary as the last line,
+# through the coordinator too, and the pqmq command's tests. Prints the runner's summary as the last line,
 # "N passed, M failed".
 set -u
 
@@ -63,7 +63,7 @@ progs=()
 for t in "${tests[@]}"; do
     progs+=("./tests/test_$t")
 done
-progs+=(./tests/citus/test_citus "$top/tests/test_exactly_once.sh")
+progs+=(./tests/citus/test_citus "$top/tests/test_exactly_once.sh" "$top/tests/test_cli.sh")
 
 PQMQ_TEST_DSN=$CITUS_DSN PQMQ_TEST_CITUS=1 PQMQ_TEST_LOGDIR=$builddir/tests/citus \
     bash "$top/tests/run-tests.sh" "${progs[@]}"

@@ -100,6 +100,51 @@ static void test_a_queue_lives_on_one_worker(void)
     PQfinish(pg);
 }
 
+/* Two clients migrate one new schema at once: both succeed, one queue. */
+static void *migrate_one(void *arg)
+{
+    pqmq_client *q = NULL;
+    if (pqmq_connect(arg, &q) == 0 && pqmq_migrate(q) == 0) {
+        pqmq_client_free(q);
+        return (void *)1;
+    }
+    if (q)
+        fprintf(stderr, "    pqmq_migrate: %s\n", pqmq_errmsg(q));
+    pqmq_client_free(q);
+    return NULL;
+}
+
+static void test_concurrent_migrations_make_one_queue(void)
+{
+    PGconn *pg = t_pg();
+    char *schema = NULL, *ci = NULL;
+    if (asprintf(&schema, "%s_twice", t_schema()) < 0 ||
+        asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
+                 schema) < 0)
+        abort();
+    t_exec(pg, "DROP SCHEMA IF EXISTS %s CASCADE", schema);
+    t_exec(pg, "CREATE SCHEMA %s", schema);
+    pthread_t th[2];
+    void *ok[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, migrate_one, ci);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], &ok[i]);
+    CHECK(ok[0] && ok[1]);
+    CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", schema),
+              pqmq_schema_version());
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_schema_migrations", schema),
+              t_sql_int(pg, "SELECT count(*) FROM mq_schema_migrations"));
+    CHECK_INT(
+        t_sql_int(pg, "SELECT count(*) FROM pg_dist_schema WHERE schemaid = '%s'::regnamespace",
+                  schema),
+        1);
+    t_exec(pg, "DROP SCHEMA %s CASCADE", schema);
+    free(schema);
+    free(ci);
+    PQfinish(pg);
+}
+
 /* ---- 2. every statement is a router query ------------------------------ */
 
 /* With citus.multi_task_query_log_level = error, Citus refuses any query
@@ -372,6 +417,7 @@ int main(void)
     }
     t_init("citus");
     T_RUN(test_a_queue_lives_on_one_worker);
+    T_RUN(test_concurrent_migrations_make_one_queue);
     T_RUN(test_every_statement_is_a_router_query);
     T_RUN(test_a_worker_stops_while_both_queues_are_busy);
     return t_done();
