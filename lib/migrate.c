@@ -130,11 +130,11 @@ static int citus_settings(pqmq_client *c)
 /* Runs a migration one statement at a time (Citus). */
 static int run_each(pqmq_client *c, const char *sql, const char *what)
 {
-    size_t pos = 0, start, len;
+    size_t pos = 0, start, len, n = strlen(sql);
     int rc = 0;
-    while (!rc && sql[pos]) {
+    while (!rc && pos < n) {
         start = pos;
-        pos = pqmq__sql_next(sql, &start, &len);
+        pos = pqmq__sql_next(sql, n, &start, &len);
         if (!len)
             break;
         char *one = strndup(sql + start, len);

@@ -88,11 +88,11 @@ PGresult *pqmq__exec(pqmq_client *c, PGparam *param, const char *sql, const char
                      int *rc);
 /* Like pqmq__exec for plain SQL text without parameters (text results). */
 PGresult *pqmq__exec_text(pqmq_client *c, const char *sql, const char *what, int *rc);
-/* The next statement of a script: from *start (a position in sql), sets
- * *start and *len to the statement's extent (its ';' included; *len 0 when
- * only blanks and comments are left) and returns where the following one
- * may begin (lib/sqlsplit.c). */
-size_t pqmq__sql_next(const char *sql, size_t *start, size_t *len);
+/* The next statement of a script of n bytes: from *start (a position in
+ * sql), sets *start and *len to the statement's extent (its ';' included;
+ * *len 0 when only blanks and comments are left) and returns where the
+ * following one may begin (lib/sqlsplit.c). */
+size_t pqmq__sql_next(const char *sql, size_t n, size_t *start, size_t *len);
 /* Runs sql and returns the single value of its single row as an int
  * (booleans as 0/1) in *value; spec NULL ignores the result. */
 int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *what,

@@ -25,10 +25,10 @@ static size_t dollar_tag(const char *s)
 }
 
 /* Index just past the construct that starts at s[i] (a quote, comment or
- * dollar quote), or i + 1 for any other character. Unterminated: the end. */
-static size_t skip(const char *s, size_t i)
+ * dollar quote), or i + 1 for any other character; n is the script's length.
+ * Unterminated: n. */
+static size_t skip(const char *s, size_t i, size_t n)
 {
-    size_t n = strlen(s + i) + i;
     char q = s[i];
     if (q == '\'' || q == '"') {
         for (i++; i < n; i++)
@@ -66,11 +66,11 @@ static size_t skip(const char *s, size_t i)
 }
 
 /* Whether s[from..to) holds anything but blanks and comments. */
-static int has_code(const char *s, size_t from, size_t to)
+static int has_code(const char *s, size_t from, size_t to, size_t n)
 {
     for (size_t i = from; i < to;) {
         if ((s[i] == '-' && s[i + 1] == '-') || (s[i] == '/' && s[i + 1] == '*')) {
-            i = skip(s, i);
+            i = skip(s, i, n);
             continue;
         }
         if (!isspace((unsigned char)s[i]))
@@ -80,12 +80,12 @@ static int has_code(const char *s, size_t from, size_t to)
     return 0;
 }
 
-size_t pqmq__sql_next(const char *s, size_t *start, size_t *len)
+size_t pqmq__sql_next(const char *s, size_t n, size_t *start, size_t *len)
 {
     size_t i = *start, from = *start;
-    while (s[i]) {
+    while (i < n) {
         if (s[i] == ';') {
-            if (has_code(s, from, i)) {
+            if (has_code(s, from, i, n)) {
                 *start = from;
                 *len = i + 1 - from;
                 return i + 1;
@@ -94,9 +94,9 @@ size_t pqmq__sql_next(const char *s, size_t *start, size_t *len)
             i++;
             continue;
         }
-        i = skip(s, i);
+        i = skip(s, i, n);
     }
-    if (has_code(s, from, i)) {
+    if (has_code(s, from, i, n)) {
         *start = from;
         *len = i - from;
         return i;

@@ -78,10 +78,15 @@ int t_pooled(void)
     return t_dsn_pooled != NULL;
 }
 
-int t_citus_skip(const char *why)
+int t_citus(void)
 {
     const char *v = getenv("PQMQ_TEST_CITUS");
-    if (!v || strcmp(v, "1") != 0)
+    return v && !strcmp(v, "1");
+}
+
+int t_citus_skip(const char *why)
+{
+    if (!t_citus())
         return 0;
     printf("    skipped on Citus: %s\n", why);
     return 1;

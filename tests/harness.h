@@ -81,6 +81,8 @@ PGconn *t_listener(void);
 /* 1 when the tests run behind a pooler in transaction mode
  * (PQMQ_TEST_POOLED=1, tests/test_pgbouncer.sh). */
 int t_pooled(void);
+/* 1 when the tests run through a Citus coordinator (PQMQ_TEST_CITUS=1). */
+int t_citus(void);
 /* 1, after saying why, when the tests run through a Citus coordinator
  * (PQMQ_TEST_CITUS=1, tests/citus/check.sh): for the checks of what only a
  * single server shows (its statistics counters, plans and index sizes), or

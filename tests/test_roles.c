@@ -226,7 +226,7 @@ static void test_consumer_has_no_table_rights(void)
     DENIED(cc, "INSERT INTO mq_msgs (id, channel_name) VALUES (gen_random_uuid(), 'theirs')");
     /* (A Citus coordinator refuses writes through this view to anyone,
      * 0A000, before it looks at rights.) */
-    if (getenv("PQMQ_TEST_CITUS"))
+    if (t_citus())
         CHECK_STR(
             sql_state(cc, "INSERT INTO mq_payloads (id, name) VALUES (gen_random_uuid(), 'x')"),
             "0A000");

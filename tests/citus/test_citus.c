@@ -31,6 +31,17 @@ static long long node_of(PGconn *pg, const char *schema)
                      schema);
 }
 
+/* The conninfo of a client of this schema, with more server options
+ * (may be ""). Caller frees. */
+static char *conninfo(const char *schema, const char *more)
+{
+    char *ci = NULL;
+    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning%s'",
+                 t_dsn(), schema, more) < 0)
+        abort();
+    return ci;
+}
+
 /* A second queue, B, beside the harness's, A. Caller frees both. */
 static char *make_queue(PGconn *pg, const char *name, pqmq_client **out)
 {
@@ -39,9 +50,7 @@ static char *make_queue(PGconn *pg, const char *name, pqmq_client **out)
         abort();
     t_exec(pg, "DROP SCHEMA IF EXISTS %s CASCADE", schema);
     t_exec(pg, "CREATE SCHEMA %s", schema);
-    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
-                 schema) < 0)
-        abort();
+    ci = conninfo(schema, "");
     *out = NULL;
     CHECK_INT(pqmq_connect(ci, out), 0);
     free(ci);
@@ -117,11 +126,10 @@ static void *migrate_one(void *arg)
 static void test_concurrent_migrations_make_one_queue(void)
 {
     PGconn *pg = t_pg();
-    char *schema = NULL, *ci = NULL;
-    if (asprintf(&schema, "%s_twice", t_schema()) < 0 ||
-        asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
-                 schema) < 0)
+    char *schema = NULL;
+    if (asprintf(&schema, "%s_twice", t_schema()) < 0)
         abort();
+    char *ci = conninfo(schema, "");
     t_exec(pg, "DROP SCHEMA IF EXISTS %s CASCADE", schema);
     t_exec(pg, "CREATE SCHEMA %s", schema);
     pthread_t th[2];
@@ -153,12 +161,8 @@ static void test_concurrent_migrations_make_one_queue(void)
  * means what it means on one server). */
 static void test_every_statement_is_a_router_query(void)
 {
-    char *ci = NULL;
-    if (asprintf(&ci,
-                 "%s options='-c search_path=%s -c client_min_messages=warning "
-                 "-c citus.multi_task_query_log_level=error'",
-                 t_dsn(), t_schema()) < 0)
-        abort();
+    /* Citus refuses any query on more than one shard. */
+    char *ci = conninfo(t_schema(), " -c citus.multi_task_query_log_level=error");
     pqmq_client *q = NULL;
     CHECK_INT(pqmq_connect(ci, &q), 0);
     free(ci);
@@ -304,9 +308,7 @@ static void start(struct queue *Q, const char *label, char *schema)
         Q->seen[c] = calloc(MAX_SEQ, 1);
         Q->last[c] = -1;
     }
-    if (asprintf(&Q->conninfo, "%s options='-c search_path=%s -c client_min_messages=warning'",
-                 t_dsn(), schema) < 0)
-        abort();
+    Q->conninfo = conninfo(schema, "");
     Q->runner = pqmq_runner_new(Q->conninfo);
     CHECK(Q->runner != NULL);
     CHECK_INT(pqmq_runner_handle(Q->runner, NULL, on_job, Q), 0);
