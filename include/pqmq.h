@@ -100,17 +100,23 @@ PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *client);
 
 /*
  * Creates or upgrades the queue's schema in the client's current schema
- * (the first schema of its search_path), under an advisory lock, recording
- * each applied migration in mq_schema_migrations. Safe to run concurrently
- * and repeatedly. Returns 0 or a negative code.
+ * (the first schema of its search_path), in one transaction under an
+ * advisory lock: a new schema gets this release's schema; a queue made by
+ * an earlier release (or by the original sqlxmq schema) is upgraded in
+ * place, keeping its messages; a queue already at this release is left as
+ * it is. The version reached is recorded in mq_schema_migrations. Safe to
+ * run concurrently and repeatedly. Must be called outside a transaction.
+ * Returns 0 or a negative code (the server's refusal of a version it cannot
+ * upgrade is in pqmq_errmsg).
  */
 PQMQ_EXPORT int pqmq_migrate(pqmq_client *client);
 
-/* The schema version this library embeds (the newest migration's number). */
+/* The schema version this library installs (100 for release 1.0.0). */
 PQMQ_EXPORT int pqmq_schema_version(void);
 
-/* The i-th embedded migration (0-based, oldest first): its version, its
- * name (e.g. "0001_schema") and its SQL text, as pqmq_migrate applies it
+/* The i-th embedded SQL file (0-based, in the order pqmq_migrate applies
+ * them): the schema version it belongs to, its name (e.g. "schema/poll",
+ * "migrations/0.1.0_to_1.0.0") and its SQL text, as pqmq_migrate applies it
  * in the target schema. Any pointer may be NULL. Strings are static.
  * Returns 0, or PQMQ_EINVAL when i is past the last one. */
 PQMQ_EXPORT int pqmq_migration_info(size_t i, int *version, const char **name,

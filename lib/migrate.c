@@ -1,6 +1,10 @@
 /*
- * migrate.c: applies the embedded migrations (lib/migrations.c is generated
- * from the files of migrations/) in one transaction under an advisory lock.
+ * migrate.c: installs or upgrades the queue's schema: the embedded files
+ * (lib/migrations.c, generated from migrations/ and schema/) in one
+ * transaction under an advisory lock. The SQL decides what each file does
+ * to the database at hand (a step of migrations/ does nothing but on the
+ * version it upgrades; schema/ refuses any version but its own), so psql
+ * applying the same files in the same order does the same.
  * On a Citus coordinator the queue's schema becomes a distributed schema
  * (its tables on one node, chosen by Citus) and each statement is sent on
  * its own, under a search_path that Citus passes on to the workers.
@@ -16,7 +20,7 @@
 
 PQMQ_EXPORT int pqmq_schema_version(void)
 {
-    return pqmq_migration_count ? pqmq_migrations[pqmq_migration_count - 1].version : 0;
+    return pqmq_schema_release;
 }
 
 /* The highest recorded version in the client's current schema, 0 if none. */
@@ -172,10 +176,12 @@ static int apply_all(pqmq_client *c)
     int have = 0;
     if (!rc)
         rc = applied_version(c, &have);
+    if (!rc && have == pqmq_schema_release)
+        return 0; /* current: nothing to do */
+    /* Function bodies name functions of files applied later. */
+    if (!rc)
+        rc = run(c, "SET LOCAL check_function_bodies = off", "pqmq_migrate");
     for (size_t i = 0; !rc && i < pqmq_migration_count; i++) {
-        /* Version 0 adopts an older schema: only before anything else. */
-        if (have > 0 && pqmq_migrations[i].version <= have)
-            continue;
         char what[128];
         snprintf(what, sizeof what, "pqmq_migrate: %s", pqmq_migrations[i].name);
         rc = citus ? run_each(c, pqmq_migrations[i].sql, what)

@@ -1,6 +1,6 @@
 /*
- * migration_info.c: the embedded migrations, listed for tools that show or
- * print them (pqmq migrate --status / --sql).
+ * migration_info.c: the embedded schema files, listed for tools that show
+ * or print them (pqmq migrate --status / --sql).
  */
 #include "pqmq-int.h"
 
@@ -9,7 +9,7 @@ PQMQ_EXPORT int pqmq_migration_info(size_t i, int *version, const char **name, c
     if (i >= pqmq_migration_count)
         return PQMQ_EINVAL;
     if (version)
-        *version = pqmq_migrations[i].version;
+        *version = pqmq_schema_release;
     if (name)
         *name = pqmq_migrations[i].name;
     if (sql)

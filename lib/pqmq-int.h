@@ -256,15 +256,18 @@ int pqmq__cron_parse(const char *expr, pqmq__cron *out, char *err, size_t errlen
  * points above U+10FFFF)? */
 int pqmq__utf8_ok(const char *s);
 
-/* ---- migrations.c (generated from migrations/ by gen-migrations.sh) ---- */
+/* ---- migrations.c (generated from migrations/ and schema/) ------------ */
 
+/* One file of the schema, as pqmq_migrate applies it: "schema/poll",
+ * "migrations/0.1.0_to_1.0.0". */
 typedef struct {
-    int version;
     const char *name;
     const char *sql;
 } pqmq_migration;
 
+/* The files in the order they are applied, and the version they record. */
 extern const pqmq_migration pqmq_migrations[];
 extern const size_t pqmq_migration_count;
+extern const int pqmq_schema_release;
 
 #endif

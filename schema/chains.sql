@@ -1,6 +1,4 @@
 -- schema/chains.sql: ordered chains: their locks, their recorded tails, and repair after members leave.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Serializes producers (and mq_complete, mq_skip) per chain: the advisory
 -- locks of the chains the batch appends to, in key order against deadlock.

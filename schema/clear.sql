@@ -1,6 +1,5 @@
 -- schema/clear.sql: deleting whole channels (the original schema's mq_clear
--- and mq_clear_all). Today's definitions; the migrations that created them
--- must carry the same text (tests/test_migrate.c compares the two).
+-- and mq_clear_all).
 
 -- Deletes every message of the given channels (all_channels: of every
 -- channel), whatever its state: ready, delayed, uncommitted, held by a

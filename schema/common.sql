@@ -1,6 +1,4 @@
 -- schema/common.sql: limits shared by every function, and wake-ups.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Limits shared by every function and by the C library (include/pqmq.h).
 CREATE OR REPLACE FUNCTION mq_limits(

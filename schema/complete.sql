@@ -1,7 +1,5 @@
 -- schema/complete.sql: completing: deleting finished messages (fenced by attempt), completing and
 -- claiming in one statement, and handing claimed messages back unstarted.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- mq_delete that returns how many messages it deleted. With msg_attempts
 -- (one per id: the attempt number the consumer got) a message is deleted

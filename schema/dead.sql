@@ -1,6 +1,4 @@
 -- schema/dead.sql: dead letters: messages that ran out of attempts; listing, retrying, skipping.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Marks the messages whose final lease ran out as dead and announces them
 -- on mq_dead. Cheap (a tiny partial index); polls call it when idle, and

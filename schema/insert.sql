@@ -1,6 +1,4 @@
 -- schema/insert.sql: producing: inserting a batch, and the second phase of two-phase messages.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Inserts a batch in one statement: all of it, or (on any error) none of it.
 CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])

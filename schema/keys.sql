@@ -1,7 +1,5 @@
 -- schema/keys.sql: unique keys: a message that carries a key is the only
 -- live message with that key in its channel (see mq_keys in tables.sql).
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two).
 
 -- Inserts a batch as mq_insert does, where message i carries the key
 -- unique_keys[i] (NULL: none). A message whose key another live message of

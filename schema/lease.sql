@@ -1,6 +1,4 @@
 -- schema/lease.sql: leases of messages in flight: keep-alive, checkpoint, failure.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Pushes the lease of in-flight messages (or the commit deadline of pending
 -- two-phase messages) to now + duration. Never shortens a lease, and never

@@ -1,7 +1,5 @@
 -- schema/poll.sql: polling: claiming ready messages fairly across channels (mq_claim), and the
 -- older entry points that return subsets of its row.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Picks up to batch_size ready messages fairly across channels and locks
 -- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids and, in the same

@@ -2,7 +2,6 @@
 -- and every function's security: pg_catalog, the queue's schema and pg_temp
 -- pinned, no EXECUTE for PUBLIC, the duty functions SECURITY DEFINER. Applied
 -- after every other file (mq_secure() alters the functions they define).
--- Today's definitions; migrations/0008_roles.sql carries the same text.
 
 -- The queue's schema: where mq_msgs is. (Not current_schema(), which is
 -- pg_catalog inside the functions, whose path starts with it.)
@@ -212,6 +211,8 @@ END;
 $$;
 
 SELECT mq_secure();
+-- Holders of a duty get the functions it gained since they were granted it.
+SELECT mq_regrant();
 
 DO $$
 DECLARE
@@ -242,3 +243,9 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- The release this schema is (a step of migrations/ records it when it
+-- upgrades; a fresh install here).
+INSERT INTO mq_schema_migrations (version, name)
+VALUES (100, '1.0.0')
+ON CONFLICT (version) DO NOTHING;

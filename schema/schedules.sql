@@ -1,7 +1,5 @@
 -- schema/schedules.sql: recurring messages: the slots of a cron schedule in
--- a time zone, and inserting each slot once however many runners carry it.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). The cron expression itself
+-- a time zone, and inserting each slot once however many runners carry it. The cron expression itself
 -- is parsed by the client (lib/cron.c) into the bit sets taken here: bit v
 -- of minutes, hours, doms, months, dows is value v (weekday 0 is Sunday);
 -- dom_any / dow_any say the day field was '*' (when both day fields are

@@ -1,6 +1,4 @@
 -- schema/stats.sql: statistics for monitoring.
--- Today's definitions; the migrations that created them must carry the same
--- text (tests/test_migrate.c compares the two). See schema/tables.sql.
 
 -- Per channel: messages in all, ready now, waiting (delayed, leased,
 -- retrying, uncommitted or behind their chain), dead, and chains blocked by

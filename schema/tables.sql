@@ -1,17 +1,16 @@
--- schema/tables.sql: the queue's tables, indexes and types as they are today.
+-- schema/tables.sql: the queue's tables, indexes and types.
 --
--- schema/ holds the current definition of every object pqmq creates, one file
--- per concern (common, chains, insert, poll, complete, lease, dead, stats);
--- migrations/ holds the forward steps that got there, and is what
--- pqmq_migrate and psql apply. tests/test_migrate.c applies this file first,
--- then the others in name order, into a fresh schema and fails unless the
--- catalog matches the migrations' exactly. To change a function: write its
--- new text in a new migration and here.
+-- schema/ is the one definition of every object pqmq creates, one file per
+-- concern; pqmq_migrate (and psql, through `pqmq migrate --sql`) applies its
+-- files in the order INSTALL_SQL in Makefile.am gives: this one first,
+-- roles.sql last. A fresh install applies them and records version 100
+-- (release 1.0.0); an older queue is first brought to this release's tables
+-- by a step in migrations/, which records the version it reaches. Every
+-- statement here is safe to apply again.
 --
 -- Objects are created in the first schema of the current search_path, and every
 -- function pins that path (SET search_path FROM CURRENT), so a client only needs
 -- the queue's schema on its own search_path to call them unqualified.
--- Applying this file twice is harmless: every statement is guarded.
 --
 -- Vocabulary used below:
 --   candidate  a row a poll may claim: attempts left, and unordered or the head
@@ -31,6 +30,36 @@
 --              channel's rows together in an index, and a name's channels in
 --              one range of keys (a poll that names channels visits that
 --              range; see mq_pick_set for where polls start)
+
+-- Only over a new schema or one at this release's version: an older queue
+-- needs its step of migrations/ first (which pqmq_migrate and `pqmq migrate
+-- --sql` apply before this file), a newer one a newer pqmq.
+DO $$
+DECLARE
+    v int;
+BEGIN
+    IF pg_catalog.to_regclass('mq_schema_migrations') IS NULL THEN
+        IF pg_catalog.to_regclass('mq_msgs') IS NOT NULL THEN
+            RAISE EXCEPTION 'pqmq: schema % has an mq_msgs table that no pqmq release made',
+                pg_catalog.current_schema()
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Install the queue into a schema of its own.';
+        END IF;
+        RETURN;
+    END IF;
+    SELECT max(m.version) INTO v FROM mq_schema_migrations m;
+    IF v IS NULL OR v = 100 THEN
+        RETURN;
+    END IF;
+    RAISE EXCEPTION 'pqmq: the queue in schema % is at version %, which release 1.0.0 '
+                    '(version 100) cannot upgrade', pg_catalog.current_schema(), v
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = CASE WHEN v > 100 THEN 'A newer pqmq made it: use that release.'
+                          ELSE 'Versions 1 to 16 were development steps before release '
+                               '0.1.0 (version 17) and were never released: upgrade it '
+                               'to 0.1.0 with the pqmq that made it first.' END;
+END
+$$;
 
 CREATE TABLE IF NOT EXISTS mq_schema_migrations (
     version    int PRIMARY KEY,

@@ -1,6 +1,5 @@
 -- schema/trust.sql: what every function trusts and who may call what.
--- Applied after the other schema/ files (name order); the migration that
--- introduced it (0006_hardening) carries the same statements.
+-- Applied after the other schema/ files but roles.sql.
 
 -- Refuse a schema others can create in, before changing anything.
 DO $$

@@ -86,7 +86,7 @@ psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema; CREATE SCHEMA $old; CR
 "$pqmq_bin" --help >"$work/out" || fail "pqmq --help failed"
 has out "usage: pqmq" "migrate" "metrics"
 "$pqmq_bin" --version >"$work/out" || fail "pqmq --version failed"
-has out "schema version 17"
+has out "schema version 100"
 run 2 nosuchcommand
 has err "unknown command"
 for c in migrate status peek dead retry skip purge send watch metrics; do
@@ -109,9 +109,10 @@ one_line
 
 # --- migrate ------------------------------------------------------------------
 run 0 migrate --status
-has out "0001_schema" "0007_operations" "pending"
+has out "no queue: pending install of version 100"
 run 0 migrate --sql
-has out "-- 0001_schema" "-- 0007_operations" "CREATE TABLE IF NOT EXISTS mq_msgs"
+has out "-- migrations/0.1.0_to_1.0.0" "-- schema/tables" "-- schema/roles" \
+    "CREATE TABLE IF NOT EXISTS mq_msgs"
 # The printed SQL, applied by psql in another schema, makes a whole queue
 # (not on a Citus coordinator, which psql cannot install to: README, "Citus").
 if [[ ${PQMQ_TEST_CITUS:-} == 1 ]]; then
@@ -127,19 +128,26 @@ else
     has err "up to date"
 fi
 run 0 migrate
-has out "is at version 17"
+has out "is at version 100"
 run 0 migrate
 run 0 migrate --status
-has out "applied"
+has out "version 100 (pqmq 1.0.0), applied" "up to date"
 grep -q pending "$work/out" && fail "migrate left pending migrations"
 run 2 migrate --status --sql
-# A queue at version 6 is refused with a clear message.
+# A queue of an older release is refused by the other commands with a clear
+# message, said pending by --status, and upgraded by migrate.
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" migrate >/dev/null 2>&1
 PGOPTIONS="-c search_path=$old" psql -X -q -d "$PQMQ_TEST_DSN" \
-    -c "DELETE FROM mq_schema_migrations WHERE version >= 7" >/dev/null
+    -c "UPDATE mq_schema_migrations SET version = 17, name = '0017_citus'" >/dev/null
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" status >/dev/null 2>"$work/err"
-[[ $? == 1 ]] || fail "status on a version 6 queue: not exit 1"
-has err "is at version 6, this command needs 7: run 'pqmq migrate'"
+[[ $? == 1 ]] || fail "status on a version 17 queue: not exit 1"
+has err "is at version 17, this command needs 100: run 'pqmq migrate'"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" migrate --status >"$work/out" 2>&1
+has out "version 17, applied" "pending upgrade to version 100"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" migrate >"$work/out" 2>&1 \
+    || fail "migrate of a version 17 queue failed: $(cat "$work/out")"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" status >/dev/null 2>&1 \
+    || fail "status after upgrading a version 17 queue failed"
 
 # --- send ---------------------------------------------------------------------
 run 0 send orders ship '{"step": 1, "items": [1, 2]}'

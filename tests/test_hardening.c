@@ -8,7 +8,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* asprintf */
 #endif
-#include <glob.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -242,45 +241,34 @@ static PGconn *connect_as(const char *user, const char *path)
     return c;
 }
 
-/* Applies the migration files as psql would under the default path: each
- * whole file in one transaction, the queue schema current. */
+/* Applies the install script (pqmq.sql, named by $PQMQ_INSTALL_SQL, which
+ * make check sets) as psql -1 would under the default path: the whole file
+ * in one transaction, the queue schema current. */
 static int apply_files(PGconn *c)
 {
-    const char *dir = getenv("PQMQ_MIGRATIONS_DIR");
-    char pattern[4200];
-    snprintf(pattern, sizeof pattern, "%s/*.sql", dir ? dir : "migrations");
-    glob_t g;
-    if (glob(pattern, 0, NULL, &g) != 0) {
-        t_fail(__FILE__, __LINE__, "no migrations at %s (set PQMQ_MIGRATIONS_DIR)", pattern);
+    const char *path = getenv("PQMQ_INSTALL_SQL");
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) {
+        t_fail(__FILE__, __LINE__, "cannot read %s (set PQMQ_INSTALL_SQL)", path ? path : "");
         return 0;
     }
-    int ok = 1;
-    for (size_t i = 0; ok && i < g.gl_pathc; i++) {
-        FILE *f = fopen(g.gl_pathv[i], "rb");
-        if (!f) {
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *sql = calloc(1, (size_t)n + 1);
+    int ok = sql && fread(sql, 1, (size_t)n, f) == (size_t)n;
+    fclose(f);
+    if (ok) {
+        PQclear(PQexec(c, "BEGIN"));
+        PGresult *r = PQexec(c, sql);
+        if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
+            t_fail(__FILE__, __LINE__, "%s: %s", path, PQerrorMessage(c));
             ok = 0;
-            break;
         }
-        fseek(f, 0, SEEK_END);
-        long n = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        char *sql = calloc(1, (size_t)n + 1);
-        if (!sql || fread(sql, 1, (size_t)n, f) != (size_t)n)
-            ok = 0;
-        fclose(f);
-        if (ok) {
-            PQclear(PQexec(c, "BEGIN"));
-            PGresult *r = PQexec(c, sql);
-            if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK) {
-                t_fail(__FILE__, __LINE__, "%s: %s", g.gl_pathv[i], PQerrorMessage(c));
-                ok = 0;
-            }
-            PQclear(r);
-            PQclear(PQexec(c, ok ? "COMMIT" : "ROLLBACK"));
-        }
-        free(sql);
+        PQclear(r);
+        PQclear(PQexec(c, ok ? "COMMIT" : "ROLLBACK"));
     }
-    globfree(&g);
+    free(sql);
     return ok;
 }
 

@@ -2,10 +2,11 @@
 # tests/test_install.sh: `make install` gives users what the README promises.
 #
 # Installs the build tree into a scratch DESTDIR, then checks: the shared and
-# static libraries, pqmq.h, pqmq.pc and the migrations as plain SQL are
+# static libraries, pqmq.h, pqmq.pc and the schema as one plain SQL script
+# (share/pqmq/pqmq.sql, every file of migrations/ and schema/ in it) are
 # there; a program built with `pkg-config --cflags --libs pqmq` (and one
 # linked statically, with --static) compiles, links and runs against the
-# installed copy; and the installed SQL files are the ones in migrations/.
+# installed copy.
 #
 # make check sets PQMQ_TEST_BUILDDIR, PQMQ_MIGRATIONS_DIR, PQMQ_TEST_CC and
 # PQMQ_TEST_CFLAGS / PQMQ_TEST_LDFLAGS (configure's, so that a sanitizer
@@ -58,15 +59,14 @@ if [[ -x $root/bin/pqmq ]]; then
         || problem "the installed pqmq does not run"
 fi
 
-# The migrations, byte for byte.
+# The install script, as built, with every file of migrations/ and schema/.
 if [[ -n $migrations ]]; then
-    want=$(cd "$migrations" && ls ./*.sql | sort)
-    got=$(cd "$root/share/pqmq/migrations" 2>/dev/null && ls ./*.sql | sort)
-    [[ -n $want && $want == "$got" ]] \
-        || problem "installed migrations ($got) differ from migrations/ ($want)"
-    for f in $want; do
-        cmp -s "$migrations/$f" "$root/share/pqmq/migrations/$f" \
-            || problem "share/pqmq/migrations/$f differs from migrations/$f"
+    cmp -s "$build/pqmq.sql" "$root/share/pqmq/pqmq.sql" \
+        || problem "share/pqmq/pqmq.sql is not the pqmq.sql of the build"
+    for f in "$migrations"/*.sql "$migrations"/../schema/*.sql; do
+        name=$(basename "$(dirname "$f")")/$(basename "$f")
+        grep -qxF -- "-- $name" "$root/share/pqmq/pqmq.sql" \
+            || problem "share/pqmq/pqmq.sql lacks $name"
     done
 fi
 

@@ -8,6 +8,7 @@
 #include <libgen.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -76,8 +77,9 @@ static char *sql_text(PGconn *c, const char *sql)
  * Everything pqmq_migrate creates in schema, as sorted lines of text with the
  * schema's name replaced by "@S": relations with their options, columns with
  * types, defaults and generation expressions, indexes, constraints, function
- * definitions (SET clauses included), types, triggers, and the recorded
- * migrations. Caller frees.
+ * definitions (SET clauses included), types, triggers, and the newest
+ * recorded version (an upgraded queue also keeps the rows of the versions
+ * it went through). Caller frees.
  */
 static char *fingerprint(const char *schema)
 {
@@ -130,8 +132,8 @@ static char *fingerprint(const char *schema)
     free(sql);
     if (asprintf(
             &sql,
-            "SELECT COALESCE(string_agg(version || ' ' || name, ', ' ORDER BY version), '') "
-            "FROM \"%s\".mq_schema_migrations",
+            "SELECT COALESCE((SELECT version || ' ' || name FROM \"%s\".mq_schema_migrations "
+            "                 ORDER BY version DESC LIMIT 1), '')",
             schema) < 0)
         abort();
     char *versions = sql_text(cat, sql);
@@ -178,35 +180,6 @@ static const char *migrations_dir(void)
     return source_dir("PQMQ_MIGRATIONS_DIR", "migrations", dir, sizeof dir);
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* The migration files, sorted by name; returns how many (caller globfree's). */
-static size_t migration_files(glob_t *g)
-{
-    char pattern[4200];
-    snprintf(pattern, sizeof pattern, "%s/*.sql", migrations_dir());
-    memset(g, 0, sizeof *g);
-    if (glob(pattern, 0, NULL, g) != 0) {
-        t_fail(__FILE__, __LINE__, "no migration files match %s (set PQMQ_MIGRATIONS_DIR)",
-               pattern);
-        return 0;
-    }
-    qsort(g->gl_pathv, g->gl_pathc, sizeof *g->gl_pathv, cmp_str);
-    return g->gl_pathc;
-}
-
-/* "0007_foo" from ".../0007_foo.sql", into buf; returns the version (7). */
-static int migration_name(const char *path, char *buf, size_t size)
-{
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
-    snprintf(buf, size, "%.*s", (int)(strlen(base) - 4), base);
-    return atoi(base);
-}
-
 /* s in single quotes for sh. Caller frees. */
 static char *sh_quote(const char *s)
 {
@@ -241,7 +214,7 @@ static int psql_apply_files(const char *psql, const char *schema, char *const *f
         char *cmd = NULL;
         if (asprintf(&cmd,
                      "PGOPTIONS='-c search_path=%s -c client_min_messages=warning %s' "
-                     "%s -X -q -v ON_ERROR_STOP=1 -d %s -f %s >/dev/null",
+                     "%s -X -q -1 -v ON_ERROR_STOP=1 -d %s -f %s >/dev/null",
                      schema, options, psql, dsn, file) < 0)
             abort();
         status = system(cmd);
@@ -254,13 +227,41 @@ static int psql_apply_files(const char *psql, const char *schema, char *const *f
     return status;
 }
 
-/* Applies every migration file with psql into schema, in name order. */
+/* The generated install script (pqmq.sql, which make check names in
+ * $PQMQ_INSTALL_SQL), applied with psql into schema in one transaction. */
 static int psql_apply(const char *psql, const char *schema)
 {
-    glob_t g;
-    size_t n = migration_files(&g);
-    int status = psql_apply_files(psql, schema, g.gl_pathv, n, "");
-    globfree(&g);
+    const char *file = getenv("PQMQ_INSTALL_SQL");
+    if (!file || !*file) {
+        t_fail(__FILE__, __LINE__, "PQMQ_INSTALL_SQL is not set (make check sets it)");
+        return -1;
+    }
+    char *files[] = {(char *)file};
+    return psql_apply_files(psql, schema, files, 1, "");
+}
+
+/* Release 0.1.0's schema (tests/fixtures/pqmq-0.1.0.sql.gz: the SQL its
+ * pqmq_migrate applied), applied with psql into schema. */
+static int psql_apply_0_1_0(const char *psql, const char *schema)
+{
+    char gz[4300], *sql = NULL;
+    snprintf(gz, sizeof gz, "%s/../tests/fixtures/pqmq-0.1.0.sql.gz", migrations_dir());
+    if (asprintf(&sql, "%s/tmp-pqmq-0.1.0-%d.sql", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+                 (int)getpid()) < 0)
+        abort();
+    char *qgz = sh_quote(gz), *qsql = sh_quote(sql), *cmd = NULL;
+    if (asprintf(&cmd, "gzip -dc %s > %s", qgz, qsql) < 0)
+        abort();
+    int status = system(cmd);
+    if (status != 0)
+        t_fail(__FILE__, __LINE__, "%s exited with status %d", cmd, status);
+    else
+        status = psql_apply_files(psql, schema, &sql, 1, "");
+    unlink(sql);
+    free(cmd);
+    free(qgz);
+    free(qsql);
+    free(sql);
     return status;
 }
 
@@ -291,29 +292,53 @@ static const char *find_psql(void)
 
 /* ---- versions ---------------------------------------------------------- */
 
-static void test_one_row_per_migration(void)
+/* A new queue records one version, this release's; the library embeds
+ * every file of migrations/ and schema/ (an unlisted file would never run),
+ * the steps from older queues before the tables and the duties last. */
+static void test_one_version_recorded(void)
 {
-    glob_t g;
-    size_t n = migration_files(&g);
-    CHECK(n >= 1);
-    CHECK(pqmq_schema_version() >= 1);
-    int newest = -1; /* 0000 adopts an original sqlxmq schema */
-    for (size_t i = 0; i < n; i++) {
-        char name[256];
-        int v = migration_name(g.gl_pathv[i], name, sizeof name);
-        CHECK(v > newest); /* versions grow with the file names */
-        newest = v;
-        if (t_sql_int(pg,
-                      "SELECT count(*) FROM mq_schema_migrations "
-                      "WHERE version = %d AND name = '%s'",
-                      v, name) != 1)
-            t_fail(__FILE__, __LINE__, "migration %s is not recorded once", name);
+    CHECK_INT(pqmq_schema_version(), 100);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_schema_migrations"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_schema_migrations "
+                            "WHERE version = 100 AND name = '1.0.0'"),
+              1);
+    const char *want[] = {"migrations/sqlxmq_set_aside", "migrations/0.1.0_to_1.0.0",
+                          "schema/tables", "migrations/sqlxmq_import"};
+    const char *name = NULL;
+    int v = 0;
+    size_t n = 0;
+    for (; pqmq_migration_info(n, &v, &name, NULL) == PQMQ_OK; n++) {
+        CHECK_INT(v, 100);
+        if (n < 4)
+            CHECK_STR(name, want[n]);
     }
-    globfree(&g);
-    CHECK_INT(pqmq_schema_version(), newest);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_schema_migrations"), (long long)n);
-    CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM mq_schema_migrations"),
-              pqmq_schema_version());
+    CHECK(n > 10);
+    CHECK(pqmq_migration_info(n - 1, NULL, &name, NULL) == PQMQ_OK);
+    CHECK_STR(name, "schema/roles");
+    CHECK_INT(pqmq_migration_info(n, NULL, NULL, NULL), PQMQ_EINVAL);
+    /* Every .sql file of both directories is among them. */
+    static char sdir[4096];
+    source_dir("PQMQ_SCHEMA_DIR", "schema", sdir, sizeof sdir);
+    const char *dirs[] = {migrations_dir(), sdir};
+    for (int d = 0; d < 2; d++) {
+        char pattern[4200];
+        snprintf(pattern, sizeof pattern, "%s/*.sql", dirs[d]);
+        glob_t g;
+        memset(&g, 0, sizeof g);
+        CHECK(glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc >= 3);
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            char file[256];
+            const char *base = strrchr(g.gl_pathv[i], '/') + 1;
+            snprintf(file, sizeof file, "%s/%.*s", d ? "schema" : "migrations",
+                     (int)(strlen(base) - 4), base);
+            int found = 0;
+            for (size_t k = 0; pqmq_migration_info(k, NULL, &name, NULL) == PQMQ_OK; k++)
+                found |= !strcmp(name, file);
+            if (!found)
+                t_fail(__FILE__, __LINE__, "%s is not embedded", file);
+        }
+        globfree(&g);
+    }
 }
 
 /* ---- idempotence ------------------------------------------------------- */
@@ -343,9 +368,9 @@ static void test_migrate_again_changes_nothing(void)
     free(stamps2);
 }
 
-static void test_reapplying_every_migration_is_harmless(void)
+static void test_reapplying_every_file_is_harmless(void)
 {
-    /* Forget the versions, so that pqmq_migrate runs every file again over
+    /* Forget the version, so that pqmq_migrate runs every file again over
      * the existing objects: it must succeed, keep the data, and end with the
      * same schema. */
     t_truncate();
@@ -396,9 +421,6 @@ static void *migrate_thread(void *arg)
 static void test_concurrent_migrate(void)
 {
     char *want = fingerprint(t_schema());
-    glob_t g;
-    size_t files = migration_files(&g);
-    globfree(&g);
     for (int round = 0; round < 3; round++) {
         char schema[96];
         fresh_schema(schema, sizeof schema, "conc");
@@ -417,11 +439,7 @@ static void test_concurrent_migrate(void)
             if (m[i].rc != 0)
                 t_fail(__FILE__, __LINE__, "round %d thread %d: pqmq_migrate returned %d: %s",
                        round, i, m[i].rc, m[i].msg);
-        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_schema_migrations", schema),
-                  (long long)files);
-        CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT version) FROM %s.mq_schema_migrations",
-                            schema),
-                  (long long)files);
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_schema_migrations", schema), 1);
         char *got = fingerprint(schema);
         CHECK_SAME_FP(want, got);
         free(got);
@@ -474,169 +492,203 @@ static void test_psql_applies_the_same_schema(void)
     drop_schema(schema);
 }
 
-/* A queue at version 10 keeps two rows per message (mq_msgs, mq_payloads).
- * Migration 0011 moves the payloads into mq_msgs and makes mq_payloads a
- * view: every payload, name and last error survives, read by id as before,
- * a role's grants on the table pass to the view, the queue delivers the
- * same payloads, applying 0011 again changes nothing, and an UPDATE or a
- * DELETE through the view changes or deletes the message. */
-static void test_upgrade_to_one_row_keeps_payloads_and_grants(void)
+/* ---- upgrades ----------------------------------------------------------- */
+
+#define UP_C1 "00000000-0000-7000-8000-0000000000c1"
+#define UP_U1 "00000000-0000-7000-8000-0000000000e1"
+#define UP_U3 "00000000-0000-7000-8000-0000000000e3"
+
+/* Live messages of every kind in schema s: a chain of three on up/x, an
+ * unordered one with bytes, a delayed one, an uncommitted two-phase one;
+ * then the chain's head and the unordered one are claimed (in flight). */
+static void fill_live_queue(const char *s)
 {
-    const char *psql = find_psql();
-    if (!psql) {
-        printf("    note: psql is not installed; skipping the upgrade from version 10\n");
-        return;
-    }
-    glob_t g;
-    size_t n = migration_files(&g), upto = 0;
-    while (upto < n && !strstr(g.gl_pathv[upto], "/0011_"))
-        upto++;
-    CHECK(upto < n);
-    char s[96];
-    fresh_schema(s, sizeof s, "v10");
-    CHECK_INT(psql_apply_files(psql, s, g.gl_pathv, upto, ""), 0);
-    CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", s), 10);
     t_exec(pg,
-           "SELECT %s.mq_insert(ARRAY["
-           "ROW('00000000-0000-7000-8000-0000000000a1', NULL, 3, NULL, 'up', 'x', NULL, "
-           "    true, 'first', '{\"n\": 1}', NULL)::%s.mq_new_t, "
-           "ROW('00000000-0000-7000-8000-0000000000a2', NULL, 3, NULL, 'up', 'x', NULL, "
-           "    true, 'second', NULL, '\\x0102'::bytea)::%s.mq_new_t])",
-           s, s, s);
-    t_exec(pg,
-           "UPDATE %s.mq_payloads SET last_error = 'boom' "
-           "WHERE id = '00000000-0000-7000-8000-0000000000a1'",
+           "SELECT %1$s.mq_insert(ARRAY["
+           "ROW('" UP_C1 "', NULL, 3, '1 hour', 'up', 'x', NULL, true, 'c', '{\"n\": 1}', NULL),"
+           "ROW('00000000-0000-7000-8000-0000000000c2', NULL, 3, '1 hour', 'up', 'x', NULL, true,"
+           "    'c', '{\"n\": 2}', NULL),"
+           "ROW('00000000-0000-7000-8000-0000000000c3', NULL, 3, '1 hour', 'up', 'x', NULL, true,"
+           "    'c', '{\"n\": 3}', NULL),"
+           "ROW('" UP_U1 "', NULL, 3, '1 hour', 'up', '', NULL, false, 'u', NULL, '\\x0102'),"
+           "ROW('00000000-0000-7000-8000-0000000000e2', '1 hour', 3, '1 hour', 'up', '', NULL,"
+           "    false, 'later', '{}', NULL),"
+           "ROW('" UP_U3 "', NULL, 3, '1 hour', 'up', '', '1 hour', false, 'pending', '{}', NULL)"
+           "]::%1$s.mq_new_t[])",
            s);
-    t_exec(pg, "DO $$ BEGIN CREATE ROLE pqmq_t_reader NOLOGIN; "
-               "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
-    t_exec(pg, "GRANT SELECT ON %s.mq_payloads TO pqmq_t_reader", s);
-
-    CHECK_INT(psql_apply_files(psql, s, &g.gl_pathv[upto], 1, ""), 0);
-    char *once = fingerprint(s);
-    CHECK_INT(psql_apply_files(psql, s, &g.gl_pathv[upto], 1, ""), 0);
-    char *twice = fingerprint(s);
-    CHECK_SAME_FP(once, twice);
-
-    CHECK_INT(t_sql_int(pg,
-                        "SELECT count(*) FROM pg_class WHERE oid = '%s.mq_payloads'::regclass "
-                        "AND relkind = 'v'",
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_claim(ARRAY['up'], 10) "
+                            "WHERE id IS NOT NULL",
                         s),
-              1);
-    CHECK_INT(t_sql_int(pg,
-                        "SELECT count(*) FROM %s.mq_msgs WHERE "
-                        "(name, payload_json::text, payload_bytes, last_error) "
-                        "IS NOT DISTINCT FROM ('first', '{\"n\": 1}', NULL, 'boom') "
-                        "AND id = '00000000-0000-7000-8000-0000000000a1'",
-                        s),
-              1);
-    CHECK_INT(t_sql_int(pg,
-                        "SELECT count(*) FROM %s.mq_payloads WHERE name = 'second' "
-                        "AND payload_bytes = '\\x0102'::bytea "
-                        "AND id = '00000000-0000-7000-8000-0000000000a2'",
-                        s),
-              1);
-    CHECK_INT(t_sql_int(pg,
-                        "SELECT has_table_privilege('pqmq_t_reader', '%s.mq_payloads', "
-                        "'SELECT')::int",
-                        s),
-              1);
-    /* The chain still runs in order, with its payloads. */
-    PGresult *r = t_sql(pg,
-                        "SELECT name, payload_json FROM %s.mq_claim(NULL, 10) "
-                        "WHERE id IS NOT NULL",
-                        s);
-    CHECK(r && PQntuples(r) == 1);
-    if (r && PQntuples(r) == 1) {
-        CHECK_STR(PQgetvalue(r, 0, 0), "first");
-        CHECK_STR(PQgetvalue(r, 0, 1), "{\"n\": 1}");
-    }
-    PQclear(r);
-    /* Through the view, an UPDATE changes the message and a DELETE deletes it. */
-    t_exec(pg,
-           "UPDATE %s.mq_payloads SET last_error = 'again' "
-           "WHERE id = '00000000-0000-7000-8000-0000000000a2'",
-           s);
-    CHECK_INT(t_sql_int(pg,
-                        "SELECT count(*) FROM %s.mq_msgs WHERE last_error = 'again' "
-                        "AND id = '00000000-0000-7000-8000-0000000000a2'",
-                        s),
-              1);
-    t_exec(pg, "DELETE FROM %s.mq_payloads WHERE id = '00000000-0000-7000-8000-0000000000a2'",
-           s);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_msgs", s), 1);
-    free(once);
-    free(twice);
-    globfree(&g);
-    drop_schema(s);
-    t_exec(pg, "DROP ROLE IF EXISTS pqmq_t_reader");
+              2);
 }
 
-/* ---- schema/: today's definitions, one file per concern ---------------- */
+/* Every message's identity, timing, attempts and payload, as one text. */
+static char *queue_content(const char *s)
+{
+    char *sql = NULL;
+    if (asprintf(&sql,
+                 "SELECT string_agg(concat_ws('|', id, channel_name, channel_args, name, "
+                 "payload_json, payload_bytes, attempt_at, attempts, retry_backoff, "
+                 "commit_interval, deliveries, dead_since), E'\\n' ORDER BY id) "
+                 "FROM \"%s\".mq_msgs",
+                 s) < 0)
+        abort();
+    char *text = sql_text(pg, sql);
+    free(sql);
+    return text;
+}
 
-/*
- * schema/tables.sql, then the other schema/ files in name order, applied into
- * a fresh schema, give exactly the catalog the migrations give: a function
- * changed in a migration but not in schema/ (or the reverse) fails here.
- */
-static void test_schema_files_match_the_migrations(void)
+/* The next job of channel up in schema s (its name and payload), completed;
+ * "" when none is ready. Caller frees. */
+static char *take_one(pqmq_client *c)
+{
+    const char *ch[] = {"up"};
+    pqmq_batch *b = NULL;
+    CHECK_OK(c, pqmq_poll(c, ch, 1, 1, &b));
+    char *got = strdup("");
+    if (b && pqmq_batch_count(b) == 1) {
+        const pqmq_job *j = pqmq_batch_job(b, 0);
+        free(got);
+        if (asprintf(&got, "%s %s", pqmq_job_name(j), pqmq_job_json(j) ? pqmq_job_json(j) : "")
+            < 0)
+            abort();
+        CHECK_OK(c, pqmq_complete_batch(c, b));
+    }
+    pqmq_batch_free(b);
+    return got;
+}
+
+/* A queue made by release 0.1.0, with messages of every kind live (a chain
+ * in flight among them) and a role holding a duty, upgraded by
+ * pqmq_migrate: the same catalog as a new install, every message as it was,
+ * the role's duty kept, and the chain goes on in order. */
+static void test_upgrade_from_0_1_0_loses_nothing(void)
 {
     const char *psql = find_psql();
     if (!psql) {
-        printf("    note: psql is not installed; skipping the schema/ comparison\n");
+        printf("    note: psql is not installed; skipping the upgrade from 0.1.0\n");
         return;
     }
-    static char dir[4096];
-    source_dir("PQMQ_SCHEMA_DIR", "schema", dir, sizeof dir);
-    char pattern[4200];
-    snprintf(pattern, sizeof pattern, "%s/*.sql", dir);
-    glob_t g;
-    memset(&g, 0, sizeof g);
-    if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc < 2) {
-        t_fail(__FILE__, __LINE__, "no schema files match %s (set PQMQ_SCHEMA_DIR)", pattern);
-        globfree(&g);
+    if (t_citus_skip("release 0.1.0's script is applied with psql"))
         return;
-    }
-    qsort(g.gl_pathv, g.gl_pathc, sizeof *g.gl_pathv, cmp_str);
-    /* Tables and types first: the functions' signatures name them. */
-    for (size_t i = 0; i < g.gl_pathc; i++) {
-        const char *base = strrchr(g.gl_pathv[i], '/');
-        if (base && !strcmp(base, "/tables.sql")) {
-            char *t = g.gl_pathv[i];
-            memmove(g.gl_pathv + 1, g.gl_pathv, i * sizeof *g.gl_pathv);
-            g.gl_pathv[0] = t;
-        }
-    }
-    CHECK(strstr(g.gl_pathv[0], "/tables.sql") != NULL);
-    /* Privileges last: roles.sql alters every function the others define. */
-    for (size_t i = 0; i + 1 < g.gl_pathc; i++) {
-        const char *base = strrchr(g.gl_pathv[i], '/');
-        if (base && !strcmp(base, "/roles.sql")) {
-            char *t = g.gl_pathv[i];
-            memmove(g.gl_pathv + i, g.gl_pathv + i + 1,
-                    (g.gl_pathc - 1 - i) * sizeof *g.gl_pathv);
-            g.gl_pathv[g.gl_pathc - 1] = t;
-            break;
-        }
-    }
-    CHECK(strstr(g.gl_pathv[g.gl_pathc - 1], "/roles.sql") != NULL);
+    char s[96];
+    fresh_schema(s, sizeof s, "v010");
+    CHECK_INT(psql_apply_0_1_0(psql, s), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", s), 17);
+    fill_live_queue(s);
+    t_exec(pg, "DO $$ BEGIN CREATE ROLE pqmq_t_up NOLOGIN; "
+               "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+    t_exec(pg, "SELECT %s.mq_grant('consume', 'pqmq_t_up')", s);
+    t_exec(pg, "SELECT mq_grant('consume', 'pqmq_t_up')"); /* the fresh one, to compare */
+    char *before = queue_content(s);
+    CHECK(strstr(before, UP_C1 "|up|x|c|{\"n\": 1}") != NULL);
 
-    char schema[96];
-    fresh_schema(schema, sizeof schema, "mirror");
-    /* Bodies refer to functions of files applied later. */
-    CHECK_INT(
-        psql_apply_files(psql, schema, g.gl_pathv, g.gl_pathc, "-c check_function_bodies=off"),
-        0);
-    globfree(&g);
-    /* Versions are the migrations' business: copy them over. */
-    t_exec(pg, "INSERT INTO \"%s\".mq_schema_migrations SELECT * FROM mq_schema_migrations",
-           schema);
+    pqmq_client *c = client_path(s);
+    CHECK_OK(c, pqmq_migrate(c));
+    CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", s), 100);
     char *want = fingerprint(t_schema());
-    char *got = fingerprint(schema);
-    CHECK(strstr(got, "fn CREATE OR REPLACE FUNCTION @S.mq_claim(") != NULL);
+    char *got = fingerprint(s);
     CHECK_SAME_FP(want, got);
+    char *after = queue_content(s);
+    CHECK_STR(after, before);
+    /* The duty's holder may call every function of the duty, old or new. */
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM pg_proc p JOIN %1$s.mq_duties() d "
+                        "ON d.function_name = p.proname AND d.duty = 'consume' "
+                        "WHERE p.pronamespace = '%1$s'::regnamespace "
+                        "AND NOT has_function_privilege('pqmq_t_up', p.oid, 'EXECUTE')",
+                        s),
+              0);
+    CHECK(t_sql_int(pg,
+                    "SELECT count(*) FROM pg_proc p JOIN %1$s.mq_duties() d "
+                    "ON d.function_name = p.proname AND d.duty = 'consume' "
+                    "WHERE p.pronamespace = '%1$s'::regnamespace",
+                    s) > 10);
+
+    /* The chain's head is in flight: nothing of the chain is ready. Once it
+     * completes, the rest comes in order; the two-phase one once committed. */
+    char *next = take_one(c);
+    CHECK_STR(next, "");
+    free(next);
+    t_exec(pg, "SELECT %s.mq_delete(ARRAY['" UP_C1 "'::uuid])", s);
+    next = take_one(c);
+    CHECK_STR(next, "c {\"n\": 2}");
+    free(next);
+    next = take_one(c);
+    CHECK_STR(next, "c {\"n\": 3}");
+    free(next);
+    t_exec(pg, "SELECT %s.mq_commit(ARRAY['" UP_U3 "'::uuid])", s);
+    next = take_one(c);
+    CHECK_STR(next, "pending {}");
+    free(next);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_msgs", s), 2); /* in flight, delayed */
+
+    t_exec(pg, "SELECT mq_revoke('consume', 'pqmq_t_up')");
+    pqmq_client_free(c);
+    free(before);
+    free(after);
     free(want);
     free(got);
-    drop_schema(schema);
+    drop_schema(s);
+    t_exec(pg, "DROP OWNED BY pqmq_t_up");
+    t_exec(pg, "DROP ROLE pqmq_t_up");
+}
+
+/* The same upgrade by psql with the install script gives the same catalog,
+ * and the library then finds nothing to do. */
+static void test_upgrade_from_0_1_0_with_psql(void)
+{
+    const char *psql = find_psql();
+    if (!psql || t_citus_skip("release 0.1.0's script is applied with psql"))
+        return;
+    char s[96];
+    fresh_schema(s, sizeof s, "v010p");
+    CHECK_INT(psql_apply_0_1_0(psql, s), 0);
+    fill_live_queue(s);
+    char *before = queue_content(s);
+    CHECK_INT(psql_apply(psql, s), 0);
+    char *want = fingerprint(t_schema());
+    char *got = fingerprint(s);
+    CHECK_SAME_FP(want, got);
+    char *after = queue_content(s);
+    CHECK_STR(after, before);
+    free(before);
+    free(after);
+    free(want);
+    free(got);
+    drop_schema(s);
+}
+
+/* Versions 1 to 16 were never released and a newer version is not this
+ * release's to touch: each is refused, naming the version, and nothing
+ * changes. */
+static void test_other_versions_refused(void)
+{
+    const char *psql = find_psql();
+    if (!psql || t_citus_skip("release 0.1.0's script is applied with psql"))
+        return;
+    char s[96];
+    fresh_schema(s, sizeof s, "vdev");
+    CHECK_INT(psql_apply_0_1_0(psql, s), 0);
+    t_exec(pg, "DELETE FROM %s.mq_schema_migrations WHERE version > 12", s);
+    char *before = fingerprint(s);
+    pqmq_client *c = client_path(s);
+    CHECK_ERR(c, pqmq_migrate(c), PQMQ_ESERVER, "is at version 12, which release 1.0.0");
+    char *after = fingerprint(s);
+    CHECK_SAME_FP(before, after);
+    /* A newer queue, likewise. */
+    pqmq_client_free(c);
+    drop_schema(s);
+    fresh_schema(s, sizeof s, "vnew");
+    c = client_path(s);
+    CHECK_OK(c, pqmq_migrate(c));
+    t_exec(pg, "INSERT INTO %s.mq_schema_migrations (version, name) VALUES (101, 'next')", s);
+    CHECK_ERR(c, pqmq_migrate(c), PQMQ_ESERVER, "is at version 101");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_schema_migrations", s), 2);
+    pqmq_client_free(c);
+    free(before);
+    free(after);
+    drop_schema(s);
 }
 
 /* ---- pinned search_path ------------------------------------------------ */
@@ -916,13 +968,14 @@ int main(void)
     q = t_client();
     pg = t_pg();
     cat = connect_path("pg_catalog");
-    T_RUN(test_one_row_per_migration);
+    T_RUN(test_one_version_recorded);
     T_RUN(test_migrate_again_changes_nothing);
-    T_RUN(test_reapplying_every_migration_is_harmless);
+    T_RUN(test_reapplying_every_file_is_harmless);
     T_RUN(test_concurrent_migrate);
     T_RUN(test_psql_applies_the_same_schema);
-    T_RUN(test_upgrade_to_one_row_keeps_payloads_and_grants);
-    T_RUN(test_schema_files_match_the_migrations);
+    T_RUN(test_upgrade_from_0_1_0_loses_nothing);
+    T_RUN(test_upgrade_from_0_1_0_with_psql);
+    T_RUN(test_other_versions_refused);
     T_RUN(test_every_function_pins_search_path);
     T_RUN(test_pin_is_only_the_queue_schema);
     T_RUN(test_seed_signatures);

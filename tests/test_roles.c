@@ -452,13 +452,13 @@ static void test_group_roles(void)
                sfx[i]);
 }
 
-/* The roles migration's text, from $PQMQ_MIGRATIONS_DIR (make check sets
- * it); NULL when it cannot be read. Caller frees. */
+/* schema/roles.sql's text, from $PQMQ_SCHEMA_DIR (make check sets it);
+ * NULL when it cannot be read. Caller frees. */
 static char *roles_migration(void)
 {
-    const char *dir = getenv("PQMQ_MIGRATIONS_DIR");
+    const char *dir = getenv("PQMQ_SCHEMA_DIR");
     char pattern[4200];
-    snprintf(pattern, sizeof pattern, "%s/*_roles.sql", dir ? dir : "../migrations");
+    snprintf(pattern, sizeof pattern, "%s/roles.sql", dir ? dir : "../schema");
     glob_t g;
     char *text = NULL;
     if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1) {
@@ -476,12 +476,12 @@ static char *roles_migration(void)
     return text;
 }
 
-/* A role that used the queue through table rights before the roles
- * migration gets every duty when it is applied; one that can create in the
+/* A role that uses the queue through table rights gets every duty when
+ * the schema's roles.sql is applied (again); one that can create in the
  * schema gets none (a warning says why). */
 static void test_table_users_keep_working(void)
 {
-    if (t_citus_skip("it installs the roles migration's release with psql, whose statements "
+    if (t_citus_skip("it applies schema/roles.sql as one string, whose statements "
                      "a coordinator forwards unqualified"))
         return;
     char *sql = roles_migration();
@@ -497,7 +497,7 @@ static void test_table_users_keep_working(void)
                         "'EXECUTE')::int",
                         other),
               0);
-    t_exec(su, "%s", sql); /* applying a migration again is harmless */
+    t_exec(su, "%s", sql); /* applying a schema file again is harmless */
     const char *fns[] = {"mq_insert(mq_new_t[])", "mq_claim(text[], int)", "mq_stats(text[])"};
     for (int i = 0; i < 3; i++) {
         CHECK_INT(t_sql_int(su, "SELECT has_function_privilege('%s', '%s', 'EXECUTE')::int",

@@ -1,7 +1,7 @@
 /*
- * cmd_migrate.c: pqmq migrate: apply the migrations this pqmq embeds, list
- * them (--status) or print the SQL that would run (--sql), for people who
- * apply migrations with their own tooling.
+ * cmd_migrate.c: pqmq migrate: install or upgrade the queue's schema, say
+ * where it stands (--status) or print the SQL that would run (--sql), for
+ * people who apply SQL with their own tooling.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -13,103 +13,80 @@ static void help(void)
     printf("usage: pqmq migrate [--status | --sql]\n\n"
            "Creates or upgrades the queue's schema (safe to repeat and to run\n"
            "concurrently).\n\n"
-           "      --status        list the migrations: applied (when) or pending\n"
-           "      --sql           print the SQL of the pending migrations instead of\n"
+           "      --status        the schema's recorded version, and what migrate would do\n"
+           "      --sql           print the SQL that migrate would run instead of\n"
            "                      running it (apply with: psql -1 -f FILE)\n%s",
            tool_common_help);
 }
 
-/* Applied versions and their times, or none when the schema has no queue. */
-static PGresult *applied(tool *t)
+/* The newest recorded version and when it was applied (0 and NULL when the
+ * schema has no queue). Caller PQclear's *r. */
+static int recorded(tool *t, PGresult **r, int *version, const char **at)
 {
-    PGresult *r = tool_query(
+    *r = tool_query(
         t,
         "SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(pg_catalog.current_schema())"
         " OPERATOR(pg_catalog.||) '.mq_schema_migrations') IS NOT NULL",
         0, NULL);
-    if (!r)
-        return NULL;
-    int exists = PQgetvalue(r, 0, 0)[0] == 't';
-    PQclear(r);
-    return tool_query(t,
-                      exists ? "SELECT version, name, applied_at FROM mq_schema_migrations "
-                               "ORDER BY version"
-                             : "SELECT 0, '', now() WHERE false",
-                      0, NULL);
-}
-
-static const char *applied_at(PGresult *r, int version)
-{
-    for (int i = 0; i < PQntuples(r); i++)
-        if (atoi(PQgetvalue(r, i, 0)) == version)
-            return PQgetvalue(r, i, 2);
-    return NULL;
-}
-
-/* The newest applied version, 0 when none is recorded. */
-static int newest(PGresult *r)
-{
-    int have = 0;
-    for (int i = 0; i < PQntuples(r); i++)
-        if (atoi(PQgetvalue(r, i, 0)) > have)
-            have = atoi(PQgetvalue(r, i, 0));
-    return have;
-}
-
-/* As pqmq_migrate decides: once a version is recorded, everything up to it
- * counts as applied (version 0 records nothing when it has nothing to do). */
-static int is_pending(int version, int have)
-{
-    return !(have > 0 && version <= have);
-}
-
-static int status(PGresult *r, const char *schema)
-{
-    int v, have = newest(r);
-    const char *name;
-    printf("schema \"%s\"\n", schema);
-    for (size_t i = 0; pqmq_migration_info(i, &v, &name, NULL) == PQMQ_OK; i++) {
-        const char *at = applied_at(r, v);
-        if (at)
-            printf("  %-32s applied %s\n", name, at);
-        else
-            printf("  %-32s %s\n", name,
-                   is_pending(v, have) ? "pending" : "not recorded (the schema is past it)");
-    }
-    for (int i = 0; i < PQntuples(r); i++)
-        if (atoi(PQgetvalue(r, i, 0)) > pqmq_schema_version())
-            printf("  %-32s applied %s (newer than this pqmq)\n", PQgetvalue(r, i, 1),
-                   PQgetvalue(r, i, 2));
+    if (!*r)
+        return EXIT_ERR;
+    int exists = PQgetvalue(*r, 0, 0)[0] == 't';
+    PQclear(*r);
+    *r = tool_query(t,
+                    exists ? "SELECT version, applied_at FROM mq_schema_migrations "
+                             "ORDER BY version DESC LIMIT 1"
+                           : "SELECT 0, NULL::timestamptz",
+                    0, NULL);
+    if (!*r)
+        return EXIT_ERR;
+    *version = PQntuples(*r) ? atoi(PQgetvalue(*r, 0, 0)) : 0;
+    *at = PQntuples(*r) && !PQgetisnull(*r, 0, 1) ? PQgetvalue(*r, 0, 1) : NULL;
     return EXIT_OK;
 }
 
-static int print_sql(tool *t, PGresult *r, const char *schema)
+static int status(int have, const char *at, const char *schema)
 {
-    int have = newest(r), v;
-    const char *name, *sql;
+    int want = pqmq_schema_version();
+    printf("schema \"%s\"\n", schema);
+    if (have == want)
+        printf("  version %d (pqmq %s), applied %s: up to date\n", have, PACKAGE_VERSION,
+               at ? at : "?");
+    else if (have > want)
+        printf("  version %d, applied %s: newer than this pqmq (version %d)\n", have,
+               at ? at : "?", want);
+    else if (have)
+        printf("  version %d, applied %s: pending upgrade to version %d (pqmq %s)\n", have,
+               at ? at : "?", want, PACKAGE_VERSION);
+    else
+        printf("  no queue: pending install of version %d (pqmq %s)\n", want, PACKAGE_VERSION);
+    return EXIT_OK;
+}
+
+static int print_sql(tool *t, int have, const char *schema)
+{
+    if (have == pqmq_schema_version()) {
+        fprintf(stderr, "pqmq migrate: schema \"%s\" is up to date (version %d)\n", schema,
+                have);
+        return EXIT_OK;
+    }
     char *ident = PQescapeIdentifier(t->conn, schema, strlen(schema));
     char *lit = ident ? PQescapeLiteral(t->conn, ident, strlen(ident)) : NULL;
     if (!lit) {
         PQfreemem(ident);
         return tool_err(t, "out of memory");
     }
-    int pending = 0;
-    for (size_t i = 0; pqmq_migration_info(i, &v, &name, &sql) == PQMQ_OK; i++) {
-        if (!is_pending(v, have))
-            continue;
-        if (!pending++)
-            printf("-- pqmq migrations for schema %s; apply in one transaction\n"
-                   "-- (psql -1 -f FILE). The functions pin the search_path set here.\n"
-                   "SELECT pg_catalog.pg_advisory_xact_lock(1886482797);\n"
-                   "SELECT pg_catalog.set_config('search_path', %s, true);\n",
-                   ident, lit);
+    printf("-- pqmq %s (schema version %d) for schema %s; apply in one transaction\n"
+           "-- (psql -1 -f FILE). The functions pin the search_path set here.\n"
+           "SELECT pg_catalog.pg_advisory_xact_lock(1886482797);\n"
+           "SELECT pg_catalog.set_config('search_path', %s, true);\n"
+           "-- Function bodies name functions of files further down.\n"
+           "SET LOCAL check_function_bodies = off;\n",
+           PACKAGE_VERSION, pqmq_schema_version(), ident, lit);
+    const char *name, *sql;
+    for (size_t i = 0; pqmq_migration_info(i, NULL, &name, &sql) == PQMQ_OK; i++)
         printf("\n-- %s\n%s", name, sql);
-    }
     PQfreemem(ident);
     PQfreemem(lit);
-    if (!pending)
-        fprintf(stderr, "pqmq migrate: schema \"%s\" is up to date (version %d)\n", schema,
-                have);
     return EXIT_OK;
 }
 
@@ -144,15 +121,18 @@ int cmd_migrate(tool *t, int argc, char **argv)
     if (!schema)
         return t->schema ? tool_err(t, "schema \"%s\" does not exist", t->schema)
                          : tool_err(t, "no schema on the search_path (use --schema)");
-    PGresult *r = mode ? applied(t) : NULL;
-    if (mode && !r) {
+    PGresult *r = NULL;
+    int have = 0;
+    const char *at = NULL;
+    if (mode && recorded(t, &r, &have, &at) != EXIT_OK) {
+        PQclear(r);
         free(schema);
         return EXIT_ERR;
     }
     if (mode == 's') {
-        rc = status(r, schema);
+        rc = status(have, at, schema);
     } else if (mode == 'q') {
-        rc = print_sql(t, r, schema);
+        rc = print_sql(t, have, schema);
     } else if (pqmq_migrate(t->client) != PQMQ_OK) {
         rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
     } else {

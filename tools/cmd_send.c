@@ -105,7 +105,7 @@ int cmd_send(tool *t, int argc, char **argv)
             return tool_err(t, "out of memory");
     }
     /* Unique keys came with schema version 12. */
-    int rc = tool_connect(t, key ? 12 : TOOL_MIN_VERSION);
+    int rc = tool_connect(t, TOOL_MIN_VERSION);
     pqmq_msg *m = rc ? NULL : pqmq_msg_new();
     if (!rc && !m)
         rc = tool_err(t, "out of memory");

@@ -18,8 +18,9 @@
 
 enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
 
-/* The schema version the subcommands other than migrate need. */
-#define TOOL_MIN_VERSION 7
+/* The schema version the subcommands other than migrate need: this
+ * release's, whose functions they call. */
+#define TOOL_MIN_VERSION pqmq_schema_version()
 
 typedef struct {
     const char *cmd;     /* the subcommand's name, for messages */

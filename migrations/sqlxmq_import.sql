@@ -1,0 +1,68 @@
+-- migrations/sqlxmq_import.sql: adopting a database made by the original
+-- (sqlxmq) schema, part 2 of 2 (see sqlxmq_set_aside.sql). Runs after
+-- schema/ and does nothing unless the original's tables were set aside.
+--
+-- Every message moves into this release's mq_msgs, payload included, with
+-- the same id, channel, timing, attempts, backoff, commit interval and
+-- chain link: queued, delayed, uncommitted (two-phase) and ordered messages
+-- keep their meaning, since the original and pqmq encode them alike. What
+-- changes, and why:
+--   * the original's sentinel row (the nil UUID) is not moved: pqmq reads
+--     the nil UUID in after_message_id as "head of its chain" without a row
+--     behind it;
+--   * a message the original delivered for the last time (no attempt_at: it
+--     lingered forever) becomes a dead letter, listed by mq_dead_letters and
+--     retried with mq_retry;
+--   * each chain's tail is recorded in mq_chains;
+--   * the grants others had on the original's tables pass to mq_msgs and
+--     the mq_payloads view.
+DO $$
+DECLARE
+    nil constant uuid := '00000000-0000-0000-0000-000000000000';
+    g record;
+BEGIN
+    IF pg_catalog.to_regclass('mq_sqlxmq_msgs') IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
+                         channel_args, commit_interval, after_message_id, deliveries,
+                         dead_since, ready_at, name, payload_json, payload_bytes)
+    SELECT m.id, COALESCE(m.created_at, pg_catalog.now()),
+           COALESCE(m.attempt_at, pg_catalog.now()), m.attempts, m.retry_backoff,
+           m.channel_name, COALESCE(m.channel_args, ''), m.commit_interval,
+           m.after_message_id,
+           CASE WHEN m.attempt_at IS NULL THEN 1 ELSE 0 END,
+           CASE WHEN m.attempt_at IS NULL THEN pg_catalog.now() END,
+           COALESCE(m.attempt_at, pg_catalog.now()),
+           COALESCE(p.name, ''), p.payload_json, p.payload_bytes
+    FROM mq_sqlxmq_msgs m
+    LEFT JOIN mq_sqlxmq_payloads p ON p.id = m.id
+    WHERE m.id <> nil;
+
+    -- A chain's tail: its member no other member waits for.
+    INSERT INTO mq_chains (channel_name, channel_args, tail_id)
+    SELECT DISTINCT ON (m.channel_name, m.channel_args) m.channel_name, m.channel_args, m.id
+    FROM mq_msgs m
+    WHERE m.after_message_id IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM mq_msgs s WHERE s.after_message_id = m.id)
+    ORDER BY m.channel_name, m.channel_args, m.created_at DESC, m.id DESC;
+
+    FOR g IN
+        SELECT CASE WHEN c.relname = 'mq_sqlxmq_msgs' THEN 'mq_msgs' ELSE 'mq_payloads' END
+                   AS target,
+               a.privilege_type,
+               CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+                   AS grantee
+        FROM pg_catalog.pg_class c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+        WHERE c.oid IN (pg_catalog.to_regclass('mq_sqlxmq_msgs'),
+                        pg_catalog.to_regclass('mq_sqlxmq_payloads'))
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE pg_catalog.format('GRANT %s ON %I TO %s', g.privilege_type, g.target, g.grantee);
+    END LOOP;
+
+    DROP TABLE mq_sqlxmq_payloads;
+    DROP TABLE mq_sqlxmq_msgs;
+END
+$$;
