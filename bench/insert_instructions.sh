@@ -2,8 +2,7 @@
 # bench/insert_instructions.sh: server instructions per inserted message,
 # the floor's INSERT against pqmq's (unordered and ordered), and per
 # claimed message, counted by callgrind (stable on a noisy machine, unlike
-# rates). README, Performance: "Enqueue, counted in instructions" and "This
-# release".
+# rates). docs/performance.md.
 #
 #   bench/insert_instructions.sh [BATCHES]     (default 200 batches of 100)
 #

@@ -503,21 +503,23 @@ static void test_psql_applies_the_same_schema(void)
  * then the chain's head and the unordered one are claimed (in flight). */
 static void fill_live_queue(const char *s)
 {
-    t_exec(pg,
-           "SELECT %1$s.mq_insert(ARRAY["
-           "ROW('" UP_C1 "', NULL, 3, '1 hour', 'up', 'x', NULL, true, 'c', '{\"n\": 1}', NULL),"
-           "ROW('00000000-0000-7000-8000-0000000000c2', NULL, 3, '1 hour', 'up', 'x', NULL, true,"
-           "    'c', '{\"n\": 2}', NULL),"
-           "ROW('00000000-0000-7000-8000-0000000000c3', NULL, 3, '1 hour', 'up', 'x', NULL, true,"
-           "    'c', '{\"n\": 3}', NULL),"
-           "ROW('" UP_U1 "', NULL, 3, '1 hour', 'up', '', NULL, false, 'u', NULL, '\\x0102'),"
-           "ROW('00000000-0000-7000-8000-0000000000e2', '1 hour', 3, '1 hour', 'up', '', NULL,"
-           "    false, 'later', '{}', NULL),"
-           "ROW('" UP_U3 "', NULL, 3, '1 hour', 'up', '', '1 hour', false, 'pending', '{}', NULL)"
-           "]::%1$s.mq_new_t[])",
-           s);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_claim(ARRAY['up'], 10) "
-                            "WHERE id IS NOT NULL",
+    t_exec(
+        pg,
+        "SELECT %1$s.mq_insert(ARRAY["
+        "ROW('" UP_C1 "', NULL, 3, '1 hour', 'up', 'x', NULL, true, 'c', '{\"n\": 1}', NULL),"
+        "ROW('00000000-0000-7000-8000-0000000000c2', NULL, 3, '1 hour', 'up', 'x', NULL, true,"
+        "    'c', '{\"n\": 2}', NULL),"
+        "ROW('00000000-0000-7000-8000-0000000000c3', NULL, 3, '1 hour', 'up', 'x', NULL, true,"
+        "    'c', '{\"n\": 3}', NULL),"
+        "ROW('" UP_U1 "', NULL, 3, '1 hour', 'up', '', NULL, false, 'u', NULL, '\\x0102'),"
+        "ROW('00000000-0000-7000-8000-0000000000e2', '1 hour', 3, '1 hour', 'up', '', NULL,"
+        "    false, 'later', '{}', NULL),"
+        "ROW('" UP_U3 "', NULL, 3, '1 hour', 'up', '', '1 hour', false, 'pending', '{}', NULL)"
+        "]::%1$s.mq_new_t[])",
+        s);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM %s.mq_claim(ARRAY['up'], 10) "
+                        "WHERE id IS NOT NULL",
                         s),
               2);
 }
@@ -549,8 +551,8 @@ static char *take_one(pqmq_client *c)
     if (b && pqmq_batch_count(b) == 1) {
         const pqmq_job *j = pqmq_batch_job(b, 0);
         free(got);
-        if (asprintf(&got, "%s %s", pqmq_job_name(j), pqmq_job_json(j) ? pqmq_job_json(j) : "")
-            < 0)
+        if (asprintf(&got, "%s %s", pqmq_job_name(j),
+                     pqmq_job_json(j) ? pqmq_job_json(j) : "") < 0)
             abort();
         CHECK_OK(c, pqmq_complete_batch(c, b));
     }

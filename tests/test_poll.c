@@ -644,7 +644,7 @@ static void test_late_commit_is_found(void)
 }
 
 /* Under continuous load no poll comes up empty, so such a message waits
- * for the mark to be found afresh: ten seconds at most (README). */
+ * for the mark to be found afresh: ten seconds at most (docs/sql-contract.md). */
 static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
 {
     if (t_pooled()) {
@@ -664,7 +664,7 @@ static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
 
 /* The mark is a session setting a client can write: garbage is ignored,
  * and a mark set ahead of the live rows hides them from that session's
- * polls for ten seconds at most (README). */
+ * polls for ten seconds at most (docs/sql-contract.md). */
 static void test_mark_set_by_hand(void)
 {
     if (t_pooled()) {
@@ -678,7 +678,7 @@ static void test_mark_set_by_hand(void)
     insert_n("hand", NULL, 1, 1, 60000);
     t_exec(c, set, "'not a mark'");
     CHECK_INT(t_sql_int(c, "%s", any), 1);
-    /* The poll put its mark there (README: read it with current_setting). */
+    /* The poll put its mark there (docs/sql-contract.md: read it with current_setting). */
     CHECK_INT(t_sql_int(c, "SELECT (current_setting('pqmq.low_' || 'mq_msgs'::regclass::oid) "
                            "~ '^[0-9]+,[0-9]+,[0-9]+$')::int"),
               1);

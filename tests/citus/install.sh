@@ -12,7 +12,7 @@
 # server's library and extension directories. The build is kept there: a
 # second run only installs it again (a package upgrade may have replaced
 # the server's directories). Users install Citus from its own packages
-# instead (README, "Citus").
+# instead (docs/citus.md).
 #
 # As root, the Debian packages the build needs are installed with apt-get;
 # otherwise the apt-get line is printed. Prints "citus: ..." lines; exits
