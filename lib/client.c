@@ -171,6 +171,37 @@ int pqmq__ready(pqmq_client *c)
     return 0;
 }
 
+/* libpqtypes' lookup of mq_new_t failed, saying why only in text: a missing
+ * schema, or a refusal of the lookup itself (a statement timeout under
+ * load, say), which must not read as a missing schema. A probe of our own
+ * tells them apart and, when it is refused too, carries the SQLSTATE. */
+static int lookup_failed(pqmq_client *c, PGregisterType *t, const char *why)
+{
+    char *text = strdup(why ? why : "");
+    int rc;
+    PGresult *r = pqmq__exec_text(c, "SELECT pg_catalog.to_regtype('mq_new_t') IS NOT NULL",
+                                  "looking up type mq_new_t", &rc);
+    if (!r) {
+        free(text);
+        return rc;
+    }
+    int present = PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    if (!present) {
+        rc = pqmq__seterr(c, PQMQ_ESCHEMA,
+                          "type mq_new_t not found on the search_path (run pqmq_migrate): %s",
+                          text ? text : "");
+    } else if (PQregisterTypes(c->conn, PQT_COMPOSITE, t, 1, 0)) {
+        c->composite_ready = 1; /* refused once, then found */
+        rc = 0;
+    } else {
+        rc = pqmq__seterr(c, PQMQ_ESERVER, "looking up type mq_new_t failed: %s",
+                          text ? text : "");
+    }
+    free(text);
+    return rc;
+}
+
 int pqmq__need_composite(pqmq_client *c)
 {
     if (c->composite_ready)
@@ -189,10 +220,7 @@ int pqmq__need_composite(pqmq_client *c)
             pqmq__set_sqlstate(c, "25P02");
             return rc;
         }
-        return pqmq__seterr(c, PQMQ_ESCHEMA,
-                            "type mq_new_t not found on the search_path "
-                            "(run pqmq_migrate): %s",
-                            why);
+        return lookup_failed(c, &t, why);
     }
     c->composite_ready = 1;
     return 0;

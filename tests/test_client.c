@@ -368,6 +368,39 @@ static void test_missing_schema(void)
     t_exec(pg, "DROP SCHEMA %s CASCADE", empty);
 }
 
+/* A refused lookup of the batch type (here: the catalog locked past the
+ * session's lock_timeout, as a statement timeout under load would) is the
+ * server's refusal, not a missing schema; once the lock is gone the same
+ * client inserts. */
+static void test_refused_type_lookup_is_not_a_missing_schema(void)
+{
+    if (t_citus_skip("the coordinator's catalog lock is not what a worker sees"))
+        return;
+    t_truncate();
+    char *dsn = NULL;
+    if (asprintf(&dsn, "%s options='-c search_path=%s -c lock_timeout=200ms'", t_dsn(),
+                 t_schema()) < 0)
+        abort();
+    pqmq_client *c = NULL;
+    CHECK_OK(c, pqmq_connect(dsn, &c));
+    free(dsn);
+    PGconn *locker = PQconnectdb(t_dsn());
+    CHECK(PQstatus(locker) == CONNECTION_OK);
+    t_exec(locker, "BEGIN");
+    t_exec(locker, "LOCK TABLE pg_catalog.pg_type IN ACCESS EXCLUSIVE MODE");
+    pqmq_msg *m = t_msg("lookup", NULL, "n", "{}", 0);
+    int rc = pqmq_insert(c, &m, 1);
+    CHECK(rc == PQMQ_ESERVER);
+    CHECK(strstr(pqmq_errmsg(c), "run pqmq_migrate") == NULL);
+    t_exec(locker, "ROLLBACK");
+    PQfinish(locker);
+    CHECK_OK(c, pqmq_insert(c, &m, 1));
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 1);
+    pqmq_msg_free(m);
+    pqmq_client_free(c);
+    t_truncate();
+}
+
 /* ---- NULL and bad arguments ------------------------------------------- */
 
 static void test_null_client(void)
@@ -587,6 +620,7 @@ int main(void)
     T_RUN(test_broken_connection_poll_first);
     T_RUN(test_broken_connection_insert_first);
     T_RUN(test_missing_schema);
+    T_RUN(test_refused_type_lookup_is_not_a_missing_schema);
     T_RUN(test_null_client);
     T_RUN(test_null_out_with_client_names_argument);
     T_RUN(test_free_null);
