@@ -8,7 +8,10 @@
  * sleep the poll's wait_time, keep a job alive with a doubling interval,
  * retry statements on the error codes it treats as transient. It runs next
  * to C consumers on the same channels, and on a database created by the
- * original schema and adopted in place by pqmq's migrations.
+ * original schema and adopted in place by pqmq's migrations. The crate's
+ * statements that write mq_payloads (a view of mq_msgs since migration
+ * 0011) run alone and from several sessions at once, some of its consumers
+ * completing through the view.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* asprintf */
@@ -1188,6 +1191,17 @@ static void test_payload_statements(void)
               1);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains WHERE tail_id = '%s'", chain[2]),
               1);
+    /* A row locked through the view is the message's row: a poll passes
+     * it until the lock goes. */
+    t_exec(pg, "BEGIN");
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM (SELECT name FROM mq_payloads WHERE id = '%s' "
+                        "FOR UPDATE) l",
+                        chain[2]),
+              1);
+    CHECK_INT(crate_poll(c, "{pay}", 8, rows, 8), 1);
+    CHECK(!rows[0].has_id);
+    t_exec(pg, "COMMIT");
     CHECK_INT(crate_poll(c, "{pay}", 8, rows, 8), 1);
     CHECK_STR(rows[0].id, chain[2]);
     CHECK_STR(rows[0].json, "{\"seq\": 2}");
