@@ -180,8 +180,9 @@ $$;
 
 -- Every function of the queue (every function of its schema named mq_*):
 -- a pinned path (pg_catalog, the queue's schema, pg_temp), no EXECUTE for
--- PUBLIC,
--- and the duty functions run as the owner. CREATE OR REPLACE FUNCTION
+-- PUBLIC, and the duty functions run as the owner, as do the functions of
+-- the mq_payloads view's triggers (schema/payloads.sql), which stand for the
+-- view's own access to mq_msgs. CREATE OR REPLACE FUNCTION
 -- resets the first and the last (not the grants), so a migration that
 -- replaces or adds functions ends with SELECT mq_secure().
 CREATE OR REPLACE FUNCTION mq_secure()
@@ -196,7 +197,11 @@ BEGIN
     FOR f IN
         SELECT mq_qualified(p.oid) AS sig,
                EXISTS (SELECT 1 FROM mq_duties() d
-                       WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text) AS definer
+                       WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text)
+               OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                          WHERE t.tgfoid OPERATOR(pg_catalog.=) p.oid
+                            AND t.tgrelid OPERATOR(pg_catalog.=)
+                                pg_catalog.to_regclass('mq_payloads')) AS definer
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
           AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'

@@ -209,7 +209,8 @@ ALTER TABLE mq_msgs SET (
 );
 
 -- The seed's payload table, as a view of mq_msgs (migration 0011): readable
--- by id as before; an UPDATE or DELETE through it changes the message.
+-- and lockable by id as before; an UPDATE through it changes the message, a
+-- DELETE completes it and an INSERT is refused (schema/payloads.sql).
 CREATE OR REPLACE VIEW mq_payloads AS
     SELECT m.id, m.name, m.payload_json, m.payload_bytes, m.last_error
     FROM mq_msgs m;

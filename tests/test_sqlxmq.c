@@ -8,13 +8,17 @@
  * sleep the poll's wait_time, keep a job alive with a doubling interval,
  * retry statements on the error codes it treats as transient. It runs next
  * to C consumers on the same channels, and on a database created by the
- * original schema and adopted in place by pqmq's migrations.
+ * original schema and adopted in place by pqmq's migrations. The crate's
+ * statements that write mq_payloads (a view of mq_msgs since migration
+ * 0011) run alone and from several sessions at once, some of its consumers
+ * completing through the view.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* asprintf */
 #endif
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <uuid/uuid.h>
 
@@ -58,7 +62,45 @@ static const struct {
     {"clear", "SELECT mq_clear($1)", 1, {OID_TEXT_ARRAY}},
     {"clear_all", "SELECT mq_clear_all()", 0, {0}},
     {"exists", "SELECT EXISTS(SELECT id FROM mq_msgs WHERE id = $1)", 1, {OID_UUID}},
+    /* The statements of the crate that name mq_payloads. None is sent by
+     * its runner (spawn, poll, delete, keep-alive, checkpoint, clear and
+     * clear_all call the functions above, which pqmq defines); they are the
+     * bodies of the crate's own SQL functions, which SQL written after its
+     * migrations repeats, and its test suite's reset. Each is written as in
+     * the crate, its function parameters numbered ($n). */
+    /* mq_delete's second statement, migrations/20210316025847_setup.up.sql
+     * (Diggsey/sqlxmq, every version; msg_ids). */
+    {"payload_delete", "DELETE FROM mq_payloads WHERE id = ANY($1)", 1, {OID_UUID_ARRAY}},
+    /* mq_checkpoint's second statement, same file (new_payload_json,
+     * new_payload_bytes, msg_id). */
+    {"payload_update",
+     "UPDATE mq_payloads SET payload_json = COALESCE($1::JSONB, payload_json), "
+     "payload_bytes = COALESCE($2, payload_bytes) WHERE id = $3",
+     3,
+     {OID_TEXT, OID_BYTEA, OID_UUID}},
+    /* mq_clear and mq_clear_all, the crate's clear migration (channel_names;
+     * later versions add "AND id != uuid_nil()" to the inner DELETE). */
+    {"payload_clear",
+     "WITH deleted_ids AS (DELETE FROM mq_msgs WHERE channel_name = ANY($1) RETURNING id) "
+     "DELETE FROM mq_payloads WHERE id IN (SELECT id FROM deleted_ids)",
+     1,
+     {OID_TEXT_ARRAY}},
+    {"payload_clear_all",
+     "WITH deleted_ids AS (DELETE FROM mq_msgs RETURNING id) "
+     "DELETE FROM mq_payloads WHERE id IN (SELECT id FROM deleted_ids)",
+     0,
+     {0}},
+    /* The reset of the crate's tests (src/lib.rs, tests::test_pool, every
+     * version): PostgreSQL truncates only tables, so this is refused. */
+    {"payload_truncate", "TRUNCATE TABLE mq_payloads", 0, {0}},
 };
+
+/* mq_insert's first statement, migrations/20210316025847_setup.up.sql and
+ * 20220204230312_locks.up.sql (new_messages, an mq_new_t[]: its type's oid
+ * depends on the schema, so it is prepared apart). */
+static const char payload_insert_sql[] =
+    "INSERT INTO mq_payloads (id, name, payload_json, payload_bytes) "
+    "SELECT id, name, payload_json::JSONB, payload_bytes FROM UNNEST($1)";
 
 /* A connection of the crate on schema (NULL: the test schema), its
  * statements prepared. Caller owns; PQfinish. */
@@ -91,6 +133,16 @@ static int crate_prepare(PGconn *c)
         }
         PQclear(r);
     }
+    PGresult *r = PQexec(c, "SELECT 'mq_new_t[]'::regtype::oid");
+    Oid t =
+        PQresultStatus(r) == PGRES_TUPLES_OK ? (Oid)strtoul(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+    PQclear(r);
+    r = PQprepare(c, "payload_insert", payload_insert_sql, 1, &t);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+        fprintf(stderr, "prepare payload_insert: %s", PQerrorMessage(c));
+        ok = 0;
+    }
+    PQclear(r);
     return ok;
 }
 
@@ -287,6 +339,25 @@ static int crate_poll(PGconn *c, const char *channels, int batch, polled_t *out,
     return rows;
 }
 
+/* Runs a prepared statement; returns its SQLSTATE ("" on success) in state
+ * (at least 6 bytes) and the rows it affected. */
+static long crate_state(PGconn *c, const char *stmt, int n, const char *const *vals,
+                        char *state)
+{
+    PGresult *r = crate_exec(c, stmt, n, vals);
+    const char *st = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+    snprintf(state, 6, "%s", ok(r) ? "" : st ? st : "?");
+    long rows = ok(r) ? atol(PQcmdTuples(r)) : -1;
+    PQclear(r);
+    return rows;
+}
+
+/* A one-element mq_new_t[] literal: id, name and a JSON payload. */
+static void new_t_array(char *out, size_t len, const char *id, const char *name)
+{
+    snprintf(out, len, "{\"(%s,,,,,,,,%s,{},)\"}", id, name);
+}
+
 /* ---- consumers, both kinds, on the same channels ------------------------ */
 
 #define MAX_DELIVERIES 4096
@@ -343,7 +414,78 @@ typedef struct {
     const char *schema;
     const char *channels; /* text[] literal, NULL: all */
     int index;
+    /* A crate consumer that checkpoints and completes with the statements
+     * of the crate's mq_checkpoint and mq_delete on mq_payloads, a batch
+     * in one transaction, again after a deadlock or serialization failure
+     * (sqlxmq::should_retry) like SQL written after the crate would. */
+    int via_view;
 } consumer_arg;
+
+/* Transactions complete_via_view ran again after a deadlock or a
+ * serialization failure. */
+static atomic_int view_retries;
+
+/* Completes the committed rows of a poll as the crate's mq_delete did, in
+ * the handler's transaction with its work. Returns 0, or -1 after an error
+ * (reported). */
+static int complete_via_view(PGconn *c, const polled_t *rows, int n)
+{
+    char ids[8 * 38 + 3] = "{";
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rows[i].has_id || rows[i].committed != 1)
+            continue;
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), "%s%.36s", k ? "," : "",
+                 rows[i].id);
+        k++;
+    }
+    strcat(ids, "}");
+    if (!k)
+        return 0;
+    for (;;) {
+        PQclear(PQexec(c, "BEGIN"));
+        int failed = 0;
+        PGresult *r = NULL;
+        for (int i = 0; i < n && !failed; i++) {
+            if (!rows[i].has_id || rows[i].committed != 1)
+                continue;
+            const char *vals[2] = {rows[i].id, "view"};
+            r = PQexecParams(c, "INSERT INTO app_done (id, by) VALUES ($1, $2)", 2, NULL, vals,
+                             NULL, NULL, 0);
+            failed = !ok(r);
+            if (!failed)
+                PQclear(r);
+        }
+        if (!failed) {
+            const char *v = ids;
+            r = PQexecPrepared(c, "payload_delete", 1, &v, NULL, NULL, 0);
+            failed = !ok(r);
+            if (!failed && atoi(PQcmdTuples(r)) != k) {
+                seen_error("payload_delete", "a message was gone before its completion\n");
+                PQclear(r);
+                PQclear(PQexec(c, "ROLLBACK"));
+                return -1;
+            }
+            if (!failed) {
+                PQclear(r);
+                r = PQexec(c, "COMMIT");
+                failed = !ok(r);
+            }
+        }
+        if (!failed) {
+            PQclear(r);
+            return 0;
+        }
+        int again = transient(r);
+        if (!again)
+            seen_error("complete through mq_payloads", PQerrorMessage(c));
+        PQclear(r);
+        PQclear(PQexec(c, "ROLLBACK"));
+        if (!again)
+            return -1;
+        atomic_fetch_add(&view_retries, 1);
+    }
+}
 
 /* The crate's runner: poll, delete what is uncommitted, keep each job alive
  * once (as its loop does after half a lease, with twice the lease), complete
@@ -388,6 +530,16 @@ static void *crate_consumer(void *p)
                 seen_error("keep_alive", PQerrorMessage(c));
             PQclear(r);
             seen_add(rows[i].id, rows[i].json, a->index);
+            if (a->via_view) {
+                /* A checkpoint's new payload for a retry (which never
+                 * comes): the JSON kept, bytes added. */
+                const char *up[3] = {NULL, "\\x01", rows[i].id};
+                r = crate_exec(c, "payload_update", 3, up);
+                if (!ok(r) || atoi(PQcmdTuples(r)) != 1)
+                    seen_error("payload_update", PQerrorMessage(c));
+                PQclear(r);
+                continue;
+            }
             /* complete_with_transaction */
             PQclear(PQexec(c, "BEGIN"));
             const char *vals[2] = {rows[i].id, "crate"};
@@ -406,6 +558,8 @@ static void *crate_consumer(void *p)
                 seen_error("commit", PQerrorMessage(c));
             PQclear(r);
         }
+        if (a->via_view && complete_via_view(c, rows, n) != 0)
+            break;
         if (!got) /* the crate sleeps wait_time; a test need not wait long */
             t_sleep_ms(wait_us / 1000 < 20 ? wait_us / 1000 : 20);
     }
@@ -467,26 +621,91 @@ static void *c_consumer(void *p)
     return NULL;
 }
 
-/* Starts two crate consumers (one serving named channels, one all) and two
- * C consumers (the same), waits until want deliveries or the safety limit,
- * stops them. Returns the delivery count. */
-static int run_consumers(const char *schema, int want)
+/* The sessions of a run: consumers of either kind, and a writer that
+ * sends the rest of the crate's statements on mq_payloads meanwhile. */
+typedef enum { CRATE, C_API, WRITER } kind_t;
+
+typedef struct {
+    kind_t kind;
+    consumer_arg arg;
+} session_t;
+
+static struct {
+    pthread_mutex_t lock;
+    int inserts_refused, truncates_refused, clears;
+} writer = {PTHREAD_MUTEX_INITIALIZER, 0, 0, 0};
+
+/* Next to the consumers: spawns to the channel scratch, which they do not
+ * serve, and clears it with the crate's mq_clear statement; sends mq_insert's
+ * INSERT for a message the consumers may be completing (23505, or 23503
+ * once it is gone) and for no message (23503), and the TRUNCATE (42809). */
+static void *payload_writer(void *p)
 {
-    pthread_t th[4];
-    consumer_arg args[4] = {{schema, "{\"\",alpha,beta,jobs}", 0},
-                            {schema, NULL, 1},
-                            {schema, "named", 2},
-                            {schema, NULL, 3}};
-    for (int i = 0; i < 4; i++)
-        pthread_create(&th[i], NULL, i < 2 ? crate_consumer : c_consumer, &args[i]);
+    const consumer_arg *a = p;
+    PGconn *c = crate_connect(a->schema);
+    if (!crate_prepare(c)) {
+        seen_error("prepare", "");
+        PQfinish(c);
+        return NULL;
+    }
+    for (int round = 0; !stopping(); round++) {
+        spawn_t s = job("scratch");
+        s.channel = "scratch";
+        s.ordered = round % 2;
+        char id[37], st[6], arr[200];
+        spawn(c, &s, id);
+        PGresult *r =
+            PQexec(c, "SELECT id FROM mq_msgs WHERE channel_name <> 'scratch' LIMIT 1");
+        const char *live = ok(r) && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : id;
+        new_t_array(arr, sizeof arr, live, "again");
+        PQclear(r);
+        const char *v = arr;
+        crate_state(c, "payload_insert", 1, &v, st);
+        int refused = !strcmp(st, "23505") || !strcmp(st, "23503");
+        new_id(id);
+        new_t_array(arr, sizeof arr, id, "orphan");
+        crate_state(c, "payload_insert", 1, &v, st);
+        refused += !strcmp(st, "23503");
+        if (refused != 2)
+            seen_error("payload_insert", "not refused\n");
+        crate_state(c, "payload_truncate", 0, NULL, st);
+        int truncate_refused = !strcmp(st, "42809");
+        if (!truncate_refused)
+            seen_error("payload_truncate", "not refused\n");
+        const char *chans = "{scratch}";
+        crate_state(c, "payload_clear", 1, &chans, st);
+        if (st[0])
+            seen_error("payload_clear", PQerrorMessage(c));
+        pthread_mutex_lock(&writer.lock);
+        writer.inserts_refused += refused;
+        writer.truncates_refused += truncate_refused;
+        writer.clears += !st[0];
+        pthread_mutex_unlock(&writer.lock);
+        t_sleep_ms(5);
+    }
+    PQfinish(c);
+    return NULL;
+}
+
+/* Starts the sessions, waits until want deliveries or the safety limit,
+ * stops them. Returns the delivery count. */
+static int run_sessions(session_t *ss, int n, int want)
+{
+    pthread_t th[8];
+    for (int i = 0; i < n; i++)
+        pthread_create(&th[i], NULL,
+                       ss[i].kind == CRATE   ? crate_consumer
+                       : ss[i].kind == C_API ? c_consumer
+                                             : payload_writer,
+                       &ss[i].arg);
     int64_t until = t_now_ms() + 60000;
-    int n = 0;
+    int got = 0;
     while (t_now_ms() < until) {
         pthread_mutex_lock(&seen.lock);
-        n = seen.n;
+        got = seen.n;
         int errs = seen.errors;
         pthread_mutex_unlock(&seen.lock);
-        if (n >= want || errs)
+        if (got >= want || errs)
             break;
         t_sleep_ms(20);
     }
@@ -494,9 +713,20 @@ static int run_consumers(const char *schema, int want)
     pthread_mutex_lock(&seen.lock);
     seen.stop = 1;
     pthread_mutex_unlock(&seen.lock);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < n; i++)
         pthread_join(th[i], NULL);
     return seen.n;
+}
+
+/* Two crate consumers (one serving named channels, one all, which
+ * completes through mq_payloads) and two C consumers (the same). */
+static int run_consumers(const char *schema, int want)
+{
+    session_t ss[4] = {{CRATE, {schema, "{\"\",alpha,beta,jobs}", 0, 0}},
+                       {CRATE, {schema, NULL, 1, 1}},
+                       {C_API, {schema, "named", 2, 0}},
+                       {C_API, {schema, NULL, 3, 0}}};
+    return run_sessions(ss, 4, want);
 }
 
 /* Nothing twice; every chain (json {"chain": name, "seq": k}) in order. */
@@ -890,6 +1120,138 @@ static void test_life_cycle(void)
     PQfinish(c);
 }
 
+/* ---- the crate's statements that name mq_payloads ------------------------ */
+
+/* Each statement alone: what it does to a message and its chain. */
+static void test_payload_statements(void)
+{
+    t_truncate();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    char st[6], arr[200];
+    /* A chain of four of (pay, k) and an unordered message of pay. */
+    char chain[4][37], loose[37];
+    for (int i = 0; i < 4; i++) {
+        spawn_t s = job("link");
+        s.channel = "pay";
+        s.args = "k";
+        s.ordered = 1;
+        s.backoff_us = 60000000;
+        char json[64];
+        snprintf(json, sizeof json, "{\"seq\": %d}", i);
+        s.json = json;
+        spawn(c, &s, chain[i]);
+    }
+    spawn_t s = job("loose");
+    s.channel = "pay";
+    s.json = "{\"v\": 1}";
+    s.backoff_us = 60000000; /* held while the test runs */
+    spawn(c, &s, loose);
+
+    /* mq_checkpoint's UPDATE: a new JSON payload, bytes kept; then new
+     * bytes, JSON kept. The next delivery carries them. */
+    const char *up1[3] = {"{\"v\": 2}", NULL, loose};
+    CHECK_INT(crate_state(c, "payload_update", 3, up1, st), 1);
+    CHECK_STR(st, "");
+    const char *up2[3] = {NULL, "\\x0102", loose};
+    CHECK_INT(crate_state(c, "payload_update", 3, up2, st), 1);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM mq_msgs WHERE id = '%s' AND payload_json = "
+                        "'{\"v\": 2}' AND payload_bytes = '\\x0102'::bytea",
+                        loose),
+              1);
+
+    /* mq_insert's INSERT: a message has its payload already (the
+     * original's primary key), an id that is no message has nothing to
+     * carry it; nothing is written either way. */
+    new_t_array(arr, sizeof arr, loose, "again");
+    const char *v = arr;
+    crate_state(c, "payload_insert", 1, &v, st);
+    CHECK_STR(st, "23505");
+    char fresh[37];
+    new_id(fresh);
+    new_t_array(arr, sizeof arr, fresh, "orphan");
+    crate_state(c, "payload_insert", 1, &v, st);
+    CHECK_STR(st, "23503");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 5);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads WHERE name <> 'link'"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads WHERE name = 'loose'"), 1);
+
+    /* mq_delete's DELETE completes: the head of the chain, and then the
+     * second and fourth in one statement, leave the third at the head. */
+    snprintf(arr, sizeof arr, "{%s}", chain[0]);
+    CHECK_INT(crate_state(c, "payload_delete", 1, &v, st), 1);
+    CHECK_STR(st, "");
+    polled_t rows[8];
+    CHECK_INT(crate_poll(c, "{pay}", 8, rows, 8), 2);
+    int saw_second = 0;
+    for (int i = 0; i < 2; i++)
+        saw_second += !strcmp(rows[i].id, chain[1]);
+    CHECK_INT(saw_second, 1);
+    snprintf(arr, sizeof arr, "{%s,%s}", chain[1], chain[3]);
+    CHECK_INT(crate_state(c, "payload_delete", 1, &v, st), 2);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM mq_msgs WHERE id = '%s' AND after_message_id = "
+                        "'" NIL_UUID "'",
+                        chain[2]),
+              1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains WHERE tail_id = '%s'", chain[2]),
+              1);
+    /* A row locked through the view is the message's row: a poll passes
+     * it until the lock goes. */
+    t_exec(pg, "BEGIN");
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM (SELECT name FROM mq_payloads WHERE id = '%s' "
+                        "FOR UPDATE) l",
+                        chain[2]),
+              1);
+    CHECK_INT(crate_poll(c, "{pay}", 8, rows, 8), 1);
+    CHECK(!rows[0].has_id);
+    t_exec(pg, "COMMIT");
+    CHECK_INT(crate_poll(c, "{pay}", 8, rows, 8), 1);
+    CHECK_STR(rows[0].id, chain[2]);
+    CHECK_STR(rows[0].json, "{\"seq\": 2}");
+    /* Again, or a message already gone: nothing, and not counted. */
+    CHECK_INT(crate_state(c, "payload_delete", 1, &v, st), 0);
+    CHECK_STR(st, "");
+    snprintf(arr, sizeof arr, "{%s,%s}", chain[2], loose);
+    CHECK_INT(crate_state(c, "payload_delete", 1, &v, st), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 0);
+
+    /* mq_clear's and mq_clear_all's statement: the channels' messages go,
+     * others stay; a cleared chain starts again at its head. */
+    for (int i = 0; i < 3; i++) {
+        s = job("c");
+        s.channel = i ? "keep" : "gone";
+        s.ordered = 1;
+        char tmp[37];
+        spawn(c, &s, tmp);
+    }
+    const char *gone = "{gone}";
+    crate_state(c, "payload_clear", 1, &gone, st);
+    CHECK_STR(st, "");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads"), 2);
+    s = job("back");
+    s.channel = "gone";
+    s.ordered = 1;
+    char back[37];
+    spawn(c, &s, back);
+    CHECK_INT(crate_poll(c, "{gone}", 8, rows, 8), 1);
+    CHECK_STR(rows[0].id, back);
+    crate_state(c, "payload_clear_all", 0, NULL, st);
+    CHECK_STR(st, "");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+
+    /* The test suite's TRUNCATE: refused, nothing changed (mq_clear_all()
+     * is what a reset calls). */
+    spawn(c, &s, back);
+    crate_state(c, "payload_truncate", 0, NULL, st);
+    CHECK_STR(st, "42809");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_payloads"), 1);
+    PQfinish(c);
+}
+
 /* ---- both kinds of consumer at once ------------------------------------- */
 
 static void test_shared_channels(void)
@@ -943,6 +1305,80 @@ static void test_shared_channels(void)
     printf("# deliveries by consumer: crate %d + %d, C %d + %d\n", by[0], by[1], by[2], by[3]);
     CHECK(by[0] + by[1] > 0);
     CHECK(by[2] + by[3] > 0);
+    PQfinish(c);
+}
+
+/* The crate's statements on mq_payloads from several sessions at once:
+ * crate consumers completing through the view share ordered chains with
+ * crate consumers calling mq_delete and C consumers, while a writer sends
+ * the INSERT, the TRUNCATE and the clear. Nothing lost, nothing twice,
+ * every chain in order, no chain record left. */
+static void test_payload_writes_concurrently(void)
+{
+    t_truncate();
+    t_exec(pg, "TRUNCATE app_done");
+    seen_reset();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    const char *channels[] = {"", "alpha", "beta", "jobs"};
+    const char *chain_args[] = {"", "x", "y"};
+    int want = 0, seq[4][3] = {{0}};
+    for (int round = 0; round < 12; round++) {
+        for (int ch = 0; ch < 4; ch++) {
+            for (int a = 0; a < 3; a++) {
+                char json[96], tmp[37];
+                snprintf(json, sizeof json, "{\"seq\": %d, \"chain\": \"%s/%s\"}", seq[ch][a]++,
+                         channels[ch][0] ? channels[ch] : "-", chain_args[a]);
+                if ((round + a + ch) % 2) {
+                    spawn_t s = job("shared");
+                    s.channel = channels[ch];
+                    s.args = chain_args[a];
+                    s.ordered = 1;
+                    s.json = json;
+                    s.backoff_us = 60000000;
+                    spawn(c, &s, tmp);
+                } else {
+                    pqmq_msg *m = t_msg(channels[ch], chain_args[a], "shared", json, 1);
+                    pqmq_msg_set_backoff(m, 60000);
+                    CHECK_OK(q, pqmq_insert(q, &m, 1));
+                    pqmq_msg_free(m);
+                }
+                want++;
+            }
+            spawn_t u = job("unordered");
+            u.channel = channels[ch];
+            u.backoff_us = 60000000;
+            char tmp[37];
+            spawn(c, &u, tmp);
+            want++;
+        }
+    }
+    const char *named = "{\"\",alpha,beta,jobs}";
+    session_t ss[6] = {{CRATE, {NULL, named, 0, 1}}, {CRATE, {NULL, named, 1, 1}},
+                       {CRATE, {NULL, named, 2, 0}}, {C_API, {NULL, named, 3, 0}},
+                       {C_API, {NULL, named, 4, 0}}, {WRITER, {NULL, NULL, 5, 0}}};
+    writer.inserts_refused = writer.truncates_refused = writer.clears = 0;
+    int got = run_sessions(ss, 6, want);
+    CHECK_INT(got, want);
+    /* What the writer left on its own channel. */
+    const char *scratch = "{scratch}";
+    char st[6];
+    crate_state(c, "payload_clear", 1, &scratch, st);
+    CHECK_STR(st, "");
+    check_deliveries(want);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains WHERE channel_name <> 'scratch'"),
+              0);
+    int by[6] = {0};
+    for (int i = 0; i < seen.n; i++)
+        by[seen.by[i]]++;
+    printf("# deliveries: crate through mq_payloads %d + %d (%d transactions again), "
+           "crate %d, C %d + %d; writer: %d inserts and %d truncates refused, %d clears\n",
+           by[0], by[1], atomic_load(&view_retries), by[2], by[3], by[4],
+           writer.inserts_refused, writer.truncates_refused, writer.clears);
+    CHECK(by[0] + by[1] > 0);
+    CHECK(by[3] + by[4] > 0);
+    CHECK(writer.clears > 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM app_done WHERE by = 'view'"), by[0] + by[1]);
     PQfinish(c);
 }
 
@@ -1054,6 +1490,8 @@ int main(void)
     T_RUN(test_clear);
     T_RUN(test_life_cycle);
     T_RUN(test_shared_channels);
+    T_RUN(test_payload_statements);
+    T_RUN(test_payload_writes_concurrently);
     T_RUN(test_adopt_original_database);
     PQfinish(pg);
     pqmq_client_free(q);
