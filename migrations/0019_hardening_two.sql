@@ -505,14 +505,20 @@ BEGIN
                 got := NULL;
                 IF live AND mode <> 'keep' THEN
                     -- Not started: never delivered and held by no consumer
-                    -- (the locked lane's claim is a row lock); and with no
-                    -- successor in its chain, which was inserted before this
-                    -- message and must not run after its payload.
+                    -- (the locked lane's claim is a row lock); and unordered,
+                    -- or alone in its chain: a chain's other messages were
+                    -- inserted before this one and must not run after its
+                    -- payload, and a waiting member is relinked by
+                    -- completions, under the chain's lock, which producers
+                    -- take after their keys' (this row's lock would close a
+                    -- circle).
                     SELECT m.ctid INTO got FROM mq_msgs m
                     WHERE m.id = holder AND m.deliveries = 0 AND m.dead_since IS NULL
-                      AND NOT EXISTS (SELECT 1 FROM mq_msgs s
-                                      WHERE s.after_message_id = holder
-                                        AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid)
+                      AND (m.after_message_id IS NULL
+                           OR (m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+                               AND NOT EXISTS (SELECT 1 FROM mq_msgs s
+                                               WHERE s.after_message_id = holder
+                                                 AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid)))
                     FOR NO KEY UPDATE OF m SKIP LOCKED;
                 END IF;
                 IF got IS NOT NULL THEN
@@ -1027,7 +1033,8 @@ BEGIN
     IF last >= ts THEN
         RETURN 0;
     END IF;
-    -- In batches of 1,000 slots, oldest first, at most 10 per evaluation.
+    -- In batches of at most 1,000 slots, oldest first, at most 10 per
+    -- evaluation.
     last := GREATEST(last, ts - interval '31 days');
     FOR b IN 1 .. 10 LOOP
         SELECT array_agg(c.slot ORDER BY c.due, c.slot), array_agg(c.due ORDER BY c.due, c.slot)
@@ -1036,11 +1043,11 @@ BEGIN
               FROM mq_cron_slots(minutes, hours, doms, months, dows, dom_any, dow_any, tz,
                                  last, ts) c
               ORDER BY c.due, c.slot
-              LIMIT CASE WHEN backfill = 'latest' THEN NULL ELSE 1000 END) c;
+              LIMIT CASE WHEN backfill = 'latest' THEN NULL ELSE 1001 END) c;
         upto := ts;
-        IF backfill = 'all' AND cardinality(slots) >= 1000 THEN
-            -- A full batch ends before its last minute due, whose slots
-            -- (several after a clock's jump) the next batch takes whole.
+        IF backfill = 'all' AND cardinality(slots) > 1000 THEN
+            -- A batch ends before the minute due of its 1001st slot, whose
+            -- slots (several after a clock's jump) the next batch takes whole.
             SELECT max(d.due) INTO upto FROM unnest(dues) AS d(due)
             WHERE d.due < dues[cardinality(dues)];
             slots := ARRAY(SELECT x.slot FROM unnest(slots, dues) WITH ORDINALITY AS x(slot, due, o)

@@ -161,14 +161,20 @@ BEGIN
                 got := NULL;
                 IF live AND mode <> 'keep' THEN
                     -- Not started: never delivered and held by no consumer
-                    -- (the locked lane's claim is a row lock); and with no
-                    -- successor in its chain, which was inserted before this
-                    -- message and must not run after its payload.
+                    -- (the locked lane's claim is a row lock); and unordered,
+                    -- or alone in its chain: a chain's other messages were
+                    -- inserted before this one and must not run after its
+                    -- payload, and a waiting member is relinked by
+                    -- completions, under the chain's lock, which producers
+                    -- take after their keys' (this row's lock would close a
+                    -- circle).
                     SELECT m.ctid INTO got FROM mq_msgs m
                     WHERE m.id = holder AND m.deliveries = 0 AND m.dead_since IS NULL
-                      AND NOT EXISTS (SELECT 1 FROM mq_msgs s
-                                      WHERE s.after_message_id = holder
-                                        AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid)
+                      AND (m.after_message_id IS NULL
+                           OR (m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+                               AND NOT EXISTS (SELECT 1 FROM mq_msgs s
+                                               WHERE s.after_message_id = holder
+                                                 AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid)))
                     FOR NO KEY UPDATE OF m SKIP LOCKED;
                 END IF;
                 IF got IS NOT NULL THEN

@@ -181,7 +181,8 @@ BEGIN
     IF last >= ts THEN
         RETURN 0;
     END IF;
-    -- In batches of 1,000 slots, oldest first, at most 10 per evaluation.
+    -- In batches of at most 1,000 slots, oldest first, at most 10 per
+    -- evaluation.
     last := GREATEST(last, ts - interval '31 days');
     FOR b IN 1 .. 10 LOOP
         SELECT array_agg(c.slot ORDER BY c.due, c.slot), array_agg(c.due ORDER BY c.due, c.slot)
@@ -190,11 +191,11 @@ BEGIN
               FROM mq_cron_slots(minutes, hours, doms, months, dows, dom_any, dow_any, tz,
                                  last, ts) c
               ORDER BY c.due, c.slot
-              LIMIT CASE WHEN backfill = 'latest' THEN NULL ELSE 1000 END) c;
+              LIMIT CASE WHEN backfill = 'latest' THEN NULL ELSE 1001 END) c;
         upto := ts;
-        IF backfill = 'all' AND cardinality(slots) >= 1000 THEN
-            -- A full batch ends before its last minute due, whose slots
-            -- (several after a clock's jump) the next batch takes whole.
+        IF backfill = 'all' AND cardinality(slots) > 1000 THEN
+            -- A batch ends before the minute due of its 1001st slot, whose
+            -- slots (several after a clock's jump) the next batch takes whole.
             SELECT max(d.due) INTO upto FROM unnest(dues) AS d(due)
             WHERE d.due < dues[cardinality(dues)];
             slots := ARRAY(SELECT x.slot FROM unnest(slots, dues) WITH ORDINALITY AS x(slot, due, o)
