@@ -351,6 +351,7 @@ AS $$
 DECLARE
     cn text[];
     uk text[];
+    r  record;
 BEGIN
     SELECT array_agg(m.channel_name), array_agg(m.unique_key) INTO cn, uk
     FROM mq_msgs m
@@ -358,11 +359,12 @@ BEGIN
     IF cn IS NULL THEN
         RETURN;
     END IF;
-    -- A probe per key, in key order (the sorted keys drive a nested loop).
-    PERFORM 1
-    FROM (SELECT DISTINCT u.cn, u.uk FROM unnest(cn, uk) AS u(cn, uk) ORDER BY 1, 2) s,
-         LATERAL (SELECT 1 FROM mq_keys k
-                  WHERE k.channel_name = s.cn AND k.unique_key = s.uk
-                  FOR UPDATE) l;
+    -- A probe per key, in key order (one statement each: on Citus each
+    -- is a router query).
+    FOR r IN SELECT DISTINCT u.cn, u.uk FROM unnest(cn, uk) AS u(cn, uk) ORDER BY 1, 2 LOOP
+        PERFORM 1 FROM mq_keys k
+        WHERE k.channel_name = r.cn AND k.unique_key = r.uk
+        FOR UPDATE;
+    END LOOP;
 END;
 $$;
