@@ -58,9 +58,12 @@ BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
         RETURN;
     END IF;
-    -- Shapes and duplicate ids, named (mq_insert_check).
+    -- Shapes and duplicate ids, named (mq_insert_check, called only when
+    -- there is something to name: a call costs more than this test).
     IF array_ndims(new_messages) > 1 OR array_ndims(priorities) > 1
-       OR cardinality(new_messages) > 1 THEN
+       OR (cardinality(new_messages) > 1
+           AND (SELECT count(DISTINCT t.id) FROM unnest(new_messages) AS t)
+               < cardinality(new_messages)) THEN
         PERFORM mq_insert_check(new_messages, priorities);
     END IF;
     lim := mq_limits();
