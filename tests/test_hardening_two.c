@@ -33,7 +33,9 @@ static const char *run(PGconn *c, const char *sql, const char **msg)
     ExecStatusType es = PQresultStatus(r);
     const char *s = PQresultErrorField(r, PG_DIAG_SQLSTATE);
     snprintf(st, sizeof st, "%s",
-             es == PGRES_TUPLES_OK || es == PGRES_COMMAND_OK ? "" : s ? s : "?");
+             es == PGRES_TUPLES_OK || es == PGRES_COMMAND_OK ? ""
+             : s                                             ? s
+                                                             : "?");
     snprintf(text, sizeof text, "%s", PQresultErrorMessage(r));
     PQclear(r);
     if (msg)
@@ -67,8 +69,10 @@ static char *schedule_sql(const char *sched, const char *bits)
     if (asprintf(&sql,
                  "SELECT mq_schedule('%s', %s, 'UTC', 'all', 'sched', 'tick', "
                  "'{\"a\": 1}', NULL, 3, interval '1 second')",
-                 sched, bits ? bits : "1152921504606846975, 16777215, 4294967294, 8190, 127, "
-                                      "true, true") < 0)
+                 sched,
+                 bits ? bits
+                      : "1152921504606846975, 16777215, 4294967294, 8190, 127, "
+                        "true, true") < 0)
         abort();
     return sql;
 }
@@ -83,8 +87,9 @@ static long long tick_as(PGconn *c, const char *sched)
 
 static void back(const char *sched, const char *by)
 {
-    t_exec(su, "UPDATE mq_schedules SET last_slot = mq_at(last_slot, - interval '%s') "
-               "WHERE name = '%s'",
+    t_exec(su,
+           "UPDATE mq_schedules SET last_slot = mq_at(last_slot, - interval '%s') "
+           "WHERE name = '%s'",
            by, sched);
 }
 
@@ -140,8 +145,9 @@ static void test_schedule_belongs_to_its_first_caller(void)
     back("nightly", "13 minutes"); /* 3 slots not taken yet (4 if a minute turned) */
     long long n = tick_as(su, "nightly");
     CHECK(n >= 3 && n <= 4);
-    CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_schedules s JOIN pg_roles r "
-                            "ON r.oid = s.owner WHERE r.rolname = '%s'",
+    CHECK_INT(t_sql_int(su,
+                        "SELECT count(*) FROM mq_schedules s JOIN pg_roles r "
+                        "ON r.oid = s.owner WHERE r.rolname = '%s'",
                         prod),
               1);
     PQfinish(a);
@@ -153,12 +159,13 @@ static void test_schedule_keys_are_reserved(void)
 {
     t_truncate();
     PGconn *p = as_role(prod);
-    REFUSED(p,
-            "SELECT * FROM mq_insert_unique(ARRAY[ROW(gen_random_uuid(), NULL, 1, NULL, 'sched', "
-            "'', NULL, false, 'n', '{}', NULL)::mq_new_t, ROW(gen_random_uuid(), NULL, 1, NULL, "
-            "'sched', '', NULL, false, 'n', '{}', NULL)::mq_new_t], "
-            "ARRAY['mine', 'schedule:nightly:2030-01-01T00:00'])",
-            "22023", "message 2 of the batch: unique key 'schedule:nightly");
+    REFUSED(
+        p,
+        "SELECT * FROM mq_insert_unique(ARRAY[ROW(gen_random_uuid(), NULL, 1, NULL, 'sched', "
+        "'', NULL, false, 'n', '{}', NULL)::mq_new_t, ROW(gen_random_uuid(), NULL, 1, NULL, "
+        "'sched', '', NULL, false, 'n', '{}', NULL)::mq_new_t], "
+        "ARRAY['mine', 'schedule:nightly:2030-01-01T00:00'])",
+        "22023", "message 2 of the batch: unique key 'schedule:nightly");
     PQfinish(p);
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_keys"), 0);
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_msgs"), 0);
@@ -301,9 +308,11 @@ static void test_install_refuses_a_schema_of_an_untrusted_owner(void)
         free(sql);
     }
     globfree(&g);
-    CHECK_INT(t_sql_int(su, "SELECT count(*) FROM pg_class WHERE relnamespace = '\"%s\"'::regnamespace",
-                        me),
-              0);
+    CHECK_INT(
+        t_sql_int(su,
+                  "SELECT count(*) FROM pg_class WHERE relnamespace = '\"%s\"'::regnamespace",
+                  me),
+        0);
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM pg_class WHERE relnamespace = "
                             "'public'::regnamespace AND relname LIKE 'mq\\_%%'"),
               0);
@@ -343,11 +352,12 @@ static void *producer(void *arg)
         char sql[4096];
         int n = snprintf(sql, sizeof sql, "SELECT count(*) FROM mq_insert_unique(ARRAY[");
         for (int i = 0; i < 6; i++)
-            n += snprintf(sql + n, sizeof sql - (size_t)n,
-                          "%sROW(gen_random_uuid(), NULL, 3, interval '1 minute', 'race', '%s', "
-                          "NULL, %s, 'n', '{}', NULL)::mq_new_t",
-                          i ? ", " : "", rand_r(&seed) % 2 ? "a" : "b",
-                          rand_r(&seed) % 3 == 0 ? "true" : "false");
+            n +=
+                snprintf(sql + n, sizeof sql - (size_t)n,
+                         "%sROW(gen_random_uuid(), NULL, 3, interval '1 minute', 'race', '%s', "
+                         "NULL, %s, 'n', '{}', NULL)::mq_new_t",
+                         i ? ", " : "", rand_r(&seed) % 2 ? "a" : "b",
+                         rand_r(&seed) % 3 == 0 ? "true" : "false");
         n += snprintf(sql + n, sizeof sql - (size_t)n, "], ARRAY[");
         for (int i = 0; i < 6; i++)
             n += snprintf(sql + n, sizeof sql - (size_t)n, "%s'k%02u'", i ? ", " : "",
@@ -418,8 +428,8 @@ static void test_keyed_producers_and_consumers_never_deadlock(void)
 
 /* ---- the shapes of a batch ---------------------------------------------------- */
 
-#define MSG(id, args, ordered, json)                                                       \
-    "ROW(" id ", NULL, 1, NULL, 'shape', '" args "', NULL, " ordered ", 'n', " json          \
+#define MSG(id, args, ordered, json)                                                           \
+    "ROW(" id ", NULL, 1, NULL, 'shape', '" args "', NULL, " ordered ", 'n', " json            \
     ", NULL)::mq_new_t"
 
 static void test_batch_shapes_are_named(void)
@@ -427,8 +437,10 @@ static void test_batch_shapes_are_named(void)
     t_truncate();
     /* 2-D keys: were read as "no keys". */
     REFUSED(su,
-            "SELECT * FROM mq_insert_unique(ARRAY[" MSG("gen_random_uuid()", "", "false", "'{}'")
-            ", " MSG("gen_random_uuid()", "", "false", "'{}'") "], ARRAY[['a'], ['b']])",
+            "SELECT * FROM mq_insert_unique(ARRAY[" MSG(
+                "gen_random_uuid()", "", "false",
+                "'{}'") ", " MSG("gen_random_uuid()", "", "false",
+                                 "'{}'") "], ARRAY[['a'], ['b']])",
             "22023", "unique_keys is a 2-dimensional array");
     /* 2-D priorities: were stored as 0. */
     REFUSED(su,
@@ -436,28 +448,36 @@ static void test_batch_shapes_are_named(void)
                 "gen_random_uuid()", "", "false", "'{}'") "], ARRAY[[5], [6]])",
             "22023", "priorities is a 2-dimensional array");
     REFUSED(su,
-            "SELECT * FROM mq_insert_unique(ARRAY[" MSG("gen_random_uuid()", "", "false", "'{}'")
-            ", " MSG("gen_random_uuid()", "", "false", "'{}'") "], ARRAY['a', 'b'], "
-            "priorities => ARRAY[[5], [6]])",
+            "SELECT * FROM mq_insert_unique(ARRAY[" MSG(
+                "gen_random_uuid()", "", "false",
+                "'{}'") ", " MSG("gen_random_uuid()", "", "false",
+                                 "'{}'") "], ARRAY['a', 'b'], "
+                                         "priorities => ARRAY[[5], [6]])",
             "22023", "priorities is a 2-dimensional array");
     /* A retention with a negative part. */
     REFUSED(su,
-            "SELECT * FROM mq_insert_unique(ARRAY[" MSG("gen_random_uuid()", "", "false", "'{}'")
-            "], ARRAY['a'], 'keep', interval '-1 month +31 days')",
+            "SELECT * FROM mq_insert_unique(ARRAY[" MSG(
+                "gen_random_uuid()", "", "false",
+                "'{}'") "], ARRAY['a'], 'keep', interval '-1 month +31 days')",
             "22023", "retention");
     /* Bad JSON in message 2 of a keyed batch. */
     REFUSED(su,
-            "SELECT * FROM mq_insert_unique(ARRAY[" MSG("gen_random_uuid()", "", "false", "'{}'")
-            ", " MSG("gen_random_uuid()", "", "false", "'{oops'") ", " MSG(
-                "gen_random_uuid()", "", "false", "'[]'") "], ARRAY['a', 'b', 'c'])",
+            "SELECT * FROM mq_insert_unique(ARRAY[" MSG(
+                "gen_random_uuid()", "", "false",
+                "'{}'") ", " MSG("gen_random_uuid()", "", "false",
+                                 "'{oops'") ", " MSG("gen_random_uuid()", "", "false",
+                                                     "'[]'") "], ARRAY['a', 'b', 'c'])",
             "22P02", "message 2 of the batch: payload_json is not JSON");
     /* The same id twice in one batch. */
-    REFUSED(su,
-            "SELECT mq_insert(ARRAY[" MSG("'00000000-0000-4000-8000-000000000001'", "", "false",
-                                         "'{}'") ", " MSG("gen_random_uuid()", "", "false",
-                                                         "'{}'") ", " MSG("'00000000-0000-4000-8000-000000000001'",
-                                                                          "", "false", "'{}'") "])",
-            "23505", "message 3 of the batch: id 00000000-0000-4000-8000-000000000001 is message 1's too");
+    REFUSED(
+        su,
+        "SELECT mq_insert(ARRAY[" MSG(
+            "'00000000-0000-4000-8000-000000000001'", "", "false",
+            "'{}'") ", " MSG("gen_random_uuid()", "", "false",
+                             "'{}'") ", " MSG("'00000000-0000-4000-8000-000000000001'", "",
+                                              "false", "'{}'") "])",
+        "23505",
+        "message 3 of the batch: id 00000000-0000-4000-8000-000000000001 is message 1's too");
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_msgs"), 0);
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_keys"), 0);
 }
@@ -469,24 +489,24 @@ static void test_batch_shapes_are_named(void)
 static void test_replace_keeps_a_chain_in_order(void)
 {
     t_truncate();
-    t_exec(su, "SELECT * FROM mq_insert_unique(ARRAY["
-               "ROW('00000000-0000-4000-8000-0000000000a1', NULL, 1, NULL, 'ch', 'x', NULL, true, "
-               "'first', '{\"v\": 1}', NULL)::mq_new_t, "
-               "ROW('00000000-0000-4000-8000-0000000000a2', NULL, 1, NULL, 'ch', 'x', NULL, true, "
-               "'second', '{\"v\": 2}', NULL)::mq_new_t, "
-               "ROW('00000000-0000-4000-8000-0000000000a3', NULL, 1, NULL, 'ch', 'x', NULL, true, "
-               "'third', '{\"v\": 3}', NULL)::mq_new_t, "
-               "ROW('00000000-0000-4000-8000-0000000000a4', NULL, 1, NULL, 'ch', 'y', NULL, true, "
-               "'alone', '{\"v\": 4}', NULL)::mq_new_t], ARRAY['k1', 'k2', 'k3', 'k4'])");
+    t_exec(su,
+           "SELECT * FROM mq_insert_unique(ARRAY["
+           "ROW('00000000-0000-4000-8000-0000000000a1', NULL, 1, NULL, 'ch', 'x', NULL, true, "
+           "'first', '{\"v\": 1}', NULL)::mq_new_t, "
+           "ROW('00000000-0000-4000-8000-0000000000a2', NULL, 1, NULL, 'ch', 'x', NULL, true, "
+           "'second', '{\"v\": 2}', NULL)::mq_new_t, "
+           "ROW('00000000-0000-4000-8000-0000000000a3', NULL, 1, NULL, 'ch', 'x', NULL, true, "
+           "'third', '{\"v\": 3}', NULL)::mq_new_t, "
+           "ROW('00000000-0000-4000-8000-0000000000a4', NULL, 1, NULL, 'ch', 'y', NULL, true, "
+           "'alone', '{\"v\": 4}', NULL)::mq_new_t], ARRAY['k1', 'k2', 'k3', 'k4'])");
     const char *keys[] = {"k1", "k2", "k3", "k4"};
     const char *want[] = {"kept", "kept", "kept", "replaced"};
     for (int i = 0; i < 4; i++) {
-        PGresult *r =
-            t_sql(su,
-                  "SELECT outcome FROM mq_insert_unique(ARRAY["
-                  "ROW(gen_random_uuid(), NULL, 1, NULL, 'ch', 'x', NULL, true, "
-                  "'late', '{\"v\": %d}', NULL)::mq_new_t], ARRAY['%s'], 'replace')",
-                  10 + i, keys[i]);
+        PGresult *r = t_sql(su,
+                            "SELECT outcome FROM mq_insert_unique(ARRAY["
+                            "ROW(gen_random_uuid(), NULL, 1, NULL, 'ch', 'x', NULL, true, "
+                            "'late', '{\"v\": %d}', NULL)::mq_new_t], ARRAY['%s'], 'replace')",
+                            10 + i, keys[i]);
         if (!r || PQntuples(r) != 1 || strcmp(PQgetvalue(r, 0, 0), want[i]))
             t_fail(__FILE__, __LINE__, "replacing %s: %s, expected %s", keys[i],
                    r && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "?", want[i]);
@@ -495,8 +515,9 @@ static void test_replace_keeps_a_chain_in_order(void)
     /* The chain is delivered in order, unchanged; the lone one replaced. */
     int order[] = {1, 2, 3};
     for (int i = 0; i < 3; i++) {
-        CHECK_INT(t_sql_int(su, "SELECT (payload_json::jsonb->>'v')::int FROM mq_claim('{ch}', 5) "
-                                "WHERE id IS NOT NULL AND channel_args = 'x'"),
+        CHECK_INT(t_sql_int(su,
+                            "SELECT (payload_json::jsonb->>'v')::int FROM mq_claim('{ch}', 5) "
+                            "WHERE id IS NOT NULL AND channel_args = 'x'"),
                   order[i]);
         t_exec(su, "SELECT mq_complete(ARRAY(SELECT id FROM mq_msgs WHERE deliveries > 0 "
                    "AND channel_args = 'x'))");
@@ -511,10 +532,12 @@ static void test_replace_keeps_a_chain_in_order(void)
 static void test_poll_names_at_most_1000_channels(void)
 {
     t_truncate();
-    REFUSED(su, "SELECT * FROM mq_claim(ARRAY(SELECT 'c' || g FROM generate_series(1, 1001) g), 5)",
+    REFUSED(su,
+            "SELECT * FROM mq_claim(ARRAY(SELECT 'c' || g FROM generate_series(1, 1001) g), 5)",
             "54000", "1001 channel names are over the limit of 1000");
-    t_exec(su, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 1, NULL, 'c1000', '', NULL, "
-               "false, 'n', '{}', NULL)::mq_new_t])");
+    t_exec(su,
+           "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 1, NULL, 'c1000', '', NULL, "
+           "false, 'n', '{}', NULL)::mq_new_t])");
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_claim(ARRAY(SELECT 'c' || g FROM "
                             "generate_series(1, 1000) g), 5) j WHERE (j).id IS NOT NULL"),
               1);
