@@ -58,14 +58,6 @@ BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
         RETURN;
     END IF;
-    -- Shapes and duplicate ids, named (mq_insert_check, called only when
-    -- there is something to name: a call costs more than this test).
-    IF array_ndims(new_messages) > 1 OR array_ndims(priorities) > 1
-       OR (cardinality(new_messages) > 1
-           AND (SELECT count(DISTINCT t.id) FROM unnest(new_messages) AS t)
-               < cardinality(new_messages)) THEN
-        PERFORM mq_insert_check(new_messages, priorities);
-    END IF;
     lim := mq_limits();
     -- Months count 30 days and days 24 hours, in the checks below and in
     -- the timestamps computed from them alike (see mq_fixed_length). Only
@@ -126,6 +118,14 @@ BEGIN
     IF FOUND THEN
         RAISE EXCEPTION 'mq_insert: message % of the batch: %', bad.ord, bad.why
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Shapes and duplicate ids, named (mq_insert_check, called only when
+    -- there is something to name: a call costs more than this test).
+    IF array_ndims(new_messages) > 1 OR array_ndims(priorities) > 1
+       OR (cardinality(new_messages) > 1
+           AND (SELECT count(DISTINCT t.id) FROM unnest(new_messages) AS t)
+               < cardinality(new_messages)) THEN
+        PERFORM mq_insert_check(new_messages, priorities);
     END IF;
     IF priorities IS NOT NULL THEN
         IF cardinality(priorities) <> cardinality(new_messages) THEN

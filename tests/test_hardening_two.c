@@ -215,7 +215,18 @@ static void test_schedule_name_fits_its_keys(void)
     REFUSED(su, sql, "22023", "1 to 998 bytes");
     free(sql);
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_schedules"), 0);
+    /* The C API says so before it connects. */
+    char ci[1024];
+    snprintf(ci, sizeof ci, "%s options='-c search_path=%s'", t_dsn(), t_schema());
+    pqmq_runner *r = pqmq_runner_new(ci);
+    pqmq_msg *m = t_msg("sched", NULL, "tick", "{}", 0);
+    CHECK_INT(pqmq_runner_schedule(r, name, "* * * * *", NULL, m, PQMQ_BACKFILL_ALL),
+              PQMQ_EINVAL);
+    CHECK(strstr(pqmq_runner_errmsg(r), "over 998 bytes") != NULL);
     name[998] = 0;
+    CHECK_INT(pqmq_runner_schedule(r, name, "* * * * *", NULL, m, PQMQ_BACKFILL_ALL), 0);
+    pqmq_msg_free(m);
+    pqmq_runner_free(r);
     CHECK_INT(tick_as(su, name), 0);
     back(name, "2 minutes");
     CHECK_INT(tick_as(su, name), 2);
