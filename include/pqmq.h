@@ -513,8 +513,11 @@ typedef enum {
  * is inserted once however many runners carry the same schedule name (a
  * unique key per slot decides). A schedule first seen starts now; a slot
  * the local clock skips (daylight saving) comes due right after the gap,
- * and a repeated one once. Checked here: a bad expression is PQMQ_EINVAL,
- * and pqmq_runner_errmsg names the field; an unknown time zone fails
+ * and a repeated one once. A schedule belongs to the role the runner
+ * connects as that first evaluated it (another role's runner fails the
+ * run), and evaluating one is the produce duty's. Checked here: a bad
+ * expression is PQMQ_EINVAL, and pqmq_runner_errmsg names the field; so is
+ * a name that is empty or over 998 bytes; an unknown time zone fails
  * pqmq_runner_run. msg stays the caller's.
  */
 PQMQ_EXPORT int pqmq_runner_schedule(pqmq_runner *runner, const char *name, const char *cron,

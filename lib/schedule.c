@@ -62,6 +62,8 @@ static int copy_msg(pqmq__schedule *s, const pqmq_msg *m)
     return oom ? PQMQ_ENOMEM : 0;
 }
 
+#define PQMQ__SCHEDULE_NAME_MAX 998
+
 int pqmq__schedule_new(const char *name, const char *cron, const char *time_zone,
                        const pqmq_msg *msg, pqmq_backfill backfill, pqmq__schedule **out,
                        char *err, size_t errlen)
@@ -71,6 +73,12 @@ int pqmq__schedule_new(const char *name, const char *cron, const char *time_zone
         return snprintf(err, errlen, "pqmq_runner_schedule: %s",
                         !name || !*name ? "name is NULL or empty"
                                         : "msg is NULL or has no channel"),
+               PQMQ_EINVAL;
+    /* Its slots' keys, "schedule:NAME:YYYY-MM-DDTHH:MM", fit in 1024 bytes
+     * (mq_schedule refuses the same). */
+    if (strlen(name) > PQMQ__SCHEDULE_NAME_MAX)
+        return snprintf(err, errlen, "pqmq_runner_schedule: name is over %d bytes",
+                        PQMQ__SCHEDULE_NAME_MAX),
                PQMQ_EINVAL;
     if (backfill != PQMQ_BACKFILL_ALL && backfill != PQMQ_BACKFILL_LATEST)
         return snprintf(err, errlen, "pqmq_runner_schedule: backfill %d is not a pqmq_backfill",

@@ -22,6 +22,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n       int;
+    k       int;
     g_id    uuid[];
     g_after uuid[];
     g_name  text[];
@@ -51,8 +52,9 @@ BEGIN
         INTO by_id, att
         FROM unnest(msg_ids, msg_attempts) AS u(id, a);
     END IF;
-    -- Unordered messages need no chain lock: they go first, and usually
-    -- that is all there is.
+    -- Unordered messages without a key need no lock: they go first, and
+    -- usually that is all there is. The others take their keys' locks (in
+    -- key order) and then their chains' (as producers do: mq_lock_keys).
     -- Rows are found by id = ANY (an index condition whatever the
     -- statistics say; a join with the array could become a scan of the
     -- whole primary key after ANALYZE saw an empty table).
@@ -60,6 +62,7 @@ BEGIN
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
           AND m.after_message_id IS NULL
+          AND m.unique_key IS NULL
           AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id
     )
@@ -68,23 +71,27 @@ BEGIN
         RETURN n;
     END IF;
 
+    PERFORM mq_lock_keys(msg_ids);
     PERFORM mq_lock_chains(msg_ids);
     WITH gone AS (
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
-          AND m.after_message_id IS NOT NULL
+          AND (m.after_message_id IS NOT NULL OR m.unique_key IS NOT NULL)
           AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
         RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
     )
-    SELECT array_agg(g.id), array_agg(g.after_message_id),
-           array_agg(g.channel_name), array_agg(g.channel_args)
-    INTO g_id, g_after, g_name, g_args
+    SELECT count(*),
+           array_agg(g.id) FILTER (WHERE g.after_message_id IS NOT NULL),
+           array_agg(g.after_message_id) FILTER (WHERE g.after_message_id IS NOT NULL),
+           array_agg(g.channel_name) FILTER (WHERE g.after_message_id IS NOT NULL),
+           array_agg(g.channel_args) FILTER (WHERE g.after_message_id IS NOT NULL)
+    INTO k, g_id, g_after, g_name, g_args
     FROM gone g;
 
     IF g_id IS NOT NULL THEN
         PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
     END IF;
-    RETURN n + COALESCE(cardinality(g_id), 0);
+    RETURN n + k;
 END;
 $$;
 

@@ -117,6 +117,14 @@ BEGIN
         RAISE EXCEPTION 'mq_insert: message % of the batch: %', bad.ord, bad.why
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Shapes and duplicate ids, named (mq_insert_check, called only when
+    -- there is something to name: a call costs more than this test).
+    IF array_ndims(new_messages) > 1 OR array_ndims(priorities) > 1
+       OR (cardinality(new_messages) > 1
+           AND (SELECT count(DISTINCT t.id) FROM unnest(new_messages) AS t)
+               < cardinality(new_messages)) THEN
+        PERFORM mq_insert_check(new_messages, priorities);
+    END IF;
     IF priorities IS NOT NULL THEN
         IF cardinality(priorities) <> cardinality(new_messages) THEN
             RAISE EXCEPTION 'mq_insert: % messages but % priorities',
@@ -313,5 +321,38 @@ BEGIN
     )
     SELECT array_agg(DISTINCT c.channel_name) INTO chans FROM c;
     PERFORM mq_wake(chans);
+END;
+$$;
+
+-- mq_insert_rows' checks of a batch's shape: one-dimensional arrays (one
+-- subscript of a 2-D array reads NULL: every priority would be 0), and no
+-- id twice (which the primary key would report without saying that both
+-- are in the batch, or which messages they are).
+CREATE OR REPLACE FUNCTION mq_insert_check(new_messages mq_new_t[], priorities int[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    dup record;
+BEGIN
+    IF array_ndims(new_messages) > 1 OR array_ndims(priorities) > 1 THEN
+        RAISE EXCEPTION 'mq_insert: % is a %-dimensional array, not a list',
+            CASE WHEN array_ndims(new_messages) > 1 THEN 'new_messages' ELSE 'priorities' END,
+            GREATEST(array_ndims(new_messages), array_ndims(priorities))
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT t.id, min(t.o) AS first, (array_agg(t.o ORDER BY t.o))[2] AS second INTO dup
+    FROM unnest(new_messages) WITH ORDINALITY AS t(id, delay, retries, retry_backoff,
+                                                 channel_name, channel_args, commit_interval,
+                                                 ordered, name, payload_json, payload_bytes, o)
+    WHERE t.id IS NOT NULL
+    GROUP BY t.id HAVING count(*) > 1
+    ORDER BY 3 LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'mq_insert: message % of the batch: id % is message %''s too',
+            dup.second, dup.id, dup.first
+            USING ERRCODE = 'unique_violation';
+    END IF;
 END;
 $$;

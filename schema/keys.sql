@@ -15,10 +15,36 @@
 -- as for mq_insert; 'replace' gives the holder the priority too.
 -- Returns, in batch order, the id each message stands for (its own, or the
 -- holder's) and what happened: 'inserted', 'kept' or 'replaced'.
+-- Keys that start with 'schedule:' are the schedules' (mq_schedule) and
+-- refused here: a producer could take a slot's key before its schedule does.
 CREATE OR REPLACE FUNCTION mq_insert_unique(new_messages mq_new_t[], unique_keys text[],
                                             mode text DEFAULT 'keep',
                                             retention interval DEFAULT NULL,
                                             priorities int[] DEFAULT NULL)
+RETURNS TABLE(id uuid, outcome text)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    bad int;
+BEGIN
+    SELECT min(k.o) INTO bad FROM unnest(unique_keys) WITH ORDINALITY AS k(key, o)
+    WHERE left(k.key, 9) = 'schedule:';
+    IF bad IS NOT NULL THEN
+        RAISE EXCEPTION 'mq_insert_unique: message % of the batch: unique key % is reserved',
+            bad, quote_literal(left(unique_keys[bad], 100))
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'Keys that start with ''schedule:'' are the recurring messages''.';
+    END IF;
+    RETURN QUERY SELECT * FROM mq_insert_keyed(new_messages, unique_keys, mode, retention,
+                                               priorities);
+END;
+$$;
+
+-- mq_insert_unique's work, for it and for mq_schedule (whose keys start
+-- with 'schedule:'). Not for callers: no duty has it.
+CREATE OR REPLACE FUNCTION mq_insert_keyed(new_messages mq_new_t[], unique_keys text[],
+                                           mode text, retention interval, priorities int[])
 RETURNS TABLE(id uuid, outcome text)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -52,6 +78,17 @@ BEGIN
         RETURN;
     END IF;
     lim := mq_limits();
+    -- (One subscript of a 2-D array reads NULL: every key would be "none".)
+    IF array_ndims(unique_keys) > 1 OR array_ndims(priorities) > 1
+       OR array_ndims(new_messages) > 1 THEN
+        RAISE EXCEPTION 'mq_insert_unique: % is a %-dimensional array, not a list',
+            CASE WHEN array_ndims(unique_keys) > 1 THEN 'unique_keys'
+                 WHEN array_ndims(priorities) > 1 THEN 'priorities'
+                 ELSE 'new_messages' END,
+            GREATEST(array_ndims(unique_keys), array_ndims(priorities),
+                     array_ndims(new_messages))
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     IF unique_keys IS NOT NULL AND cardinality(unique_keys) <> n THEN
         RAISE EXCEPTION 'mq_insert_unique: % messages but % unique keys',
             n, cardinality(unique_keys)
@@ -60,6 +97,13 @@ BEGIN
     IF mode IS NULL OR mode NOT IN ('keep', 'replace', 'replace_payload') THEN
         RAISE EXCEPTION 'mq_insert_unique: mode % is not keep, replace or replace_payload',
             COALESCE(quote_literal(mode), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A window is a length: a negative part ('-1 month +31 days') is a
+    -- mistake, whatever the sum.
+    IF date_part('month', retention) < 0 OR date_part('day', retention) < 0
+       OR date_part('year', retention) < 0 THEN
+        RAISE EXCEPTION 'mq_insert_unique: retention % has a negative part', retention
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF retention < interval '0' OR retention > lim.max_duration THEN
@@ -77,11 +121,7 @@ BEGIN
     END IF;
     -- Every message is checked before any key is taken or any holder changed.
     PERFORM mq_insert_rows(new_messages, NULL, NULL, array_fill(false, ARRAY[n]), priorities);
-
-    -- Forget a few keys whose window has passed (those who keep keys pay).
-    DELETE FROM mq_keys k WHERE k.ctid = ANY (ARRAY(
-        SELECT e.ctid FROM mq_keys e WHERE e.expires_at <= ts
-        ORDER BY e.expires_at LIMIT 2 * n + 16 FOR UPDATE SKIP LOCKED));
+    PERFORM mq_check_json(new_messages);
 
     ids := ARRAY(SELECT (new_messages[t.o]).id FROM generate_subscripts(new_messages, 1) AS t(o) ORDER BY t.o);
     outs := array_fill('inserted'::text, ARRAY[n]);
@@ -90,7 +130,9 @@ BEGIN
     prio := priorities;
 
     -- Each key once (the first message of the batch with it, "first"), in
-    -- key order so that producers racing on the same keys cannot deadlock.
+    -- key order so that producers racing on the same keys cannot deadlock
+    -- (consumers take them in the same order, mq_lock_keys, before any
+    -- chain's lock; so do producers: mq_insert_rows comes after).
     -- The upsert takes a free key or locks the row of a held one; the
     -- primary key decides between racing producers.
     FOR g IN
@@ -117,10 +159,21 @@ BEGIN
                 got := NULL;
                 IF live AND mode <> 'keep' THEN
                     -- Not started: never delivered and held by no consumer
-                    -- (the locked lane's claim is a row lock).
+                    -- (the locked lane's claim is a row lock); and unordered,
+                    -- or alone in its chain: a chain's other messages were
+                    -- inserted before this one and must not run after its
+                    -- payload, and a waiting member is relinked by
+                    -- completions, under the chain's lock, which producers
+                    -- take after their keys' (this row's lock would close a
+                    -- circle).
                     SELECT m.ctid INTO got FROM mq_msgs m
                     WHERE m.id = holder AND m.deliveries = 0 AND m.dead_since IS NULL
-                    FOR NO KEY UPDATE SKIP LOCKED;
+                      AND (m.after_message_id IS NULL
+                           OR (m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+                               AND NOT EXISTS (SELECT 1 FROM mq_msgs s
+                                               WHERE s.after_message_id = holder
+                                                 AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid)))
+                    FOR NO KEY UPDATE OF m SKIP LOCKED;
                 END IF;
                 IF got IS NOT NULL THEN
                     -- (A value, and mq_at, where Citus needs them: see
@@ -169,6 +222,12 @@ BEGIN
             take[g.members[i]] := false;
         END LOOP;
     END LOOP;
+
+    -- Forget a few keys whose window has passed (those who keep keys pay):
+    -- after this batch's own keys, so that no key is held out of order.
+    DELETE FROM mq_keys k WHERE k.ctid = ANY (ARRAY(
+        SELECT e.ctid FROM mq_keys e WHERE e.expires_at <= ts
+        ORDER BY e.expires_at LIMIT 2 * n + 16 FOR UPDATE SKIP LOCKED));
 
     PERFORM mq_insert_rows(eff, unique_keys, retention, take, prio);
     RETURN QUERY SELECT ids[i], outs[i] FROM generate_series(1, n) AS i ORDER BY i;
@@ -240,6 +299,70 @@ BEGIN
         END IF;
         UPDATE mq_keys k SET message_id = r.id, expires_at = NULL
         WHERE k.channel_name = r.channel_name AND k.unique_key = r.unique_key;
+    END LOOP;
+END;
+$$;
+
+-- Fails naming the first message of the batch whose payload_json is not
+-- JSON (the insert's cast would not say which). One subtransaction per
+-- batch; one per message only when the batch has a bad one.
+CREATE OR REPLACE FUNCTION mq_check_json(new_messages mq_new_t[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    i int;
+BEGIN
+    BEGIN
+        PERFORM count(t.payload_json::jsonb) FROM unnest(new_messages) AS t;
+        RETURN;
+    EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+        NULL;
+    END;
+    FOR i IN 1 .. cardinality(new_messages) LOOP
+        BEGIN
+            PERFORM (new_messages[i]).payload_json::jsonb;
+        EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+            RAISE EXCEPTION 'mq_insert_unique: message % of the batch: payload_json is not JSON (%)',
+                i, SQLERRM
+                USING ERRCODE = 'invalid_text_representation';
+        END;
+    END LOOP;
+END;
+$$;
+
+-- Takes the row locks of the keys that msg_ids hold, in key order, as
+-- producers take them (mq_insert_unique): a completion deletes keyed
+-- messages only after this, and before any chain's lock, so producers and
+-- consumers that share keys never wait for each other in a circle.
+CREATE OR REPLACE FUNCTION mq_lock_keys(msg_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+DECLARE
+    cn text[];
+    uk text[];
+    r  record;
+BEGIN
+    SELECT array_agg(m.channel_name), array_agg(m.unique_key) INTO cn, uk
+    FROM mq_msgs m
+    WHERE m.id = ANY (msg_ids) AND m.unique_key IS NOT NULL;
+    IF cn IS NULL THEN
+        RETURN;
+    END IF;
+    -- A probe per key, in key order (one statement each: on Citus each
+    -- is a router query).
+    FOR r IN SELECT DISTINCT u.cn, u.uk FROM unnest(cn, uk) AS u(cn, uk) ORDER BY 1, 2 LOOP
+        PERFORM 1 FROM mq_keys k
+        WHERE k.channel_name = r.cn AND k.unique_key = r.uk
+        FOR UPDATE;
     END LOOP;
 END;
 $$;

@@ -64,6 +64,14 @@ BEGIN
             batch_size, (mq_limits()).max_batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Each named channel is visited (and, when nothing is ready, probed for
+    -- its wait time): a bound, not a scan of a caller's list.
+    IF cardinality(channel_names) > 1000 THEN
+        RAISE EXCEPTION 'mq_poll: % channel names are over the limit of 1000',
+            cardinality(channel_names)
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Poll all channels (NULL), or put the channels in fewer names: a name''s channels differ by their args.';
+    END IF;
     per_key := GREATEST(1, (batch_size + 3) / 4);
     budget := 2 * batch_size + 16;
     mark := mq_low_mark(ts, false);

@@ -24,8 +24,9 @@ LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
     VALUES ('produce', 'mq_insert'), ('produce', 'mq_insert_unique'), ('produce', 'mq_commit'),
+           -- A schedule inserts messages: producing (a runner that
+           -- carries schedules needs it); operators list slots.
            ('produce', 'mq_schedule'), ('produce', 'mq_cron_slots'),
-           ('consume', 'mq_schedule'), ('consume', 'mq_cron_slots'),
            ('administer', 'mq_cron_slots'),
            ('consume', 'mq_claim'), ('consume', 'mq_claim_locked'),
            ('consume', 'mq_claim_lane'),

@@ -31,6 +31,44 @@
 --              one range of keys (a poll that names channels visits that
 --              range; see mq_pick_set for where polls start)
 
+-- Refuse a queue schema whose owner is not trusted, before anything is
+-- created in it: a schema's owner may drop what is in it and plant
+-- functions and operators there that the queue's callers would run (a role
+-- with CREATE on the database makes a schema named like the installing
+-- superuser, on its default path "$user", public). Trusted: the installing
+-- role itself, or a superuser (for a schema owned by pg_database_owner,
+-- public on PostgreSQL 15, the database's owner).
+DO $$
+DECLARE
+    nsp   oid := COALESCE(
+        (SELECT c.relnamespace FROM pg_catalog.pg_class c
+         WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')),
+        (SELECT n.oid FROM pg_catalog.pg_namespace n
+         WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()));
+    owner oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n
+                  WHERE n.oid OPERATOR(pg_catalog.=) nsp);
+    eff   oid;
+BEGIN
+    IF owner IS NULL THEN
+        RETURN; -- no schema: creating the first object says so
+    END IF;
+    eff := CASE WHEN owner OPERATOR(pg_catalog.=) (SELECT r.oid FROM pg_catalog.pg_roles r
+                                                  WHERE r.rolname OPERATOR(pg_catalog.=) 'pg_database_owner')
+                THEN (SELECT d.datdba FROM pg_catalog.pg_database d
+                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+                ELSE owner END;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
+                   WHERE r.oid OPERATOR(pg_catalog.=) eff
+                     AND (r.rolsuper OR r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)) THEN
+        RAISE EXCEPTION 'pqmq: the queue schema % is owned by role %, which is neither the installing role (%) nor a superuser',
+            nsp::regnamespace, owner::regrole, CURRENT_USER
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'The owner of a schema can drop the queue''s objects in it and put functions there that the queue''s callers would run with their rights.',
+                  HINT = 'Install into a schema that the installing role owns (CREATE SCHEMA ... AUTHORIZATION), as that role; check the search_path: the queue goes into its first schema that exists.';
+    END IF;
+END
+$$;
+
 -- Only over a new schema or one at this release's version: an older queue
 -- needs its step of migrations/ first (which pqmq_migrate and `pqmq migrate
 -- --sql` apply before this file), a newer one a newer pqmq.
@@ -249,9 +287,11 @@ CREATE INDEX IF NOT EXISTS mq_keys_expired ON mq_keys (expires_at)
 -- Recurring messages (schema/schedules.sql): the last minute (UTC) each
 -- schedule was evaluated up to. Runners carrying the same schedule share it;
 -- the unique key of each slot, not this row, decides who inserts a slot.
+-- owner: the role the schedule belongs to (the first to evaluate it).
 CREATE TABLE IF NOT EXISTS mq_schedules (
     name      text PRIMARY KEY,
-    last_slot timestamptz NOT NULL
+    last_slot timestamptz NOT NULL,
+    owner     oid
 );
 
 -- Counters, so that status never reads the ready backlog or the messages

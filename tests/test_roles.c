@@ -95,7 +95,7 @@ static void setup(void)
     /* mq_insert (with and without priorities), mq_insert_unique, mq_commit,
      * mq_schedule, mq_cron_slots */
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 6);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 18);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 16);
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 14);
 }
 
@@ -409,8 +409,8 @@ static void test_grant_refuses_a_role_that_can_create_in_the_schema(void)
     t_exec(su, "GRANT CREATE ON SCHEMA %s TO PUBLIC", t_schema());
     CHECK_STR(sql_state(su, sql), "42501");
     t_exec(su, "REVOKE CREATE ON SCHEMA %s FROM PUBLIC", t_schema());
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 18);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 18);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 16);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 16);
 }
 
 /* mq_create_roles makes NOLOGIN group roles; a login role that is a member
