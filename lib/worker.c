@@ -358,8 +358,7 @@ static int run_in_batch(slot *s, const pqmq__work *w, char *error, size_t errlen
     } else if (!healthy) {
         if (rc == 0 || !ctx.error[0])
             snprintf(ctx.error, sizeof ctx.error,
-                     "a statement failed outside the job's "
-                     "transaction, in its batch's: %s",
+                     "a statement failed outside the job's savepoint, breaking its batch: %s",
                      PQerrorMessage(conn));
         result = -1;
     } else {
@@ -615,9 +614,12 @@ static void *worker_main(void *arg)
         if (index < 0)
             break;
         if (s->npend) {
-            notice_hangup(pqmq_conn(s->client)); /* before a reconnect ends the batch */
-            if (PQstatus(pqmq_conn(s->client)) != CONNECTION_OK)
-                lose_batch(s);
+            notice_hangup(pqmq_conn(s->client)); /* before a reconnect hides it */
+            if (PQstatus(pqmq_conn(s->client)) != CONNECTION_OK) {
+                lose_batch(s); /* down: reconnected above, with its backoff */
+                pqmq__claims_give_back(q, s->index, index);
+                continue;
+            }
         }
         if (!connected(s)) {
             /* Back to the queue, untouched; the main loop hands queued
