@@ -11,7 +11,6 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -30,46 +29,10 @@ static PGconn *pg;
 /* A runner with commit batches of at most jobs (0: the default). */
 static pqmq_runner *new_runner(int threads, int jobs)
 {
-    char *ci = NULL;
-    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
-                 t_schema()) < 0)
-        abort();
-    pqmq_runner *r = pqmq_runner_new(ci);
-    free(ci);
-    const char *listen = getenv("PQMQ_TEST_LISTEN_DSN");
-    if (!r || (listen && pqmq_runner_set_listen_dsn(r, listen) != 0))
-        abort();
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_set_commit_batch(r, jobs, 0), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, threads), 0);
     return r;
-}
-
-typedef struct {
-    pqmq_runner *r;
-    pthread_t th;
-    int rc;
-} bg_t;
-
-static void *bg_main(void *p)
-{
-    bg_t *b = p;
-    b->rc = pqmq_runner_run(b->r);
-    return NULL;
-}
-
-static void bg_start(bg_t *b, pqmq_runner *r)
-{
-    b->r = r;
-    b->rc = 99;
-    if (pthread_create(&b->th, NULL, bg_main, b) != 0)
-        abort();
-}
-
-static void bg_stop(bg_t *b)
-{
-    pqmq_runner_stop(b->r);
-    pthread_join(b->th, NULL);
-    CHECK_INT(b->rc, 0);
 }
 
 static pqmq_runner_stats_t stats(pqmq_runner *r)
@@ -217,10 +180,10 @@ static pqmq_runner_stats_t run_all(int threads, int jobs, uint64_t n)
 {
     pqmq_runner *r = new_runner(threads, jobs);
     CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(processed(r) >= n, 30000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     pqmq_runner_stats_t s = stats(r);
     pqmq_runner_free(r);
     return s;
@@ -358,16 +321,15 @@ static void test_a_stop_commits_the_batch_in_hand(void)
     insert_n(20, "{\"x\": 1}", 60000);
     pqmq_runner *r = new_runner(1, 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(atomic_load(&hold.entered), 30000);
     CHECK_INT(atomic_load(&hold.entered), 1);
     long long before = t_sql_int(pg, "SELECT count(*) FROM rc_ledger");
     pqmq_runner_stop(r);
     t_sleep_ms(100);
     atomic_store(&hold.go, 1);
-    pthread_join(b.th, NULL);
-    CHECK_INT(b.rc, 0);
+    t_runner_stop(&b);
     long long done = (long long)processed(r);
     printf("    %lld effects visible while the batch was open, %lld committed at the stop\n",
            before, done);
@@ -390,8 +352,8 @@ static void test_leases_of_a_batch_are_kept_alive(void)
     insert_on("k", 1, "{\"slow\": 1}", 0, 1000);
     pqmq_runner *r = new_runner(1, 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(stats(r).in_flight == 5, 10000);
     int taken = 0;
     for (int64_t end = t_now_ms() + 2500; t_now_ms() < end && processed(r) < 5;) {
@@ -402,7 +364,7 @@ static void test_leases_of_a_batch_are_kept_alive(void)
         t_sleep_ms(50);
     }
     WAIT_UNTIL(processed(r) >= 5, 10000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(taken, 0);
     CHECK_INT(processed(r), 5);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rc_ledger WHERE attempt = 1"), 5);
