@@ -334,8 +334,9 @@ void run_once(const struct opts *o, PGconn *admin, int threads, struct results *
     profile_end(o, admin, label, o->messages);
     check(o, admin, label, "SELECT count(*) FROM mq_msgs");
 
-    /* Runners whose handlers write the row in the job's transaction:
-     * a commit per job, or per worker's batch on the locked lane. */
+    /* Runners whose handlers write the row in the job's transaction, which
+     * commits with a batch of the worker's jobs: commit batches
+     * (pqmq_runner_set_commit_batch) on the lease lane, or the locked lane. */
     for (int locked = 0; locked < 2; locked++) {
         label = locked ? "exactly-once: runner, locked lane" : "exactly-once: runner";
         queue_reset(admin);

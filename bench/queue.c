@@ -147,20 +147,34 @@ struct drain {
     int record; /* exactly-once: a bench_results row in the job's transaction */
 };
 
+/* The backend on which this worker thread's connection prepared the
+ * effect's INSERT (a reconnect is a new backend, which prepares it again). */
+static _Thread_local int prepared_on;
+
 /* The exactly-once handler's effect (see once.c): its row, in the job's
- * transaction, which the runner commits with the completion. */
+ * transaction, which the runner commits with the completion. Prepared
+ * once per connection, as the poll API's consumers do in once.c. */
 static int record_effect(pqmq_ctx *ctx, const pqmq_job *job)
 {
     PGconn *conn = pqmq_ctx_begin(ctx);
     if (!conn)
         return -1;
+    if (prepared_on != PQbackendPID(conn)) {
+        PGresult *p =
+            PQprepare(conn, "record_one",
+                      "INSERT INTO bench_results (id, channel) VALUES ($1, $2)", 2, NULL);
+        int ok = PQresultStatus(p) == PGRES_COMMAND_OK;
+        PQclear(p);
+        if (!ok)
+            return -1;
+        prepared_on = PQbackendPID(conn);
+    }
     uuid_t id;
     char text[37];
     pqmq_job_id(job, id);
     uuid_unparse_lower(id, text);
     const char *v[2] = {text, pqmq_job_args(job)};
-    PGresult *r = PQexecParams(conn, "INSERT INTO bench_results (id, channel) VALUES ($1, $2)",
-                               2, NULL, v, NULL, NULL, 0);
+    PGresult *r = PQexecPrepared(conn, "record_one", 2, v, NULL, NULL, 0);
     int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     PQclear(r);
     return ok ? 0 : -1;
@@ -192,8 +206,9 @@ static void *runner_main(void *arg)
     return NULL;
 }
 
+/* commit: commit batches (pqmq_runner_set_commit_batch, its defaults). */
 static void start_runner(struct runner_thread *t, const struct opts *o, int threads, int batch,
-                         int locked, pqmq_handler fn, void *arg)
+                         int locked, int commit, pqmq_handler fn, void *arg)
 {
     t->r = pqmq_runner_new(o->conninfo);
     if (!t->r || pqmq_runner_handle(t->r, NULL, fn, arg) ||
@@ -205,6 +220,8 @@ static void start_runner(struct runner_thread *t, const struct opts *o, int thre
         die("batch %d out of range", batch);
     if (pqmq_runner_set_locked(t->r, locked))
         die("pqmq_runner_set_locked failed");
+    if (commit && pqmq_runner_set_commit_batch(t->r, 0, 0))
+        die("%s", pqmq_runner_errmsg(t->r));
     if (pthread_create(&t->thread, NULL, runner_main, t))
         die("cannot start a thread");
 }
@@ -245,7 +262,8 @@ double queue_drain_runner_with(const struct opts *o, int threads, const char *la
     if (!ts)
         die("out of memory");
     for (int i = 0; i < n; i++)
-        start_runner(&ts[i], o, threads, o->batch, locked, drain_handler, &d);
+        start_runner(&ts[i], o, threads, o->batch, locked, record && !locked, drain_handler,
+                     &d);
     for (int i = 0; i < n; i++)
         wait_started(&ts[i]);
 
@@ -578,7 +596,7 @@ void queue_latency(const struct opts *o, int ordered, struct latency *out)
     if (!l.ms || !json)
         die("out of memory");
     struct runner_thread t;
-    start_runner(&t, o, 0, 0, 0, latency_handler, &l);
+    start_runner(&t, o, 0, 0, 0, 0, latency_handler, &l);
     wait_started(&t);
     pqmq_client *c = bench_client(o);
     sleep_s(0.05); /* let the runner settle into its idle wait */

@@ -101,6 +101,7 @@ void report_text(const struct opts *o, const struct results *r)
         rate_row("exactly-once, runner", r->once_runner, r->floor_drain, TARGET_ONCE);
         rate_row("exactly-once, runner, locked lane", r->once_runner_locked, r->floor_drain,
                  TARGET_ONCE);
+        rate_row("exactly-once, runner, vs poll API", r->once_runner, r->once, 0);
         rate_row("exactly-once, vs exactly-once floor", r->once, r->floor_once, 0);
         rate_row("exactly-once, locked, vs its floor", r->once_locked, r->floor_once, 0);
     }
@@ -145,9 +146,9 @@ void report_text(const struct opts *o, const struct results *r)
                "  completion, committed together (BEGIN, INSERT, pqmq_complete_and_poll,\n"
                "  COMMIT; the locked lane: pqmq_poll_locked (BEGIN and the poll), INSERT,\n"
                "  pqmq_complete_commit (completion and COMMIT); runners: the row in the\n"
-               "  job's transaction (pqmq_ctx_begin), a commit per job, or per worker's\n"
-               "  batch on the locked lane); its floor: BEGIN, the floor's DELETE, the same\n"
-               "  INSERT, COMMIT.\n");
+               "  job's transaction (pqmq_ctx_begin), a commit per worker's batch: commit\n"
+               "  batches, or the locked lane); its floor: BEGIN, the floor's DELETE, the\n"
+               "  same INSERT, COMMIT.\n");
     if (r->ordered.runner > 0 || r->prio.runner > 0)
         printf("%s* priorities rows: the main scenario with message i of priority i %% %d;\n"
                "  ordered rows: every message on an ordered chain; the floor column holds\n"
@@ -227,6 +228,7 @@ void report_json(const struct opts *o, const struct results *r)
     jnum("ratio_exactly_once_locked", ratio(r->once_locked, r->floor_drain), "%.3f", 0);
     jnum("process_exactly_once_runner_per_s", r->once_runner, "%.0f", 0);
     jnum("ratio_exactly_once_runner", ratio(r->once_runner, r->floor_drain), "%.3f", 0);
+    jnum("ratio_exactly_once_runner_to_poll", ratio(r->once_runner, r->once), "%.3f", 0);
     jnum("process_exactly_once_runner_locked_per_s", r->once_runner_locked, "%.0f", 0);
     jnum("ratio_exactly_once_runner_locked", ratio(r->once_runner_locked, r->floor_drain),
          "%.3f", 0);

@@ -2,7 +2,7 @@
  * exactly_once.c: a runner whose effects happen exactly once, even if the
  * process is killed at any moment.
  *
- *   exactly_once CONNINFO [--locked]
+ *   exactly_once CONNINFO [--locked | --batched]
  *
  * For every message on every channel it writes one row into a ledger table
  * and completes the message in the same transaction (pqmq_ctx_begin): either
@@ -10,8 +10,11 @@
  * recorded twice. --locked uses the locked lane (pqmq_runner_set_locked):
  * each worker claims a batch in a transaction of its own and commits the
  * batch's effects and completions together, one commit per batch instead of
- * one per message. SIGINT or SIGTERM stops it gracefully (in-flight handlers
- * finish first); it then prints its counters and exits 0. Copy freely.
+ * one per message. --batched keeps the lease lane and commits each worker's
+ * jobs in batches (pqmq_runner_set_commit_batch): each handler in a
+ * savepoint, one commit for a batch's effects and completions. SIGINT or
+ * SIGTERM stops it gracefully (in-flight handlers finish first, the batch
+ * in hand commits); it then prints its counters and exits 0. Copy freely.
  */
 #define _POSIX_C_SOURCE 200809L /* sigaction under -std=c11 */
 
@@ -98,8 +101,9 @@ static int setup(const char *conninfo)
 int main(int argc, char **argv)
 {
     int locked = argc == 3 && !strcmp(argv[2], "--locked");
-    if (argc != 2 && !locked) {
-        fprintf(stderr, "usage: %s CONNINFO [--locked]\n", argv[0]);
+    int batched = argc == 3 && !strcmp(argv[2], "--batched");
+    if (argc != 2 && !locked && !batched) {
+        fprintf(stderr, "usage: %s CONNINFO [--locked | --batched]\n", argv[0]);
         return 2;
     }
     if (setup(argv[1]) != 0)
@@ -117,6 +121,10 @@ int main(int argc, char **argv)
     /* The same handler, one commit per batch of each worker. */
     if (locked)
         pqmq_runner_set_locked(runner, 1);
+    /* The same handler, its transaction shared by up to 64 jobs of a worker
+     * (0, 0: the default batch size and time). */
+    if (batched)
+        pqmq_runner_set_commit_batch(runner, 0, 0);
 
     /* sigaction rather than signal(): no SA_RESTART surprises, one
      * behaviour everywhere. The handler only asks the runner to stop. */

@@ -473,6 +473,24 @@ PQMQ_EXPORT int pqmq_runner_set_keep_alive(pqmq_runner *runner, int64_t period_m
  * its worker still ends dead. Off by default. Returns 0 or PQMQ_EINVAL.
  */
 PQMQ_EXPORT int pqmq_runner_set_locked(pqmq_runner *runner, int on);
+/*
+ * Commit batches, for handlers that complete in their own transaction
+ * (pqmq_ctx_begin): a worker's jobs share one transaction, each handler in
+ * a savepoint, and their effects and completions commit together, once per
+ * batch, not once per job. A failing handler's writes are rolled back to
+ * its savepoint alone and it fails as usual (recorded after the commit).
+ * The completion is fenced by attempt: if a job of the batch is no longer
+ * this runner's (its lease ran out and it went elsewhere), the whole batch
+ * rolls back and its other jobs are handed back at once to run again. A
+ * batch ends when it holds max_jobs jobs (0: 64, the most), when it has
+ * been open max_open_ms (0: 50 ms; at most 60000; checked between
+ * handlers), when no job is waiting, or at a stop. max_jobs 1: each job
+ * commits alone (the default). Not for the locked lane, which batches its
+ * own way. Returns 0, or PQMQ_EINVAL with pqmq_runner_errmsg saying which
+ * value is outside its range.
+ */
+PQMQ_EXPORT int pqmq_runner_set_commit_batch(pqmq_runner *runner, int max_jobs,
+                                             int64_t max_open_ms);
 /* Also stop when a notification arrives on this channel (1..63 bytes,
  * copied; NULL: no stop channel). E.g. SELECT pg_notify('my_stop', '').
  * Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM. */

@@ -29,6 +29,15 @@
  * the workers' own claims. */
 #define LEFT_POLL_MS 250
 #define LEFT_POLL_MAX_MS 4000
+/* Commit batches (pqmq_runner_set_commit_batch): the most jobs a batch
+ * transaction carries, at most the subtransactions (savepoints of handlers
+ * that write) a transaction keeps in shared memory before every snapshot
+ * has to look them up on disk; the default, and the default of how long
+ * (ms) a batch stays open while more jobs are waiting. */
+#define COMMIT_JOBS_MAX 64
+#define COMMIT_JOBS_DEFAULT 64
+#define COMMIT_OPEN_MS_MAX 60000
+#define COMMIT_OPEN_MS_DEFAULT 50
 /* Channel names of at most this many bytes (in the server's encoding) have
  * a notify channel of their own, mq_<name> (mq_wake). */
 #define PQMQ_MAX_CHANNEL_NOTIFY 60
@@ -40,7 +49,9 @@ struct pqmq_runner {
     char **channels; /* NULL: all */
     size_t nchannels;
     int threads, batch;
-    int locked; /* pqmq_runner_set_locked */
+    int locked;      /* pqmq_runner_set_locked */
+    int commit_jobs; /* pqmq_runner_set_commit_batch; 1: a commit per job */
+    int64_t commit_open_ms;
     int64_t keep_alive_ms;
     char *stop_channel;
     char *listen_conninfo; /* NULL: the control connection LISTENs */
@@ -75,6 +86,8 @@ PQMQ_EXPORT pqmq_runner *pqmq_runner_new(const char *conninfo)
     }
     r->threads = 4;
     r->batch = 100;
+    r->commit_jobs = 1;
+    r->commit_open_ms = COMMIT_OPEN_MS_DEFAULT;
     return r;
 }
 
@@ -168,6 +181,29 @@ PQMQ_EXPORT int pqmq_runner_set_locked(pqmq_runner *r, int on)
     if (!r)
         return PQMQ_EINVAL;
     r->locked = on != 0;
+    return 0;
+}
+
+PQMQ_EXPORT int pqmq_runner_set_commit_batch(pqmq_runner *r, int max_jobs, int64_t max_open_ms)
+{
+    if (!r)
+        return PQMQ_EINVAL;
+    const char *what = "pqmq_runner_set_commit_batch";
+    if (max_jobs < 0 || max_jobs > COMMIT_JOBS_MAX) {
+        snprintf(r->errmsg, sizeof r->errmsg,
+                 "%s: max_jobs %d is outside 0..%d (0: the default, %d; 1: each job commits "
+                 "alone)",
+                 what, max_jobs, COMMIT_JOBS_MAX, COMMIT_JOBS_DEFAULT);
+        return PQMQ_EINVAL;
+    }
+    if (max_open_ms < 0 || max_open_ms > COMMIT_OPEN_MS_MAX) {
+        snprintf(r->errmsg, sizeof r->errmsg,
+                 "%s: max_open_ms %lld is outside 0..%d (0: the default, %d)", what,
+                 (long long)max_open_ms, COMMIT_OPEN_MS_MAX, COMMIT_OPEN_MS_DEFAULT);
+        return PQMQ_EINVAL;
+    }
+    r->commit_jobs = max_jobs ? max_jobs : COMMIT_JOBS_DEFAULT;
+    r->commit_open_ms = max_open_ms ? max_open_ms : COMMIT_OPEN_MS_DEFAULT;
     return 0;
 }
 
@@ -690,6 +726,9 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
     /* Room for two batches: the next full batch is claimed (with the
      * completions of the last) while the workers still run this one. */
     int capacity = 2 * r->batch > r->threads ? 2 * r->batch : r->threads;
+    /* Commit batches hold their jobs until they commit: room for those too. */
+    if (!r->locked && r->commit_jobs > 1)
+        capacity += r->threads * r->commit_jobs;
     L.q = pqmq__claims_new(capacity, r->threads, wake, r, &r->counters.in_flight);
     /* Each locked worker's batch: the batch size, at most 64, the
      * subtransactions (savepoints of handlers that write) a transaction
@@ -705,7 +744,9 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
                             L.q,
                             r->locked ? (share < 64 ? share : 64) : 0,
                             (const char *const *)r->channels,
-                            r->nchannels};
+                            r->nchannels,
+                            r->locked ? 1 : r->commit_jobs,
+                            r->commit_open_ms};
     char why[256] = "out of memory";
     pqmq__workers *workers = NULL;
     rc = L.q ? pqmq__workers_start(&env, r->threads, &workers, why, sizeof why) : PQMQ_ENOMEM;

@@ -2,7 +2,9 @@
  * worker.c: the runner's worker threads and the pqmq_ctx a handler gets.
  * Each worker owns a connection, used for transactional completion,
  * checkpoints and failures; plain completions go back to the main loop,
- * which sends them in batches.
+ * which sends them in batches. A batch transaction (the locked lane's, or a
+ * commit batch's) runs several jobs' handlers, each in a savepoint, and
+ * completes them with one commit.
  */
 #include <poll.h>
 #include <stdarg.h>
@@ -12,6 +14,14 @@
 #include <time.h>
 
 #include "workers.h"
+
+/* A job of the open commit batch, settled when the batch ends. */
+typedef struct {
+    int index; /* its entry in the claim queue */
+    pqmq__delivery delivery;
+    int ok; /* 1: completed with the batch; 0: failed (why in error) */
+    char error[512];
+} pending;
 
 /* One worker thread. */
 typedef struct {
@@ -23,23 +33,33 @@ typedef struct {
      * a few attempts a second at most, not one burst per job. */
     int64_t retry_at_ms;    /* monotonic: no attempt before this */
     int64_t retry_delay_ms; /* 0 after a success; doubles up to a cap */
-    /* Locked lane: the savepoint of the batch's last writing handler is
-     * still open (released with the next one's, or by the COMMIT). */
+    /* A batch transaction is open on the connection: the locked lane's,
+     * or a commit batch's (since opened_ms, monotonic). */
+    int tx_open;
+    int64_t opened_ms;
+    /* The savepoint of the batch's last writing handler is still open
+     * (released with the next one's, or by the COMMIT). */
     int savepoint_held;
+    /* Commit batches: the open batch's jobs (room for commit_jobs), and
+     * room for their deliveries when it ends. */
+    pending *pend;
+    pqmq__delivery *ok;
+    size_t npend;
 } slot;
 
 struct pqmq__workers {
     pqmq__worker_env env;
     slot *slots;
-    int n;
+    int n;     /* started */
+    int total; /* allocated */
 };
 
 struct pqmq_ctx {
     slot *slot;
     const pqmq__work *work;
-    int tx_open;   /* locked lane: the job's savepoint is open */
+    int tx_open;   /* the job's transaction (in a batch: its savepoint) is open */
     int tx_broken; /* BEGIN failed: the job cannot complete transactionally */
-    int locked;    /* the job belongs to the worker's batch transaction */
+    int batched;   /* the job runs in the worker's batch transaction */
     char error[512];
 };
 
@@ -89,24 +109,43 @@ static int try_reconnect(slot *s)
 
 /* ---- pqmq_ctx ---------------------------------------------------------- */
 
+/* Opens the job's savepoint in the worker's batch transaction, so that its
+ * writes can be undone alone if it fails. A commit batch's transaction
+ * opens with its first job's savepoint, and the last job's savepoint is
+ * released with this one's: one round trip a job. */
+static void open_savepoint(pqmq_ctx *ctx)
+{
+    slot *s = ctx->slot;
+    PGconn *conn = pqmq_conn(s->client);
+    const char *sql = !s->tx_open         ? "BEGIN; SAVEPOINT pqmq_job"
+                      : s->savepoint_held ? "RELEASE SAVEPOINT pqmq_job; SAVEPOINT pqmq_job"
+                                          : "SAVEPOINT pqmq_job";
+    PGresult *res = PQexec(conn, sql);
+    /* The backend died while no batch was open: nothing is lost, so
+     * reconnecting (same PGconn) and retrying is safe. */
+    if (!s->tx_open && PQresultStatus(res) != PGRES_COMMAND_OK &&
+        PQstatus(conn) == CONNECTION_BAD && try_reconnect(s) == 0) {
+        PQclear(res);
+        res = PQexec(conn, sql);
+    }
+    s->savepoint_held = 0;
+    ctx->tx_open = PQresultStatus(res) == PGRES_COMMAND_OK;
+    ctx->tx_broken = !ctx->tx_open;
+    PQclear(res);
+    if (!s->tx_open && PQtransactionStatus(conn) != PQTRANS_IDLE) {
+        s->tx_open = 1; /* even half open: the batch's end rolls it back */
+        s->opened_ms = pqmq__now_ms();
+    }
+}
+
 PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
 {
     if (!ctx)
         return NULL;
     PGconn *conn = pqmq_conn(ctx->slot->client);
-    if (ctx->locked) {
-        /* The batch's transaction is open: a savepoint lets this job's
-         * writes be undone alone if it fails. */
-        if (!ctx->tx_open && !ctx->tx_broken) {
-            /* The last one's release rides along: one round trip a job. */
-            PGresult *res = PQexec(conn, ctx->slot->savepoint_held
-                                             ? "RELEASE SAVEPOINT pqmq_job; SAVEPOINT pqmq_job"
-                                             : "SAVEPOINT pqmq_job");
-            ctx->slot->savepoint_held = 0;
-            ctx->tx_open = PQresultStatus(res) == PGRES_COMMAND_OK;
-            ctx->tx_broken = !ctx->tx_open;
-            PQclear(res);
-        }
+    if (ctx->batched) {
+        if (!ctx->tx_open && !ctx->tx_broken)
+            open_savepoint(ctx);
         return ctx->tx_open ? conn : NULL;
     }
     if (!ctx->tx_open && !ctx->tx_broken) {
@@ -213,16 +252,15 @@ static void utf8_cut(char *s)
     s[i] = 0;
 }
 
-/* Records a failure on the worker's connection; the backoff decides when
- * the job comes back. Errors here only delay that (the lease runs out). */
-static void record_failure(pqmq_ctx *ctx)
+/* Records a failure on the worker's connection, outside any transaction;
+ * the backoff decides when the job comes back. Errors here only delay that
+ * (the lease runs out). */
+static void record_failure(slot *s, const pqmq__delivery *d, char *error)
 {
-    pqmq_client *c = ctx->slot->client;
-    utf8_cut(ctx->error);
-    if (PQstatus(pqmq_conn(c)) != CONNECTION_OK)
-        (void)try_reconnect(ctx->slot);
-    (void)pqmq__fail(c, ctx->work->delivery.id, ctx->work->delivery.attempt,
-                     ctx->error[0] ? ctx->error : "handler failed");
+    utf8_cut(error);
+    if (PQstatus(pqmq_conn(s->client)) != CONNECTION_OK)
+        (void)try_reconnect(s);
+    (void)pqmq__fail(s->client, d->id, d->attempt, error[0] ? error : "handler failed");
 }
 
 /* Runs the handler for w and settles the outcome. Returns 1 when the main
@@ -259,7 +297,7 @@ static int run_job(slot *s, const pqmq__work *w)
     }
     if (ctx.tx_broken && !ctx.error[0])
         snprintf(ctx.error, sizeof ctx.error, "could not open the job's transaction");
-    record_failure(&ctx);
+    record_failure(s, &w->delivery, ctx.error);
     /* Counted once recorded: the main loop polls when this moves, and
      * whoever reads the counter then also sees last_error. */
     atomic_fetch_add(&env->counters->failed, 1);
@@ -289,6 +327,149 @@ static int connected(slot *s)
     return PQstatus(pqmq_conn(s->client)) == CONNECTION_OK || try_reconnect(s) == 0;
 }
 
+/* ---- batch transactions ------------------------------------------------ */
+
+/* Runs w's handler in the worker's batch transaction: the locked lane's, or
+ * a commit batch's, which the handler's pqmq_ctx_begin opens if none is.
+ * Returns 1 (succeeded: complete it with the batch), 0 (failed: its writes
+ * were undone to its savepoint) or -1 (a statement failed outside a
+ * savepoint: the transaction, and so the batch, is lost); why it did not
+ * succeed in error. */
+static int run_in_batch(slot *s, const pqmq__work *w, char *error, size_t errlen)
+{
+    PGconn *conn = pqmq_conn(s->client);
+    pqmq_ctx ctx = {s, w, 0, 0, 1, ""};
+    const pqmq__route *route = route_for(s->env, pqmq_job_name(w->job));
+    int rc = -1, result;
+    if (route)
+        rc = route->fn(&ctx, w->job, route->arg);
+    else
+        snprintf(ctx.error, sizeof ctx.error, "no handler for message name \"%s\"",
+                 pqmq_job_name(w->job));
+    int healthy = !s->tx_open || PQtransactionStatus(conn) == PQTRANS_INTRANS;
+    if (ctx.tx_open) {
+        s->savepoint_held = 1; /* kept: rolled back to now, or released later */
+        if (rc == 0 && !healthy)
+            snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
+                     PQerrorMessage(conn));
+        result = rc == 0 && healthy                                ? 1
+                 : exec_ok(conn, "ROLLBACK TO SAVEPOINT pqmq_job") ? 0
+                                                                   : -1;
+    } else if (!healthy) {
+        if (rc == 0 || !ctx.error[0])
+            snprintf(ctx.error, sizeof ctx.error,
+                     "a statement failed outside the job's savepoint, breaking its batch: %s",
+                     PQerrorMessage(conn));
+        result = -1;
+    } else {
+        result = rc == 0 && !ctx.tx_broken;
+    }
+    if (ctx.tx_broken && !ctx.error[0])
+        snprintf(ctx.error, sizeof ctx.error, "could not open the job's transaction");
+    snprintf(error, errlen, "%s", ctx.error[0] ? ctx.error : "handler failed");
+    utf8_cut(error);
+    return result;
+}
+
+/* ---- commit batches ----------------------------------------------------- */
+
+/* Whether the open commit batch ends now: it is full, it has been open
+ * long enough, or the runner is stopping (the batch in hand commits). */
+static int batch_due(const slot *s)
+{
+    const pqmq__worker_env *env = s->env;
+    return s->npend >= (size_t)env->commit_jobs ||
+           pqmq__now_ms() - s->opened_ms >= env->commit_open_ms || atomic_load(env->stop);
+}
+
+/* The connection was lost with the batch open, so the server rolled it
+ * back (or, lost during the COMMIT, perhaps committed it): its jobs go
+ * back to the queue to run again, on another worker or on this one once
+ * reconnected, and the worker counts as down. Running one whose batch did
+ * commit does no harm: its completion is fenced, finds the message gone,
+ * and rolls its second effect back. */
+static void lose_batch(slot *s)
+{
+    for (size_t i = 0; i < s->npend; i++)
+        pqmq__claims_give_back(s->env->claims, s->index, s->pend[i].index);
+    s->npend = 0;
+    s->tx_open = 0;
+    s->savepoint_held = 0;
+}
+
+/* Ends the open commit batch: completes its successes (fenced by attempt)
+ * and commits, in one round trip; then records its failures, outside it
+ * (their leases keep them ours meanwhile). A batch that cannot commit (a
+ * handler broke it, or a job of it is no longer ours: PQMQ_ESTALE) is
+ * rolled back, and its successes are handed back at once (mq_release,
+ * fenced, gives their attempts back) to run again. */
+static void end_batch(slot *s, int broken)
+{
+    const pqmq__worker_env *env = s->env;
+    pqmq_client *c = s->client;
+    size_t nok = 0;
+    for (size_t i = 0; i < s->npend; i++)
+        if (s->pend[i].ok)
+            s->ok[nok++] = s->pend[i].delivery;
+    int committed =
+        !broken && pqmq__complete_commit(c, s->ok, nok, "pqmq_runner: complete") == 0;
+    if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
+        exec_ok(pqmq_conn(c), "ROLLBACK"); /* not rolled back already */
+    s->tx_open = 0;
+    s->savepoint_held = 0;
+    if (PQstatus(pqmq_conn(c)) != CONNECTION_OK) {
+        lose_batch(s);
+        return;
+    }
+    if (!committed && nok)
+        (void)pqmq__release(c, s->ok, nok);
+    uint64_t failed = 0;
+    for (size_t i = 0; i < s->npend; i++) {
+        if (!s->pend[i].ok) {
+            record_failure(s, &s->pend[i].delivery, s->pend[i].error);
+            failed++;
+        }
+        pqmq__claims_finish(env->claims, s->pend[i].index, 0);
+    }
+    s->npend = 0;
+    /* Counted once settled: the main loop polls when these move. */
+    if (committed)
+        atomic_fetch_add(&env->counters->processed, nok);
+    atomic_fetch_add(&env->counters->failed, failed);
+}
+
+/* Runs the job at index of the claim queue with commit batches: in the open
+ * batch (or the one its pqmq_ctx_begin opens) it is settled with the
+ * batch; a job that opened none is settled now, as in the default mode. */
+static void run_batched(slot *s, int index, const pqmq__work *w)
+{
+    pending *p = &s->pend[s->npend];
+    int r = run_in_batch(s, w, p->error, sizeof p->error);
+    if (s->tx_open) {
+        p->index = index;
+        p->delivery = w->delivery;
+        p->ok = r == 1;
+        s->npend++;
+        if (r < 0)
+            end_batch(s, 1);
+        return;
+    }
+    if (r != 1) {
+        record_failure(s, &w->delivery, p->error);
+        atomic_fetch_add(&s->env->counters->failed, 1);
+    }
+    pqmq__claims_finish(s->env->claims, index, r == 1);
+}
+
+/* The next job for a worker with commit batches: with a batch open, one
+ * only if queued now (-2: none; the batch ends rather than waits). */
+static int next_batched(slot *s, pqmq__work *w, uint64_t *seen)
+{
+    if (!s->npend)
+        return pqmq__claims_next(s->env->claims, s->index, w);
+    return pqmq__claims_next_or_kick(s->env->claims, s->index, w, seen, 0);
+}
+
 /* ---- the locked lane --------------------------------------------------- */
 
 /* Runs one job of the worker's batch transaction. Returns 1 (to be
@@ -296,34 +477,12 @@ static int connected(slot *s)
  * transaction) or -1 (the transaction is broken: the batch is lost). */
 static int run_locked_job(slot *s, const pqmq__work *w, int *failed)
 {
-    PGconn *conn = pqmq_conn(s->client);
-    pqmq_ctx ctx = {s, w, 0, 0, 1, ""};
-    const pqmq__route *route = route_for(s->env, pqmq_job_name(w->job));
-    int rc = -1;
-    if (route)
-        rc = route->fn(&ctx, w->job, route->arg);
-    else
-        snprintf(ctx.error, sizeof ctx.error, "no handler for message name \"%s\"",
-                 pqmq_job_name(w->job));
-    int healthy = PQtransactionStatus(conn) == PQTRANS_INTRANS;
-    if (ctx.tx_open) {
-        s->savepoint_held = 1; /* kept: rolled back to now, or released later */
-        if (rc == 0 && healthy)
-            return 1;
-        if (rc == 0)
-            snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
-                     PQerrorMessage(conn));
-        if (!exec_ok(conn, "ROLLBACK TO SAVEPOINT pqmq_job"))
-            return -1;
-    } else if (!healthy) {
-        return -1; /* a failed statement outside a savepoint */
-    } else if (rc == 0 && !ctx.tx_broken) {
-        return 1;
-    }
-    utf8_cut(ctx.error);
-    if (pqmq__fail(s->client, w->delivery.id, w->delivery.attempt,
-                   ctx.error[0] ? ctx.error : "handler failed") != 0 &&
-        PQtransactionStatus(conn) != PQTRANS_INTRANS)
+    char error[512];
+    int r = run_in_batch(s, w, error, sizeof error);
+    if (r != 0)
+        return r;
+    if (pqmq__fail(s->client, w->delivery.id, w->delivery.attempt, error) != 0 &&
+        PQtransactionStatus(pqmq_conn(s->client)) != PQTRANS_INTRANS)
         return -1;
     (*failed)++;
     return 0;
@@ -352,6 +511,7 @@ static int64_t run_locked_batch(slot *s)
         return wait;
     }
     atomic_fetch_add(&env->counters->in_flight, n);
+    s->tx_open = 1;
     s->savepoint_held = 0;
     pqmq__delivery *ok = malloc(n * sizeof *ok);
     size_t nok = 0;
@@ -372,6 +532,7 @@ static int64_t run_locked_batch(slot *s)
         atomic_fetch_add(&env->counters->processed, nok);
         atomic_fetch_add(&env->counters->failed, (uint64_t)failed);
     }
+    s->tx_open = 0;
     atomic_fetch_sub(&env->counters->in_flight, n);
     free(ok);
     pqmq_batch_free(b);
@@ -428,6 +589,8 @@ static void *worker_main(void *arg)
         locked_worker(s);
         return NULL;
     }
+    int batched = s->env->commit_jobs > 1;
+    uint64_t seen = 0;
     for (;;) {
         /* A worker that cannot reach the server takes no job (another
          * worker, or itself once reconnected, runs it): it waits out its
@@ -438,17 +601,36 @@ static void *worker_main(void *arg)
             pqmq__claims_set_up(q, s->index, try_reconnect(s) == 0);
             continue;
         }
+        if (s->npend && batch_due(s)) {
+            end_batch(s, 0);
+            continue;
+        }
         pqmq__work w;
-        int index = pqmq__claims_next(q, s->index, &w);
+        int index = batched ? next_batched(s, &w, &seen) : pqmq__claims_next(q, s->index, &w);
+        if (index == -2 || (index == -1 && s->npend)) {
+            end_batch(s, 0); /* nothing waiting (or shutdown): no batch stays open idle */
+            continue;
+        }
         if (index < 0)
             break;
+        if (s->npend) {
+            notice_hangup(pqmq_conn(s->client)); /* before a reconnect hides it */
+            if (PQstatus(pqmq_conn(s->client)) != CONNECTION_OK) {
+                lose_batch(s); /* down: reconnected above, with its backoff */
+                pqmq__claims_give_back(q, s->index, index);
+                continue;
+            }
+        }
         if (!connected(s)) {
             /* Back to the queue, untouched; the main loop hands queued
              * jobs back to the server if no worker is up. */
             pqmq__claims_give_back(q, s->index, index);
             continue;
         }
-        pqmq__claims_finish(q, index, run_job(s, &w));
+        if (batched)
+            run_batched(s, index, &w);
+        else
+            pqmq__claims_finish(q, index, run_job(s, &w));
     }
     return NULL;
 }
@@ -464,11 +646,19 @@ int pqmq__workers_start(const pqmq__worker_env *env, int n, pqmq__workers **out,
         return PQMQ_ENOMEM;
     }
     w->env = *env;
+    w->total = n;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         slot *s = &w->slots[i];
         s->env = &w->env;
         s->index = i;
+        if (env->commit_jobs > 1 &&
+            (!(s->pend = calloc((size_t)env->commit_jobs, sizeof *s->pend)) ||
+             !(s->ok = calloc((size_t)env->commit_jobs, sizeof *s->ok)))) {
+            snprintf(err, errlen, "out of memory"); /* freed by pqmq__workers_join */
+            rc = PQMQ_ENOMEM;
+            break;
+        }
         rc = pqmq_connect(env->conninfo, &s->client);
         if (rc) {
             snprintf(err, errlen, "worker connection: %s", pqmq_errmsg(s->client));
@@ -497,6 +687,10 @@ void pqmq__workers_join(pqmq__workers *w)
     for (int i = 0; i < w->n; i++) {
         pthread_join(w->slots[i].thread, NULL);
         pqmq_client_free(w->slots[i].client);
+    }
+    for (int i = 0; i < w->total; i++) {
+        free(w->slots[i].pend);
+        free(w->slots[i].ok);
     }
     free(w->slots);
     free(w);

@@ -35,6 +35,11 @@ typedef struct {
     int locked_batch;
     const char *const *channels;
     size_t nchannels;
+    /* Commit batches (pqmq_runner_set_commit_batch): up to commit_jobs
+     * handlers' transactions commit as one, open at most commit_open_ms
+     * (commit_jobs 1: each job commits alone). */
+    int commit_jobs;
+    int64_t commit_open_ms;
 } pqmq__worker_env;
 
 typedef struct pqmq__workers pqmq__workers;

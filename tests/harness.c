@@ -4,6 +4,7 @@
 #endif
 #include "harness.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <time.h>
@@ -71,6 +72,46 @@ static PGconn *t_connect_raw(const char *schema)
 PGconn *t_pg(void)
 {
     return t_connect_raw(t_schema_name);
+}
+
+pqmq_runner *t_runner(void)
+{
+    char *ci = NULL;
+    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
+                 t_schema()) < 0)
+        abort();
+    pqmq_runner *r = pqmq_runner_new(ci);
+    free(ci);
+    const char *listen = getenv("PQMQ_TEST_LISTEN_DSN");
+    if (!r || (listen && pqmq_runner_set_listen_dsn(r, listen) != 0))
+        abort();
+    return r;
+}
+
+static void *t_runner_main(void *arg)
+{
+    t_bg *b = arg;
+    b->rc = pqmq_runner_run(b->r);
+    return NULL;
+}
+
+void t_runner_start(t_bg *b, pqmq_runner *r)
+{
+    pthread_t *th = malloc(sizeof *th);
+    b->r = r;
+    b->rc = 99;
+    b->thread = th;
+    if (!th || pthread_create(th, NULL, t_runner_main, b) != 0)
+        abort();
+}
+
+void t_runner_stop(t_bg *b)
+{
+    pqmq_runner_stop(b->r);
+    pthread_join(*(pthread_t *)b->thread, NULL);
+    free(b->thread);
+    b->thread = NULL;
+    CHECK_INT(b->rc, 0);
 }
 
 int t_pooled(void)

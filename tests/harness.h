@@ -106,6 +106,21 @@ void t_truncate(void);
 int64_t t_now_ms(void);
 void t_sleep_ms(int64_t ms);
 
+/* A runner on the test schema (notices quiet), LISTENing straight to the
+ * server behind a pooler ($PQMQ_TEST_LISTEN_DSN); aborts on failure.
+ * Caller owns; pqmq_runner_free. */
+pqmq_runner *t_runner(void);
+/* A runner running on a thread of its own: t_runner_start runs r there,
+ * t_runner_stop stops it, waits for it and fails the check unless
+ * pqmq_runner_run returned 0. */
+typedef struct {
+    pqmq_runner *r;
+    void *thread; /* the pthread_t, kept opaque here */
+    int rc;
+} t_bg;
+void t_runner_start(t_bg *b, pqmq_runner *r);
+void t_runner_stop(t_bg *b);
+
 /* Builds a message; aborts on OOM. Caller owns; pqmq_msg_free. */
 pqmq_msg *t_msg(const char *channel, const char *args, const char *name, const char *json,
                 int ordered);

@@ -20,6 +20,10 @@
 #                       lost, chains in order, no duplicate effect at all.
 #   kill9-locked-runner the same with examples/exactly_once --locked (the
 #                       runner's workers on the locked lane).
+#   kill9-batched-runner the same with examples/exactly_once --batched (commit
+#                       batches: a worker's jobs in one transaction, so a kill
+#                       lands inside open batches): nothing lost, chains in
+#                       order, no duplicate effect at all.
 #   restart             pg_ctl restart -m immediate (PQMQ_FAULTS_RESTARTS,
 #                       default 6) while 3 producers insert and 2
 #                       exactly_once runners poll and complete: every
@@ -86,7 +90,7 @@ restarts_wanted=${PQMQ_FAULTS_RESTARTS:-6}
 terms_wanted=${PQMQ_FAULTS_TERMINATIONS:-40}
 drain_limit=${PQMQ_FAULTS_DRAIN_SECONDS:-90}
 
-all_scenarios=(kill9-exactly-once kill9-plain kill9-locked kill9-locked-runner restart restart-locked terminate timeouts worker-reconnect-refused)
+all_scenarios=(kill9-exactly-once kill9-plain kill9-locked kill9-locked-runner kill9-batched-runner restart restart-locked terminate timeouts worker-reconnect-refused)
 if (( $# )); then scenarios=("$@"); else scenarios=("${all_scenarios[@]}"); fi
 
 logdir=$build/tests/faults-logs
@@ -310,7 +314,8 @@ stop_producers() {
 }
 
 # start_runner KIND CONNINFO_EXTRA: KIND eo (examples/exactly_once),
-# eolocked (the same, --locked), locked (tests/faults/locked_worker) or plain.
+# eolocked (the same, --locked), eobatched (the same, --batched), locked
+# (tests/faults/locked_worker) or plain.
 start_runner() {
     local kind=$1 extra=$2
     if [[ $kind == eo ]]; then
@@ -319,6 +324,8 @@ start_runner() {
         start_bg "$logdir/$scenario.locked.log" "$locked_bin" "$conninfo $extra"
     elif [[ $kind == eolocked ]]; then
         start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra" --locked
+    elif [[ $kind == eobatched ]]; then
+        start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra" --batched
     else
         start_bg "$logdir/$scenario.plain.log" "$plain_bin" "$conninfo $extra" \
             --worker-name fault_worker
@@ -847,6 +854,7 @@ for scenario in "${scenarios[@]}"; do
         kill9-plain) scenario_kill9 plain ;;
         kill9-locked) scenario_kill9 locked ;;
         kill9-locked-runner) scenario_kill9 eolocked ;;
+        kill9-batched-runner) scenario_kill9 eobatched ;;
         restart-locked) scenario_restart eolocked ;;
         restart) scenario_restart eo ;;
         terminate) scenario_terminate ;;
