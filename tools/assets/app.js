@@ -9,8 +9,8 @@
   const SVG = 'http://www.w3.org/2000/svg';
   let interval = 5;
   let timer = null;
-  let last = null; // { at, removed: Map channel -> removed }
-  let channelRates = new Map();
+  const RATE_WINDOW = 60; // seconds the rates of the cards and the table cover
+  let seen = []; // readings seen by this page: { at, removed: Map channel -> removed }
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -72,8 +72,11 @@
     const chart = $('chart');
     while (chart.firstChild) chart.removeChild(chart.firstChild);
     const W = 900, H = 220, L = 48, R = 10, T = 10, B = 24;
-    const span = st.history_seconds;
+    // The last history_seconds, or less while the history is shorter.
+    const first = st.history.length ? st.history[0][0] : st.now;
+    const span = Math.min(st.history_seconds, Math.max(120, st.now - first));
     const end = st.now, start = end - span;
+    $('chart-span').textContent = '(last ' + Math.round(span / 60) + ' minutes)';
     const pts = rates(st.history).filter((p) => p[0] >= start);
     const max = niceMax(Math.max(0, ...pts.map((p) => p[1])));
     const x = (t) => L + ((t - start) / span) * (W - L - R);
@@ -82,10 +85,10 @@
       const v = (max * i) / 4;
       chart.appendChild(svg('line', { x1: L, x2: W - R, y1: y(v), y2: y(v), class: 'grid' }));
       chart.appendChild(svg('text', { x: L - 6, y: y(v) + 4, 'text-anchor': 'end', class: 'axis' },
-        fmtRate(v)));
+        v >= 10 ? fmtInt(Math.round(v)) : String(Number(v.toFixed(2)))));
     }
-    const minutes = Math.round(span / 60);
-    for (let m = 0; m <= minutes; m += 5) {
+    const minutes = Math.floor(span / 60), step = minutes > 6 ? 5 : 1;
+    for (let m = 0; m <= minutes; m += step) {
       const t = end - m * 60;
       chart.appendChild(svg('text', { x: x(t), y: H - 6, 'text-anchor': m === 0 ? 'end' : 'middle',
         class: 'axis' }, m === 0 ? 'now' : '−' + m + ' min'));
@@ -102,20 +105,32 @@
     chart.appendChild(svg('path', { d: line.join(' '), class: 'line' }));
   }
 
-  // Per channel completions per second, from the last two samples seen.
-  function updateChannelRates(st) {
+  // Keeps the readings of the last RATE_WINDOW seconds (and the one
+  // before them), for each channel's completions per second.
+  function remember(st) {
     if (!st.status || st.sampled_at === null) return;
-    if (last && st.sampled_at > last.at) {
-      const dt = st.sampled_at - last.at;
-      channelRates = new Map();
-      for (const c of st.status.channels) {
-        const before = last.removed.get(c.channel);
-        if (before !== undefined && c.removed >= before)
-          channelRates.set(c.channel, (c.removed - before) / dt);
-      }
-    }
-    if (!last || st.sampled_at > last.at)
-      last = { at: st.sampled_at, removed: new Map(st.status.channels.map((c) => [c.channel, c.removed])) };
+    if (seen.length && st.sampled_at <= seen[seen.length - 1].at) return;
+    seen.push({ at: st.sampled_at, removed: new Map(st.status.channels.map((c) => [c.channel, c.removed])) });
+    while (seen.length > 2 && seen[1].at <= st.sampled_at - RATE_WINDOW) seen.shift();
+  }
+
+  function channelRate(name) {
+    if (seen.length < 2) return null;
+    const a = seen[0], b = seen[seen.length - 1];
+    const before = a.removed.get(name), after = b.removed.get(name);
+    if (after === undefined) return null;
+    const d = after - (before === undefined ? 0 : before);
+    return d >= 0 ? d / (b.at - a.at) : null;
+  }
+
+  // Completions per second over the last RATE_WINDOW seconds of the history.
+  function recentRate(history) {
+    if (history.length < 2) return null;
+    const end = history[history.length - 1];
+    let i = history.length - 2;
+    while (i > 0 && history[i][0] > end[0] - RATE_WINDOW) i--;
+    const d = end[1] - history[i][1], dt = end[0] - history[i][0];
+    return d >= 0 && dt > 0 ? d / dt : null;
   }
 
   function renderCards(st) {
@@ -126,8 +141,7 @@
       e.parentElement.classList.toggle('nonzero', !!(t && t[k] > 0));
     }
     $('total-oldest').textContent = t ? fmtAge(t.oldest_ready_age_seconds) : '–';
-    const r = rates(st.history);
-    $('total-rate').textContent = r.length ? fmtRate(r[r.length - 1][1]) : '–';
+    $('total-rate').textContent = fmtRate(recentRate(st.history));
   }
 
   function renderChannels(st) {
@@ -146,7 +160,7 @@
       const age = el('td', fmtAge(c.oldest_ready_age_seconds), 'n');
       age.dataset.col = 'oldest_ready';
       tr.appendChild(age);
-      const rate = el('td', fmtRate(channelRates.get(c.channel)), 'n');
+      const rate = el('td', fmtRate(channelRate(c.channel)), 'n');
       rate.dataset.col = 'rate';
       tr.appendChild(rate);
       body.appendChild(tr);
@@ -182,7 +196,14 @@
     return tr;
   }
 
+  let deadShown = null;
+
+  // Redrawn only when the list changed, so a button does not move away
+  // under the pointer at each poll.
   function renderDead(st) {
+    const key = JSON.stringify([st.admin, st.dead, st.status && st.status.total.dead]);
+    if (key === deadShown) return;
+    deadShown = key;
     const dead = $('dead').tBodies[0], blocked = $('blocked').tBodies[0];
     dead.textContent = '';
     blocked.textContent = '';
@@ -203,12 +224,11 @@
     const mode = $('mode');
     mode.textContent = st.admin ? 'admin' : 'read-only';
     mode.classList.toggle('admin', st.admin);
-    $('chart-span').textContent = '(last ' + Math.round(st.history_seconds / 60) + ' minutes)';
     $('updated').textContent = st.sampled_at === null ? 'no reading yet'
       : 'read ' + new Date(st.sampled_at * 1000).toLocaleTimeString('en-GB');
     show('error', st.error ? 'Cannot read the queue: ' + st.error +
       (st.sampled_at === null ? '' : ' (showing the last good reading)') : '');
-    updateChannelRates(st);
+    remember(st);
     renderCards(st);
     drawChart(st);
     renderChannels(st);
