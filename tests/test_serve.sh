@@ -249,6 +249,15 @@ if ! diff <(grep -v oldest_ready_age "$work/body") <(grep -v oldest_ready_age "$
 fi
 has_body 'pqmq_messages{channel="orders",state="in_flight"} 2'
 has_body 'pqmq_blocked_chains{channel="chain"} 1'
+# contrib/grafana-pqmq.json asks only for what /metrics serves.
+grafana=$here/../contrib/grafana-pqmq.json
+if jq -e '.panels | length > 0' "$grafana" >/dev/null 2>&1; then
+    for m in $(jq -r '.. | .expr? // empty' "$grafana" | grep -o 'pqmq_[a-z_]*' | sort -u); do
+        grep -q "^# TYPE $m " "$work/body" || fail "the Grafana dashboard asks for $m, not in /metrics"
+    done
+else
+    fail "$grafana is not a dashboard with panels"
+fi
 http 200 /healthz
 has_body ok
 
