@@ -27,16 +27,19 @@ WD_WAIT=${WD_WAIT:-20}
 WD_BROWSER=${WD_BROWSER:-}
 
 # wd_call METHOD PATH [JSON]: one WebDriver command; prints .value as JSON,
-# fails (with the driver's message in WD_WHY) on an error.
+# fails on an error, with the driver's message in WD_WHY and on stderr (a
+# caller's $(...) keeps no variable).
 wd_call() {
     local out
     out=$(curl -sS --max-time 60 -X "$1" -H 'Content-Type: application/json' \
         ${3:+--data-binary "$3"} "http://127.0.0.1:$WD_PORT$2") || {
         WD_WHY="chromedriver did not answer $1 $2"
+        echo "webdriver: $WD_WHY" >&2
         return 1
     }
     if jq -e '.value | type == "object" and has("error")' <<<"$out" >/dev/null 2>&1; then
         WD_WHY=$(jq -r '.value.error + ": " + (.value.message | split("\n")[0])' <<<"$out")
+        echo "webdriver: $1 $2: $WD_WHY" >&2
         return 1
     fi
     jq -c '.value' <<<"$out"
