@@ -276,6 +276,10 @@ else
 fi
 http 200 /healthz
 has_body ok
+# Connections are kept alive between requests (the page polls).
+curl -sv --max-time 10 -o /dev/null -o /dev/null "http://127.0.0.1:$port/healthz" \
+    "http://127.0.0.1:$port/api/state" 2>&1 | grep -qi 're-using existing connection' \
+    || fail "the server closed the connection after a GET"
 
 # --- bad requests --------------------------------------------------------------
 echo "== bad requests (at ${SECONDS}s)"

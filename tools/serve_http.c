@@ -52,13 +52,16 @@ typedef struct {
     const char *action;       /* R_ACTION: "retry" or "skip" */
 } route;
 
-/* A POST being received. */
+/* An accepted request: its route and, for a POST, its body. Answered at
+ * the call after the headers, not during it: libmicrohttpd closes the
+ * connection after an answer queued before the request was read whole, and
+ * keeps it open otherwise (the page polls; Prometheus scrapes). */
 typedef struct {
     route r;
     char *body;
     size_t len;
     int too_big;
-} upload;
+} request;
 
 static int find_route(const char *url, route *r)
 {
@@ -296,44 +299,50 @@ static int post_refused(serve *s, struct MHD_Connection *c, const char *url,
     return 1;
 }
 
-static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
-                              const char *method, const char *version, const char *upload_data,
-                              size_t *upload_data_size, void **con_cls)
+/* Keeps a POST's body (up to BODY_MAX); other bodies are dropped. */
+static int receive(request *rq, const char *data, size_t size)
 {
-    (void)version;
-    serve *s = cls;
-    upload *up = *con_cls;
-    if (up) { /* the body of an accepted POST, then its end */
-        if (*upload_data_size > 0) {
-            if (up->too_big || up->len + *upload_data_size > BODY_MAX) {
-                up->too_big = 1;
-            } else {
-                char *grown = realloc(up->body, up->len + *upload_data_size);
-                if (!grown)
-                    return MHD_NO;
-                memcpy(grown + up->len, upload_data, *upload_data_size);
-                up->body = grown;
-                up->len += *upload_data_size;
-            }
-            *upload_data_size = 0;
-            return MHD_YES;
-        }
-        if (up->too_big)
-            return refuse(c, url, 413, NULL, "the body is larger than %d bytes", BODY_MAX);
-        char *body = NULL, peer[64];
-        size_t len = 0;
-        FILE *f = open_memstream(&body, &len);
-        if (!f)
-            return MHD_NO;
-        peer_of(c, peer, sizeof peer);
-        unsigned status =
-            serve_action(s, up->r.action, up->body ? up->body : "", up->len, peer, f);
-        fclose(f);
-        enum MHD_Result ret = reply(c, status, "application/json", body, len, NULL);
-        free(body);
-        return ret;
+    if (rq->r.kind != R_ACTION)
+        return 0;
+    if (rq->too_big || rq->len + size > BODY_MAX) {
+        rq->too_big = 1;
+        return 0;
     }
+    char *grown = realloc(rq->body, rq->len + size);
+    if (!grown)
+        return -1;
+    memcpy(grown + rq->len, data, size);
+    rq->body = grown;
+    rq->len += size;
+    return 0;
+}
 
+/* Answers an accepted request, read whole. */
+static enum MHD_Result answer(serve *s, struct MHD_Connection *c, const char *url,
+                              const request *rq)
+{
+    if (rq->r.kind != R_ACTION)
+        return get(s, c, &rq->r);
+    if (rq->too_big)
+        return refuse(c, url, 413, NULL, "the body is larger than %d bytes", BODY_MAX);
+    char *body = NULL, peer[64];
+    size_t len = 0;
+    FILE *f = open_memstream(&body, &len);
+    if (!f)
+        return MHD_NO;
+    peer_of(c, peer, sizeof peer);
+    unsigned status = serve_action(s, rq->r.action, rq->body ? rq->body : "", rq->len, peer, f);
+    fclose(f);
+    enum MHD_Result ret = reply(c, status, "application/json", body, len, NULL);
+    free(body);
+    return ret;
+}
+
+/* The checks of a request's headers: a refusal is queued at once (and the
+ * connection closed after it), an accepted request gets its request. */
+static enum MHD_Result accept_request(serve *s, struct MHD_Connection *c, const char *url,
+                                      const char *method, void **con_cls)
+{
     route r;
     if (!find_route(url, &r))
         return refuse(c, url, 404, NULL,
@@ -343,23 +352,39 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                       "Host not accepted: use an IP address or localhost, or start pqmq "
                       "serve with --host NAME");
     int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    int is_post = strcmp(method, "POST") == 0;
     if (r.kind == R_ACTION) {
-        if (!is_post)
+        if (strcmp(method, "POST") != 0)
             return refuse(c, url, 405, "POST", "%s: use POST", url);
         enum MHD_Result ret;
         if (post_refused(s, c, url, &ret))
             return ret;
-        up = calloc(1, sizeof *up);
-        if (!up)
+    } else if (!is_get) {
+        return refuse(c, url, 405, "GET, HEAD", "%s: use GET", url);
+    }
+    request *rq = calloc(1, sizeof *rq);
+    if (!rq)
+        return MHD_NO;
+    rq->r = r;
+    *con_cls = rq;
+    return MHD_YES;
+}
+
+static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload_data,
+                              size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    serve *s = cls;
+    request *rq = *con_cls;
+    if (!rq)
+        return accept_request(s, c, url, method, con_cls);
+    if (*upload_data_size > 0) {
+        if (receive(rq, upload_data, *upload_data_size))
             return MHD_NO;
-        up->r = r;
-        *con_cls = up;
+        *upload_data_size = 0;
         return MHD_YES;
     }
-    if (!is_get)
-        return refuse(c, url, 405, "GET, HEAD", "%s: use GET", url);
-    return get(s, c, &r);
+    return answer(s, c, url, rq);
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -368,10 +393,10 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)cls;
     (void)c;
     (void)toe;
-    upload *up = *con_cls;
-    if (up) {
-        free(up->body);
-        free(up);
+    request *rq = *con_cls;
+    if (rq) {
+        free(rq->body);
+        free(rq);
         *con_cls = NULL;
     }
 }
