@@ -195,20 +195,27 @@ for k in 3 8 12 6 14 9 4 10; do
     completed=$((completed + k))
     sleep 1
 done
-sleep 1.5 # one more sample after the last step
-http 200 /api/state
+# Until a reading after the last step (at most 30 s on a busy machine).
+for _ in $(seq 60); do
+    http 200 /api/state
+    removed=$(jq '.history | (.[-1][1] - .[0][1])' "$work/body" 2>/dev/null)
+    [[ $removed == "$completed" ]] && break
+    sleep 0.5
+done
 jq -e . "$work/body" >/dev/null || fail "/api/state is not JSON"
-removed=$(jq '.history | (.[-1][1] - .[0][1])' "$work/body")
 [[ $removed == "$completed" ]] || fail "the history counts $removed completions, not $completed"
-(($(jq '.history | length' "$work/body") >= 9)) || fail "fewer than 9 samples in the history"
+(($(jq '.history | length' "$work/body") >= 3)) || fail "fewer than 3 samples in the history"
 [[ $(jq -r '[.dead[] | select(.id == "'"$mail_id"'") | .error][0]' "$work/body") \
    == "SMTP 550: mailbox unavailable" ]] || fail "/api/state: the dead letter's error is missing"
 
 # --- the page's counts, in headless Chromium ---------------------------------
 echo "== the page's counts, in headless Chromium (at ${SECONDS}s)"
 if ((wd_rc == 0)); then
-    wd_wait "return document.body.dataset.sampledAt > '' && document.querySelector('#dead tbody tr') !== null" \
-        || fail "the page never drew a reading"
+    billing_left=$((100 - completed))
+    wd_wait 'const td = document.querySelector("tr[data-channel=billing] td[data-col=ready]");
+      return td !== null && td.textContent === arguments[0]
+        && document.querySelector("#dead tbody tr") !== null' "$billing_left" \
+        || fail "the page never drew the last reading"
     table_js='const out = {};
     for (const tr of document.querySelectorAll("#channels tbody tr")) {
       const row = {};
@@ -219,7 +226,6 @@ if ((wd_rc == 0)); then
       out["total_" + id] = document.getElementById("total-" + id).textContent;
     return out;'
     page=$(wd_js "$table_js") || fail "reading the page: $WD_WHY"
-    billing_left=$((100 - completed))
     # What the page shows, against what was made and what the table holds.
     check_page() { # JQ_PATH EXPECTED WHAT
         local v

@@ -13,7 +13,7 @@
 #   wd_js BODY [ARG]   run BODY as a function in the page (ARG: arguments[0],
 #                      a string); prints its return value as JSON.
 #   wd_wait BODY [ARG] wd_js until it returns true, for at most WD_WAIT
-#                      seconds (default 20); returns 1 if it never did.
+#                      seconds (default 30); returns 1 if it never did.
 #   wd_click CSS       click the element CSS selects.
 #   wd_screenshot FILE save the window as PNG.
 #   wd_fit WIDTH       make the window WIDTH wide and as tall as the page.
@@ -23,7 +23,7 @@
 # network is closed).
 
 WD_PORT= WD_PID= WD_SESSION= WD_WHY=
-WD_WAIT=${WD_WAIT:-20}
+WD_WAIT=${WD_WAIT:-30}
 WD_BROWSER=${WD_BROWSER:-}
 
 # wd_call METHOD PATH [JSON]: one WebDriver command; prints .value as JSON,
