@@ -1,7 +1,7 @@
 /*
  * cmd_metrics.c: pqmq metrics, the status figures in the Prometheus text
  * exposition format (version 0.0.4), for a textfile collector, a cron job or
- * an exporter's scrape.
+ * an exporter's scrape; pqmq serve answers GET /metrics with the same text.
  */
 #include <string.h>
 
@@ -33,7 +33,7 @@ static void sample(FILE *f, const char *name, const char *channel, const char *s
     fputs("\"} ", f);
 }
 
-static void print(FILE *f, const tool_figures *rows, size_t n)
+void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n)
 {
     static const char *const states[] = {"ready",       "in_flight", "scheduled",
                                          "uncommitted", "waiting",   "dead"};
@@ -86,7 +86,7 @@ int cmd_metrics(tool *t, int argc, char **argv)
     rc = tool_figures_read(t, argv + optind, (size_t)(argc - optind), &rows, &count);
     if (rc)
         return rc;
-    print(stdout, rows, count);
+    tool_metrics_print(stdout, rows, count);
     tool_figures_free(rows, count);
     return EXIT_OK;
 }

@@ -143,7 +143,7 @@ static void json_row(FILE *f, const tool_figures *x)
             x->blocked, x->oldest_ready_age);
 }
 
-static void print_json(FILE *f, const tool_figures *rows, size_t n)
+void tool_figures_json(FILE *f, const tool_figures *rows, size_t n)
 {
     tool_figures total = {0};
     fputs("{\"channels\": [", f);
@@ -210,7 +210,7 @@ int cmd_status(tool *t, int argc, char **argv)
     if (rc)
         return rc;
     if (json)
-        print_json(stdout, rows, count);
+        tool_figures_json(stdout, rows, count);
     else
         tool_figures_table(stdout, rows, count, NULL);
     rc = tool_figures_check_named(t, channels, n, rows, count);

@@ -28,6 +28,8 @@ typedef struct {
     const char *schema;  /* --schema, or NULL for the search_path's first */
     pqmq_client *client; /* after tool_connect */
     PGconn *conn;        /* borrowed from client */
+    char *errbuf;        /* when set, tool_err and tool_usage also keep their */
+    size_t errbuf_size;  /* last message here (pqmq serve answers with it) */
 } tool;
 
 /* One line "pqmq CMD: message" on stderr. Return EXIT_ERR / EXIT_USAGE. */
@@ -110,6 +112,10 @@ void tool_figures_free(tool_figures *f, size_t count);
 /* Prints the table of status with a total row, and a REMOVED/S column
  * when rates (one per row) is not NULL. */
 void tool_figures_table(FILE *f, const tool_figures *rows, size_t n, const double *rates);
+/* The JSON object of 'status --json': {"channels": [...], "total": {...}}. */
+void tool_figures_json(FILE *f, const tool_figures *rows, size_t n);
+/* The Prometheus text of 'pqmq metrics' (cmd_metrics.c). */
+void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n);
 /* Fails (EXIT_ERR, printed) when a named channel is not among rows. */
 int tool_figures_check_named(const tool *t, char *const *channels, size_t n,
                              const tool_figures *rows, size_t count);
@@ -125,5 +131,7 @@ int cmd_retry(tool *t, int argc, char **argv);
 int cmd_skip(tool *t, int argc, char **argv);
 int cmd_purge(tool *t, int argc, char **argv);
 int cmd_send(tool *t, int argc, char **argv);
+/* cmd_serve.c, or serve_missing.c when built without libmicrohttpd. */
+int cmd_serve(tool *t, int argc, char **argv);
 
 #endif

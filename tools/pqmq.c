@@ -24,6 +24,7 @@ static const struct {
     {"send", cmd_send, "insert one message"},
     {"watch", cmd_watch, "status, refreshed when the queue changes"},
     {"metrics", cmd_metrics, "status in the Prometheus text format"},
+    {"serve", cmd_serve, "a web dashboard and /metrics over HTTP"},
 };
 
 const char tool_common_help[] =
@@ -46,6 +47,12 @@ static void usage(FILE *f)
 
 static void vsay(const tool *t, const char *fmt, va_list ap)
 {
+    if (t && t->errbuf && t->errbuf_size) {
+        va_list copy;
+        va_copy(copy, ap);
+        vsnprintf(t->errbuf, t->errbuf_size, fmt, copy);
+        va_end(copy);
+    }
     if (t && t->cmd)
         fprintf(stderr, "pqmq %s: ", t->cmd);
     else

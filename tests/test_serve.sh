@@ -1,0 +1,443 @@
+#!/usr/bin/env bash
+# tests/test_serve.sh [PQMQ]: pqmq serve against the server in $PQMQ_TEST_DSN,
+# in a schema of its own that it drops at the end.
+#
+#   - over HTTP (curl): /metrics is the text of pqmq metrics; bad requests
+#     (unknown paths, wrong methods, a huge header, a foreign Host, POSTs
+#     without the Origin or the token, bad bodies, half-sent requests that
+#     stall, garbage) each get their error, and the server still answers
+#     after all of them; options and start-up errors; SIGTERM stops it;
+#   - in headless Chromium (tests/webdriver.sh): the page's counts match
+#     the queue, a Retry click moves a dead letter back, a Skip click
+#     releases a blocked chain, and a read-only server shows no buttons and
+#     refuses the same POST from its page. It saves a screenshot to
+#     $PQMQ_SCREENSHOT (default tests/dashboard.png in the build tree);
+#     docs/images/dashboard.png is one such.
+#
+# Skips (77) without PQMQ_TEST_DSN, in a build without libmicrohttpd, or
+# when chromium cannot run here; under CI (CI set) the last two fail.
+
+set -u
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq}
+# shellcheck source=tests/webdriver.sh
+. "$here/webdriver.sh"
+
+skip() {
+    if [[ -n ${CI:-} ]]; then
+        echo "FAIL: $* (CI must run this test)"
+        exit 1
+    fi
+    echo "SKIP: $*"
+    exit 77
+}
+
+[[ -n ${PQMQ_TEST_DSN:-} ]] || { echo "SKIP: PQMQ_TEST_DSN is not set"; exit 77; }
+[[ -x $pqmq_bin ]] || { echo "FAIL: no pqmq command at $pqmq_bin"; exit 1; }
+for tool in psql curl jq; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "FAIL: $tool not found"; exit 1; }
+done
+if ! "$pqmq_bin" serve --help >/dev/null 2>&1; then
+    skip "pqmq was built without libmicrohttpd (configure --with-microhttpd)"
+fi
+
+schema=serve_$$
+work=$(mktemp -d)
+shot=${PQMQ_SCREENSHOT:-${PQMQ_TEST_BUILDDIR:-.}/tests/dashboard.png}
+failed=0
+pids=()
+role=
+
+cleanup() {
+    wd_stop
+    local p
+    for p in "${pids[@]}"; do
+        kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
+    done
+    psql -X -q -d "$PQMQ_TEST_DSN" -c "DROP SCHEMA IF EXISTS $schema CASCADE" >/dev/null 2>&1
+    [[ -n $role ]] && psql -X -q -d "$PQMQ_TEST_DSN" -c "DROP ROLE IF EXISTS $role" >/dev/null 2>&1
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*"
+    failed=$((failed + 1))
+}
+
+sql() {
+    PGOPTIONS="-c search_path=$schema -c client_min_messages=warning" \
+        psql -X -q -At -v ON_ERROR_STOP=1 -d "$PQMQ_TEST_DSN" -c "$1"
+}
+
+pqmq() {
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" "$@"
+}
+
+# start_server NAME ARGS...: runs pqmq serve on a free port; sets $port and
+# appends its pid to pids. Its output goes to $work/NAME.out and .err.
+start_server() {
+    local name=$1
+    shift
+    # The command itself in the background (not the function pqmq, which
+    # would run in a subshell), so that $! is the server's pid.
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" serve --listen 127.0.0.1:0 --interval 1 \
+        --timeout 3 "$@" >"$work/$name.out" 2>"$work/$name.err" &
+    pids+=($!)
+    port=
+    for _ in $(seq 100); do
+        port=$(sed -n 's|^pqmq serve: listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' \
+            "$work/$name.out")
+        [[ -n $port ]] && return 0
+        kill -0 "${pids[-1]}" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "FAIL: pqmq serve $* did not start: $(cat "$work/$name.err")"
+    exit 1
+}
+
+# http EXPECTED_STATUS CURL_ARGS... URL_PATH: the body in $work/body, the
+# headers in $work/head.
+http() {
+    local want=$1 code
+    shift
+    local path=${*: -1}
+    code=$(curl -sS --max-time 10 -o "$work/body" -D "$work/head" -w '%{http_code}' \
+        "${@:1:$#-1}" "http://127.0.0.1:$port$path" 2>"$work/curl.err")
+    [[ $code == "$want" ]] || fail "$* answered $code, expected $want: $(head -c 300 "$work/body")"
+}
+
+has_body() {
+    grep -qF -- "$1" "$work/body" || fail "the answer lacks \"$1\": $(head -c 300 "$work/body")"
+}
+
+# --- a queue in known states --------------------------------------------------
+echo "== a queue in known states (at ${SECONDS}s)"
+psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema" >/dev/null \
+    || { echo "FAIL: cannot create schema $schema"; exit 1; }
+pqmq migrate >/dev/null 2>&1 || { echo "FAIL: pqmq migrate"; exit 1; }
+insert() { # CHANNEL NAME COUNT [BACKOFF]
+    sql "SELECT mq_insert(ARRAY(SELECT ROW(gen_random_uuid(), NULL, 4,
+           interval '${4:-1 second}', '$1', '', NULL, false, '$2', '{}', NULL)::mq_new_t
+         FROM generate_series(1, $3)))" >/dev/null
+}
+# orders: 3 ready, 2 in flight (ten-minute leases), 1 delayed.
+insert orders ship 5 '10 minutes'
+sql "SELECT count(*) FROM mq_claim('{orders}', 2)" >/dev/null
+pqmq send --delay 600000 orders later >/dev/null
+# mail: one dead letter with its error.
+mail_id=$(pqmq send --retries 0 mail welcome '{"to": "ann"}')
+sql "SELECT mq_fail(id, 'SMTP 550: mailbox unavailable') FROM mq_claim('{mail}', 1)" >/dev/null
+# chain: a dead head blocks its ordered chain; one message waits behind it.
+head_id=$(pqmq send --retries 0 --ordered --args customer-7 chain charge)
+next_id=$(pqmq send --ordered --args customer-7 chain refund)
+sql "SELECT mq_fail(id, 'card declined') FROM mq_claim('{chain}', 1)" >/dev/null
+# billing: 100 ready; completed in steps once the server samples.
+insert billing invoice 100
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE dead_since IS NOT NULL") == 2 ]] \
+    || { echo "FAIL: the set-up did not make two dead letters"; exit 1; }
+
+# --- options and start-up errors ---------------------------------------------
+echo "== options and start-up errors (at ${SECONDS}s)"
+"$pqmq_bin" serve --help >"$work/out" || fail "serve --help"
+grep -qF "usage: pqmq serve" "$work/out" || fail "serve --help lacks its usage line"
+for bad in "--listen nowhere" "--listen 127.0.0.1:70000" "--interval 0" "--dead 0" \
+    "--host a:b" "--no-such-option" "extra"; do
+    # shellcheck disable=SC2086
+    pqmq serve $bad >/dev/null 2>"$work/err"
+    rc=$?
+    [[ $rc == 2 ]] || fail "serve $bad exited $rc, expected 2"
+done
+"$pqmq_bin" -d "host=/nonexistent port=1" serve >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "serve against no server: not exit 1"
+grep -qF "pqmq serve: cannot connect to the server" "$work/err" || fail "serve: $(cat "$work/err")"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "no_such_$$" serve >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "serve on a missing schema: not exit 1"
+# The database decides what the server may read: a role without the
+# administer duty cannot start it. (Keyword conninfo only: a later keyword
+# overrides an earlier one.)
+if [[ $PQMQ_TEST_DSN != *://* ]]; then
+    role=serve_consumer_$$
+    sql "CREATE ROLE $role LOGIN; SELECT mq_grant('consume', '$role')" >/dev/null \
+        || fail "cannot create role $role"
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN user=$role" --schema "$schema" serve --listen 127.0.0.1:0 \
+        >/dev/null 2>"$work/err"
+    rc=$?
+    [[ $rc == 1 ]] || fail "serve as a role without the administer duty exited $rc, expected 1"
+    grep -q "permission denied" "$work/err" || fail "serve without administer: $(cat "$work/err")"
+    sql "DROP OWNED BY $role; DROP ROLE $role" >/dev/null
+fi
+
+# --- the admin server, and the history it samples ----------------------------
+echo "== the admin server, and the history it samples (at ${SECONDS}s)"
+start_server admin --admin
+admin_port=$port
+admin_pid=${pids[-1]}
+# Listening on a port in use fails at once.
+pqmq serve --listen "127.0.0.1:$admin_port" >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "a second server on port $admin_port: not exit 1"
+grep -qF "cannot listen on 127.0.0.1:$admin_port" "$work/err" || fail "port in use: $(cat "$work/err")"
+
+# The page is open while the queue moves, as an operator's would be.
+wd_start "$work/browser"
+wd_rc=$?
+if ((wd_rc == 0)); then
+    wd_open "http://127.0.0.1:$port/" || fail "cannot open the page: $WD_WHY"
+elif ((wd_rc != 77)); then
+    fail "webdriver: $WD_WHY"
+    exit 1
+fi
+
+completed=0
+for k in 3 8 12 6 14 9 4 10; do
+    sql "SELECT mq_complete(ARRAY(SELECT id FROM mq_claim('{billing}', $k)))" >/dev/null
+    completed=$((completed + k))
+    sleep 1
+done
+# Until a reading after the last step (at most 30 s on a busy machine).
+for _ in $(seq 60); do
+    http 200 /api/state
+    removed=$(jq '.history | (.[-1][1] - .[0][1])' "$work/body" 2>/dev/null)
+    [[ $removed == "$completed" ]] && break
+    sleep 0.5
+done
+jq -e . "$work/body" >/dev/null || fail "/api/state is not JSON"
+[[ $removed == "$completed" ]] || fail "the history counts $removed completions, not $completed"
+(($(jq '.history | length' "$work/body") >= 3)) || fail "fewer than 3 samples in the history"
+[[ $(jq -r '[.dead[] | select(.id == "'"$mail_id"'") | .error][0]' "$work/body") \
+   == "SMTP 550: mailbox unavailable" ]] || fail "/api/state: the dead letter's error is missing"
+
+# --- the page's counts, in headless Chromium ---------------------------------
+echo "== the page's counts, in headless Chromium (at ${SECONDS}s)"
+if ((wd_rc == 0)); then
+    billing_left=$((100 - completed))
+    wd_wait 'const td = document.querySelector("tr[data-channel=billing] td[data-col=ready]");
+      return td !== null && td.textContent === arguments[0]
+        && document.querySelector("#dead tbody tr") !== null' "$billing_left" \
+        || fail "the page never drew the last reading"
+    table_js='const out = {};
+    for (const tr of document.querySelectorAll("#channels tbody tr")) {
+      const row = {};
+      for (const td of tr.querySelectorAll("td[data-col]")) row[td.dataset.col] = td.textContent;
+      out[tr.dataset.channel] = row;
+    }
+    for (const id of ["ready", "in_flight", "scheduled", "waiting", "dead", "blocked_chains"])
+      out["total_" + id] = document.getElementById("total-" + id).textContent;
+    return out;'
+    page=$(wd_js "$table_js") || fail "reading the page: $WD_WHY"
+    # What the page shows, against what was made and what the table holds.
+    check_page() { # JQ_PATH EXPECTED WHAT
+        local v
+        v=$(jq -r "$1" <<<"$page")
+        [[ $v == "$2" ]] || fail "the page shows $3 = $v, expected $2"
+    }
+    check_page '.orders.ready' 3 "orders ready"
+    check_page '.orders.in_flight' 2 "orders in flight"
+    check_page '.orders.scheduled' 1 "orders delayed"
+    check_page '.mail.dead' 1 "mail dead"
+    check_page '.chain.dead' 1 "chain dead"
+    check_page '.chain.blocked_chains' 1 "chain blocked"
+    check_page '.chain.waiting' 1 "chain waiting"
+    check_page '.billing.ready' "$billing_left" "billing ready"
+    check_page '.total_ready' $((3 + billing_left)) "total ready"
+    check_page '.total_dead' "$(sql "SELECT count(*) FROM mq_msgs WHERE dead_since IS NOT NULL")" "dead"
+    check_page '.total_in_flight' 2 "in flight"
+    [[ $(jq -r '.billing.ready' <<<"$page") == \
+       "$(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'billing'")" ]] \
+        || fail "billing's ready count is not the table's"
+    wd_js 'return document.querySelector("#dead tr[data-id=\"" + arguments[0] + "\"] td.err").textContent' \
+        "$mail_id" | grep -qF "SMTP 550: mailbox unavailable" || fail "the page lacks the dead letter's error"
+    wd_wait 'return document.querySelector("#blocked tr[data-id=\"" + arguments[0] + "\"]") !== null' \
+        "$head_id" || fail "the blocked chain's head is not under Blocked chains"
+    wd_wait 'return document.querySelector("#chart path.line") !== null' \
+        || fail "the throughput chart has no line"
+    mkdir -p "$(dirname "$shot")"
+    wd_fit 1280 || fail "resizing the window: $WD_WHY"
+    wd_screenshot "$shot" || fail "screenshot: $WD_WHY"
+    [[ $(head -c 8 "$shot" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] \
+        || fail "the screenshot is not a PNG"
+fi
+
+# --- /metrics is the text of pqmq metrics ------------------------------------
+echo "== /metrics is the text of pqmq metrics (at ${SECONDS}s)"
+http 200 /metrics
+grep -q '^Content-Type: text/plain; version=0.0.4' "$work/head" || fail "/metrics: Content-Type"
+pqmq metrics >"$work/cli_metrics"
+# The ages move with the clock; everything else is the same figures.
+if ! diff <(grep -v oldest_ready_age "$work/body") <(grep -v oldest_ready_age "$work/cli_metrics") \
+    >"$work/diff"; then
+    fail "/metrics differs from pqmq metrics: $(head -20 "$work/diff")"
+fi
+has_body 'pqmq_messages{channel="orders",state="in_flight"} 2'
+has_body 'pqmq_blocked_chains{channel="chain"} 1'
+# contrib/grafana-pqmq.json asks only for what /metrics serves.
+grafana=$here/../contrib/grafana-pqmq.json
+if jq -e '.panels | length > 0' "$grafana" >/dev/null 2>&1; then
+    for m in $(jq -r '.. | .expr? // empty' "$grafana" | grep -o 'pqmq_[a-z_]*' | sort -u); do
+        grep -q "^# TYPE $m " "$work/body" || fail "the Grafana dashboard asks for $m, not in /metrics"
+    done
+else
+    fail "$grafana is not a dashboard with panels"
+fi
+http 200 /healthz
+has_body ok
+# Connections are kept alive between requests (the page polls).
+curl -sv --max-time 10 -o /dev/null -o /dev/null "http://127.0.0.1:$port/healthz" \
+    "http://127.0.0.1:$port/api/state" 2>&1 | grep -qi 're-using existing connection' \
+    || fail "the server closed the connection after a GET"
+
+# --- bad requests --------------------------------------------------------------
+echo "== bad requests (at ${SECONDS}s)"
+http 404 /no/such/page
+has_body "not found"
+http 404 /api/nothing
+jq -e '.error' "$work/body" >/dev/null || fail "a 404 under /api/ is not a JSON error"
+http 405 -X DELETE /metrics
+grep -qi '^Allow: GET, HEAD' "$work/head" || fail "405 without Allow: GET, HEAD"
+http 405 -X POST /api/state
+http 405 /api/retry
+grep -qi '^Allow: POST' "$work/head" || fail "405 without Allow: POST"
+http 200 -I /metrics
+http 431 -H "X-Big: $(head -c 100000 /dev/zero | tr '\0' a)" /metrics
+http 403 -H "Host: rebound.example:$port" /api/state
+has_body "Host not accepted"
+http 403 -H "Host: rebound.example" /
+http 200 -H "Host: [::1]:$port" /api/state
+http 200 -H "Host: rebound.example" /metrics # scrapers name the host they know
+
+token=$(curl -s "http://127.0.0.1:$port/" | sed -n 's/.*name="pqmq-token" content="\([0-9a-f]*\)".*/\1/p')
+[[ ${#token} == 64 ]] || fail "the page carries no 64-digit token: \"$token\""
+origin="Origin: http://127.0.0.1:$port"
+post() { # STATUS BODY PATH CURL_ARGS...
+    local want=$1 body=$2 path=$3
+    shift 3
+    http "$want" -X POST -H "Content-Type: application/x-www-form-urlencoded" \
+        --data-binary "$body" "$@" "$path"
+}
+post 403 "id=$mail_id" /api/retry -H "X-Pqmq-Token: $token"
+has_body "Origin"
+post 403 "id=$mail_id" /api/retry -H "X-Pqmq-Token: $token" -H "Origin: http://evil.example"
+post 403 "id=$mail_id" /api/retry -H "$origin"
+has_body "X-Pqmq-Token"
+wrong=${token:0:63}$([[ ${token:63} == 0 ]] && echo 1 || echo 0) # one digit off
+post 403 "id=$mail_id" /api/retry -H "$origin" -H "X-Pqmq-Token: $wrong"
+post 403 "id=$mail_id" /api/retry -H "$origin" -H "X-Pqmq-Token: $token" \
+    -H "Sec-Fetch-Site: cross-site"
+http 415 -X POST -H "$origin" -H "X-Pqmq-Token: $token" -H "Content-Type: application/json" \
+    --data-binary '{}' /api/retry
+post 400 "id=nope" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+has_body "is not a message id"
+post 400 "" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+post 400 "id=$mail_id&retries=-1" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+post 400 "id=$mail_id&color=red" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+head -c 20000 /dev/zero | tr '\0' a >"$work/big"
+post 413 "@$work/big" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+post 413 "@$work/big" /api/retry -H "$origin" -H "X-Pqmq-Token: $token" \
+    -H "Transfer-Encoding: chunked"
+[[ $(sql "SELECT dead_since IS NOT NULL FROM mq_msgs WHERE id = '$mail_id'") == t ]] \
+    || fail "a refused POST changed the dead letter"
+grep -q "refused: missing or wrong X-Pqmq-Token" "$work/admin.err" \
+    || fail "refused POSTs are not logged"
+
+# Clients that send half a request, or nothing, and stall: others are
+# answered meanwhile, and the server drops them after --timeout (3 s).
+slow=()
+for i in $(seq 8); do
+    exec {fd}<>"/dev/tcp/127.0.0.1/$port" || { fail "cannot connect slow client $i"; continue; }
+    ((i % 2)) && printf 'GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ' >&"$fd"
+    slow+=("$fd")
+done
+http 200 /api/state
+http 200 /metrics
+for fd in "${slow[@]}"; do
+    timeout 30 cat <&"$fd" >/dev/null 2>&1
+    [[ $? == 124 ]] && fail "a stalled connection was not dropped in 30 s (--timeout 3)"
+    exec {fd}<&-
+done
+# raw REQUEST: sends it as it is; the answer in $work/body.
+raw() {
+    local fd
+    exec {fd}<>"/dev/tcp/127.0.0.1/$port" || return 1
+    # In a subshell: a server that closes first must not SIGPIPE this script.
+    (printf '%b' "$1" >&"$fd") 2>/dev/null
+    timeout 10 cat <&"$fd" >"$work/body" 2>/dev/null
+    exec {fd}<&-
+}
+raw 'GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nno colon in this header\r\n\r\n'
+grep -q '^HTTP/1.1 400' "$work/body" || fail "a malformed header: not 400: $(head -c 200 "$work/body")"
+raw 'GET / FTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'
+grep -q '^HTTP/1.1 400' "$work/body" || fail "a malformed request line: not 400: $(head -c 200 "$work/body")"
+raw 'GET /metrics HTTP/1.1\r\n\r\n'
+grep -q '^HTTP/1.1 400' "$work/body" || fail "HTTP/1.1 without Host: not 400"
+raw 'GARBAGE\r\n\r\n\x00\xff' # closed without an answer
+kill -0 "$admin_pid" 2>/dev/null || fail "the server died after the bad requests"
+http 200 /healthz
+
+# --- retry and skip from the page --------------------------------------------
+echo "== retry and skip from the page (at ${SECONDS}s)"
+if ((wd_rc == 77)); then
+    ((failed > 0)) && { echo "$failed check(s) failed"; exit 1; }
+    skip "$WD_WHY"
+fi
+# Retry from the page: the dead letter is ready again.
+wd_click "#dead tr[data-id=\"$mail_id\"] button[data-action=\"retry\"]" \
+    || fail "clicking Retry: $WD_WHY"
+wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 retry $mail_id" \
+    || fail "the Retry click did not succeed: $(wd_js 'return document.getElementById("notice").textContent')"
+[[ $(sql "SELECT dead_since IS NULL AND attempts = 1 FROM mq_msgs WHERE id = '$mail_id'") == t ]] \
+    || fail "Retry on the page did not move the dead letter back"
+wd_wait 'return document.querySelector("tr[data-channel=mail] td[data-col=ready]").textContent === "1"
+  && document.querySelector("#dead tr[data-id=\"" + arguments[0] + "\"]") === null' "$mail_id" \
+    || fail "the page does not show the retried message as ready"
+grep -q "retry of 1 message from 127.0.0.1: 1 done" "$work/admin.err" || fail "the retry is not logged"
+
+# Skip the blocked head from the page: the next message of the chain is free.
+wd_click "#blocked tr[data-id=\"$head_id\"] button[data-action=\"skip\"]" \
+    || fail "clicking Skip: $WD_WHY"
+wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 skip $head_id" \
+    || fail "the Skip click did not succeed"
+[[ $(sql "SELECT after_message_id = '00000000-0000-0000-0000-000000000000'
+          FROM mq_msgs WHERE id = '$next_id'") == t ]] \
+    || fail "Skip on the page did not release the chain"
+
+# --- a read-only server: no buttons, and its page's POST is refused ----------
+echo "== a read-only server: no buttons, and its page's POST is refused (at ${SECONDS}s)"
+start_server readonly
+ro_port=$port
+ro_dead=$(pqmq send --retries 0 alerts page)
+sql "SELECT mq_fail(id, 'pager offline') FROM mq_claim('{alerts}', 1)" >/dev/null
+wd_open "http://127.0.0.1:$ro_port/" || fail "cannot open the read-only page"
+wd_wait 'return document.querySelector("#dead tr[data-id=\"" + arguments[0] + "\"]") !== null' \
+    "$ro_dead" || fail "the read-only page does not list the dead letter"
+[[ $(wd_js 'return document.querySelectorAll("button[data-action]").length') == 0 ]] \
+    || fail "the read-only page shows action buttons"
+[[ $(wd_js 'return document.getElementById("mode").textContent') == '"read-only"' ]] \
+    || fail "the read-only page does not say so"
+wd_call POST "/session/$WD_SESSION/execute/async" "$(jq -nc --arg id "$ro_dead" '{args: [$id], script:
+  "const done = arguments[arguments.length - 1];
+   fetch(\"/api/retry\", {method: \"POST\", body: new URLSearchParams({id: arguments[0]}),
+     headers: {\"X-Pqmq-Token\": document.querySelector(\"meta[name=pqmq-token]\").content}})
+   .then(r => r.json().then(j => done(r.status + \" \" + j.error)))"}')" >"$work/ro" \
+    || fail "posting from the read-only page: $WD_WHY"
+grep -qF '403 read-only' "$work/ro" || fail "the read-only server did not refuse: $(cat "$work/ro")"
+[[ $(sql "SELECT dead_since IS NOT NULL FROM mq_msgs WHERE id = '$ro_dead'") == t ]] \
+    || fail "a read-only server changed the queue"
+
+# --- SIGTERM stops both cleanly ----------------------------------------------
+echo "== SIGTERM stops both cleanly (at ${SECONDS}s)"
+wd_stop
+for p in "${pids[@]}"; do
+    kill -TERM "$p"
+    wait "$p"
+    rc=$?
+    [[ $rc == 0 ]] || fail "pqmq serve exited $rc on SIGTERM"
+done
+pids=()
+
+if ((failed > 0)); then
+    echo "$failed check(s) failed"
+    exit 1
+fi
+echo "ok: pqmq serve over HTTP and in Chromium; screenshot in $shot"
+exit 0

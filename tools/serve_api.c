@@ -1,0 +1,173 @@
+/*
+ * serve_api.c: the admin actions of pqmq serve, POST /api/retry and
+ * POST /api/skip. The body is a form (application/x-www-form-urlencoded):
+ * id=UUID, repeated, and for retry retries=N (default 0), as pqmq retry and
+ * pqmq skip take them. serve_http.c has checked --admin, the Host, the
+ * Origin and the CSRF token before; what the database role may do stays the
+ * database's to decide (mq_retry and mq_skip belong to the administer duty).
+ * After a change the snapshot is read again, so the page's next poll shows
+ * it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve.h"
+
+/* Ids one request may name (the page sends one at a time). */
+#define SERVE_MAX_IDS 1000
+
+typedef struct {
+    uuid_t ids[SERVE_MAX_IDS];
+    size_t n;
+    long long retries;
+} action_form;
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Decodes a form field in place ('+' is a space, %XX a byte). Returns 0, or
+ * -1 for a broken escape or an encoded NUL. */
+static int form_decode(char *s)
+{
+    char *out = s;
+    for (; *s; s++) {
+        if (*s == '+') {
+            *out++ = ' ';
+        } else if (*s == '%') {
+            int hi = hex_digit(s[1]), lo = hi < 0 ? -1 : hex_digit(s[2]);
+            if (lo < 0 || (hi == 0 && lo == 0))
+                return -1;
+            *out++ = (char)(hi * 16 + lo);
+            s += 2;
+        } else {
+            *out++ = *s;
+        }
+    }
+    *out = '\0';
+    return 0;
+}
+
+/* Parses the body into f; on a bad field returns -1 with why filled. */
+static int parse_form(char *body, int is_retry, action_form *f, char *why, size_t size)
+{
+    f->n = 0;
+    f->retries = 0;
+    char *save = NULL;
+    for (char *field = strtok_r(body, "&", &save); field; field = strtok_r(NULL, "&", &save)) {
+        char *value = strchr(field, '=');
+        if (value)
+            *value++ = '\0';
+        if (form_decode(field) || (value && form_decode(value))) {
+            snprintf(why, size, "a form field is not properly encoded");
+            return -1;
+        }
+        if (!value)
+            value = "";
+        if (strcmp(field, "id") == 0) {
+            if (f->n == SERVE_MAX_IDS) {
+                snprintf(why, size, "at most %d ids in one request", SERVE_MAX_IDS);
+                return -1;
+            }
+            if (strlen(value) != 36 || uuid_parse(value, f->ids[f->n]) != 0) {
+                snprintf(why, size, "\"%.40s\" is not a message id", value);
+                return -1;
+            }
+            f->n++;
+        } else if (strcmp(field, "retries") == 0 && is_retry) {
+            char *end;
+            errno = 0;
+            long long v = strtoll(value, &end, 10);
+            if (errno || end == value || *end || v < 0 || v > 2147483646) {
+                snprintf(why, size, "retries: \"%.20s\" is not a whole number in 0..2147483646",
+                         value);
+                return -1;
+            }
+            f->retries = v;
+        } else {
+            snprintf(why, size, "unexpected form field \"%.40s\"", field);
+            return -1;
+        }
+    }
+    if (f->n == 0) {
+        snprintf(why, size, "no message id given (form field id)");
+        return -1;
+    }
+    return 0;
+}
+
+static unsigned answer_error(FILE *out, unsigned status, const char *msg)
+{
+    fputs("{\"error\": ", out);
+    out_json_str(out, msg, strlen(msg));
+    fputs("}\n", out);
+    return status;
+}
+
+/* The HTTP status for a failed call: a role without the duty is refused. */
+static unsigned failure_status(const serve *s, int rc)
+{
+    const char *state = pqmq_sqlstate(s->t->client);
+    if (rc == PQMQ_ESERVER && state && strcmp(state, "42501") == 0)
+        return 403;
+    if (rc == PQMQ_EINVAL)
+        return 400;
+    if (rc == PQMQ_ECONN)
+        return 503;
+    return 500;
+}
+
+unsigned serve_action(serve *s, const char *action, const char *body, size_t len,
+                      const char *peer, FILE *out)
+{
+    int is_retry = strcmp(action, "retry") == 0;
+    char why[160];
+    char *copy = malloc(len + 1);
+    action_form *f = malloc(sizeof *f);
+    if (!copy || !f) {
+        free(copy);
+        free(f);
+        return answer_error(out, 500, "out of memory");
+    }
+    memcpy(copy, body, len);
+    copy[len] = '\0';
+    int bad = memchr(body, '\0', len) != NULL || parse_form(copy, is_retry, f, why, sizeof why);
+    free(copy);
+    if (bad) {
+        free(f);
+        return answer_error(out, 400, memchr(body, '\0', len) ? "a NUL byte in the form" : why);
+    }
+
+    unsigned status = 200;
+    size_t done = 0;
+    pthread_mutex_lock(&s->db_lock);
+    int rc = serve_connect(s) ? PQMQ_ECONN : PQMQ_OK;
+    if (rc == PQMQ_OK)
+        rc = is_retry ? pqmq_retry(s->t->client, f->ids, f->n, (int)f->retries, &done)
+                      : pqmq_skip(s->t->client, f->ids, f->n, &done);
+    if (rc != PQMQ_OK) {
+        status = failure_status(s, rc);
+        const char *msg = s->t->client ? tool_first_line(pqmq_errmsg(s->t->client))
+                                       : "no connection to the server";
+        fprintf(stderr, "pqmq serve: %s of %zu message%s from %s refused: %s\n", action, f->n,
+                f->n == 1 ? "" : "s", peer, msg);
+        answer_error(out, status, msg);
+    } else {
+        fprintf(stderr, "pqmq serve: %s of %zu message%s from %s: %zu done\n", action, f->n,
+                f->n == 1 ? "" : "s", peer, done);
+        fprintf(out, "{\"action\": \"%s\", \"asked\": %zu, \"done\": %zu}\n", action, f->n,
+                done);
+        serve_sample(s);
+    }
+    pthread_mutex_unlock(&s->db_lock);
+    free(f);
+    return status;
+}
