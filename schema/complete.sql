@@ -24,10 +24,7 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n       int;
-    g_id    uuid[];
-    g_after uuid[];
-    g_name  text[];
-    g_args  text[];
+    chans   text[];
     by_id   uuid[]; -- msg_ids sorted, and their attempt numbers
     att     int[];
 BEGIN
@@ -53,40 +50,27 @@ BEGIN
         INTO by_id, att
         FROM unnest(msg_ids, msg_attempts) AS u(id, a);
     END IF;
-    -- Unordered messages need no chain lock: they go first, and usually
-    -- that is all there is.
     -- Rows are found by id = ANY (an index condition whatever the
     -- statistics say; a join with the array could become a scan of the
-    -- whole primary key after ANALYZE saw an empty table).
+    -- whole primary key after ANALYZE saw an empty table). A chain member
+    -- needs nothing more: the next entry of its chain is the new head, and
+    -- a poll that still sees this row (its snapshot is older, or this
+    -- transaction has not committed) finds it in flight or locked and
+    -- takes nothing of the chain.
     WITH gone AS (
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
-          AND m.after_message_id IS NULL
           AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
-        RETURNING m.id
+        RETURNING m.chain_seq IS NOT NULL AS ordered, m.channel_name
     )
-    SELECT count(*) INTO n FROM gone;
-    IF n = cardinality(msg_ids) THEN
-        RETURN n;
-    END IF;
-
-    PERFORM mq_lock_chains(msg_ids);
-    WITH gone AS (
-        DELETE FROM mq_msgs m
-        WHERE m.id = ANY (msg_ids)
-          AND m.after_message_id IS NOT NULL
-          AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
-        RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
-    )
-    SELECT array_agg(g.id), array_agg(g.after_message_id),
-           array_agg(g.channel_name), array_agg(g.channel_args)
-    INTO g_id, g_after, g_name, g_args
+    SELECT count(*), array_agg(DISTINCT g.channel_name) FILTER (WHERE g.ordered)
+    INTO n, chans
     FROM gone g;
-
-    IF g_id IS NOT NULL THEN
-        PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
+    -- A chain moved on: its next member may be ready now.
+    IF chans IS NOT NULL THEN
+        PERFORM mq_wake(chans);
     END IF;
-    RETURN n + COALESCE(cardinality(g_id), 0);
+    RETURN n;
 END;
 $$;
 
@@ -114,8 +98,7 @@ END;
 $$;
 
 -- Deletes messages: completion, or cancellation of pending ones. Deleting any
--- member of a chain links its successor to its nearest surviving predecessor,
--- so the rest of the chain keeps its order.
+-- member of a chain leaves the others in their order (chain_seq).
 CREATE OR REPLACE FUNCTION mq_delete(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
