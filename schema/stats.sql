@@ -260,13 +260,13 @@ BEGIN
         WHERE channel_names IS NOT NULL
     ),
     hd(lo, hi, nm, k, at, dl, dead, ci, ra, cn) AS (
-        SELECT r.lo, r.hi, r.nm, f.* FROM rng r, LATERAL (
+        SELECT rg.lo, rg.hi, rg.nm, f.* FROM rng rg, LATERAL (
             SELECT m.channel_key, m.attempt_at, m.deliveries,
                    m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL, m.ready_at,
                    m.channel_name
             FROM mq_msgs m
             WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= r.lo AND m.channel_key <= r.hi
+              AND m.channel_key >= rg.lo AND m.channel_key <= rg.hi
             ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
         UNION ALL
         SELECT hd.lo, hd.hi, hd.nm, f.* FROM hd, LATERAL (
