@@ -843,9 +843,12 @@ BEGIN
                AND m.after_message_id IS NULL
                AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at >= mark AND m.ready_at <= ts
-               AND m.attempts > 0),
-            mq_next_head_at(-9223372036854775808, 9223372036854775807, NULL))
+               AND m.attempts > 0))
         INTO next_at;
+        -- (Its own statement: on Citus a statement that reads the queue's
+        -- tables runs on the worker, where this function cannot.)
+        next_at := LEAST(next_at, mq_next_head_at(-9223372036854775808,
+                                                  9223372036854775807, NULL));
     ELSE
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
@@ -884,11 +887,14 @@ BEGIN
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at >= mark AND m.ready_at <= ts
                AND m.attempts > 0
-               AND m.channel_name = c.n),
-            mq_next_head_at(hashtext(c.n)::bigint << 32,
-                            (hashtext(c.n)::bigint << 32) | 4294967295, c.n)))
+               AND m.channel_name = c.n)))
         INTO next_at
         FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
+        -- (As above: a statement that reads no table.)
+        next_at := LEAST(next_at, (
+            SELECT min(mq_next_head_at(hashtext(c.n)::bigint << 32,
+                                       (hashtext(c.n)::bigint << 32) | 4294967295, c.n))
+            FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
     END IF;
     RETURN CASE WHEN next_at IS NOT NULL
                 THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
@@ -2152,7 +2158,7 @@ $$;
 -- of mq_msgs_ready_by_time (the price of claims that write no index
 -- entry); ready is what remains. The oldest ready message is a probe of
 -- mq_msgs_ready_plain per chain key of the channel (and a read of the
--- channel's urgent messages).
+-- channel's urgent messages) and one of mq_msgs_chain per chain.
 CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
 RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
               uncommitted bigint, waiting bigint, dead bigint,
@@ -2333,40 +2339,10 @@ BEGIN
 END;
 $$;
 
--- The heads of a channel's chains (the first entry of each chain key in
--- its name's range, in mq_msgs_chain: a loose index scan, one probe per
--- chain), for monitoring.
-CREATE OR REPLACE FUNCTION mq_chain_heads(channel text)
-RETURNS TABLE(id uuid, k bigint, seq bigint, at timestamptz, attempts int, dead boolean)
-LANGUAGE sql
-SET search_path FROM CURRENT
-AS $$
-    WITH RECURSIVE hd(id, k, seq, at, attempts, dead, cn) AS (
-        SELECT f.* FROM (
-            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
-                   m.dead_since IS NOT NULL, m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        UNION ALL
-        SELECT f.* FROM hd, LATERAL (
-            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
-                   m.dead_since IS NOT NULL, m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL
-              AND m.channel_key > hd.k
-              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-    )
-    SELECT h.id, h.k, h.seq, h.at, h.attempts, h.dead FROM hd h WHERE h.cn = channel
-$$;
-
 -- When the oldest ready message of a channel became ready (NULL: none is
 -- ready): a loose index scan over the channel's chain keys, one probe each,
 -- in mq_msgs_ready_plain; the channel's urgent messages are read whole; and
--- the heads of its chains (mq_chain_heads).
+-- the heads of its chains, one probe each in mq_msgs_chain.
 CREATE OR REPLACE FUNCTION mq_oldest_ready(channel text, ts timestamptz)
 RETURNS timestamptz
 LANGUAGE sql
@@ -2391,6 +2367,27 @@ AS $$
                                         | 4294967295)
                 ORDER BY m.channel_key LIMIT 1)
         FROM keys WHERE keys.k IS NOT NULL
+    ),
+    hd(id, k, seq, at, attempts, dead, cn) AS (
+        -- The heads of the channel's chains: the first entry of each chain
+        -- key of its name's range (a loose index scan of mq_msgs_chain).
+        SELECT f.* FROM (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+        UNION ALL
+        SELECT f.* FROM hd, LATERAL (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL
+              AND m.channel_key > hd.k
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
     )
     SELECT LEAST(
         (SELECT pg_catalog.min(f.at)
@@ -2421,8 +2418,8 @@ AS $$
            AND m.attempts > 0
            AND m.channel_name = channel),
         -- The chains' heads that are ready.
-        (SELECT pg_catalog.min(h.at) FROM mq_chain_heads(channel) h
-         WHERE NOT h.dead AND h.attempts > 0 AND h.at <= ts))
+        (SELECT pg_catalog.min(h.at) FROM hd h
+         WHERE h.cn = channel AND NOT h.dead AND h.attempts > 0 AND h.at <= ts))
 $$;
 
 -- The next max_rows messages of a channel (and of one chain when
@@ -2449,7 +2446,28 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
-    WITH heads AS (
+    WITH RECURSIVE hd(id, k, seq, at, attempts, dead, cn) AS (
+        -- The heads of the channel's chains: the first entry of each chain
+        -- key of its name's range (a loose index scan of mq_msgs_chain).
+        SELECT f.* FROM (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+        UNION ALL
+        SELECT f.* FROM hd, LATERAL (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL
+              AND m.channel_key > hd.k
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+    ),
+    heads AS (
         -- Candidates: the channel indexes (plain and urgent), one key range,
         -- and the live heads of the channel's chains.
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
@@ -2484,9 +2502,9 @@ BEGIN
         UNION ALL
         SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                m.commit_interval, m.chain_seq, m.channel_key, m.priority
-        FROM mq_chain_heads(channel) h
+        FROM hd h
         JOIN LATERAL (SELECT q.* FROM mq_msgs q WHERE q.id = h.id LIMIT 1) m ON true
-        WHERE NOT h.dead AND h.attempts > 0
+        WHERE h.cn = channel AND NOT h.dead AND h.attempts > 0
           AND (args IS NULL OR m.channel_args = args)
     ),
     -- Followers: each chain's next members in chain order, at most max_rows.

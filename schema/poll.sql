@@ -403,9 +403,12 @@ BEGIN
                AND m.after_message_id IS NULL
                AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at >= mark AND m.ready_at <= ts
-               AND m.attempts > 0),
-            mq_next_head_at(-9223372036854775808, 9223372036854775807, NULL))
+               AND m.attempts > 0))
         INTO next_at;
+        -- (Its own statement: on Citus a statement that reads the queue's
+        -- tables runs on the worker, where this function cannot.)
+        next_at := LEAST(next_at, mq_next_head_at(-9223372036854775808,
+                                                  9223372036854775807, NULL));
     ELSE
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
@@ -444,11 +447,14 @@ BEGIN
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
                AND m.ready_at >= mark AND m.ready_at <= ts
                AND m.attempts > 0
-               AND m.channel_name = c.n),
-            mq_next_head_at(hashtext(c.n)::bigint << 32,
-                            (hashtext(c.n)::bigint << 32) | 4294967295, c.n)))
+               AND m.channel_name = c.n)))
         INTO next_at
         FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
+        -- (As above: a statement that reads no table.)
+        next_at := LEAST(next_at, (
+            SELECT min(mq_next_head_at(hashtext(c.n)::bigint << 32,
+                                       (hashtext(c.n)::bigint << 32) | 4294967295, c.n))
+            FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
     END IF;
     RETURN CASE WHEN next_at IS NOT NULL
                 THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
