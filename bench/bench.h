@@ -76,7 +76,7 @@ struct phys_snap {
 
 struct rates {
     double enqueue, runner, poll;
-    struct physical poll_cost; /* of the poll API's drain */
+    struct physical poll_cost;    /* of the poll API's drain */
     double enqueue_pipelined;     /* pqmq_insert_batches, BENCH_PIPELINE at a time */
     double locked, runner_locked; /* the locked lane: poll API, runner */
 };

@@ -11,13 +11,13 @@
 
 /* The project's targets (2-core machine, server on the same box); the
  * README says which are reached, over several runs. */
-#define TARGET_ENQUEUE 0.7         /* enqueue / floor insert */
-#define TARGET_PROCESS 0.6         /* runner processing / floor drain */
+#define TARGET_ENQUEUE 0.7          /* enqueue / floor insert */
+#define TARGET_PROCESS 0.6          /* runner processing / floor drain */
 #define TARGET_ORDERED 0.7          /* ordered processing / unordered */
 #define TARGET_ORDERED_ENQUEUE 0.85 /* ordered enqueue / unordered */
 #define TARGET_ORDERED_PHYSICAL 1.5 /* ordered WAL per message / unordered, at most */
-#define TARGET_ONCE 0.5            /* exactly-once processing / floor drain */
-#define TARGET_POLL 0.7            /* processing with the poll API / floor drain */
+#define TARGET_ONCE 0.5             /* exactly-once processing / floor drain */
+#define TARGET_POLL 0.7             /* processing with the poll API / floor drain */
 #define TARGET_P50_MS 1.5
 #define TARGET_P99_MS 5.0
 
