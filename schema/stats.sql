@@ -251,7 +251,7 @@ BEGIN
     -- The chains' heads (of the named channels' key ranges, or of all): a
     -- loose index scan of mq_msgs_chain, one probe per chain.
     rng(lo, hi, nm) AS (
-        SELECT -9223372036854775808::bigint, 9223372036854775807::bigint, NULL::text
+        SELECT '-9223372036854775808'::bigint, 9223372036854775807::bigint, NULL::text
         WHERE channel_names IS NULL
         UNION ALL
         SELECT pg_catalog.hashtext(c.n)::bigint << 32,

@@ -336,9 +336,9 @@ static void test_upgrade_converts_linked_chains(void)
         return;
     t_truncate();
     insert_seq(q, "ord", "a", 0, 3);
-    insert_seq(q, "ord", "b", 100, 2);
     /* Claim a's head: in flight across the upgrade. */
     CHECK_INT(claim_seq(pg, "mq_claim"), 0);
+    insert_seq(q, "ord", "b", 100, 2);
     /* The old layout: links, reversed places, no chain_seq. */
     t_exec(pg, "WITH o AS (SELECT id, channel_args, lag(id) OVER (PARTITION BY channel_args "
                "ORDER BY chain_seq) AS pred FROM mq_msgs) "
