@@ -58,6 +58,7 @@ DECLARE
     keys    bigint[];    -- the chain key of each message taken
     full_keys bigint[];  -- see mq_pick_urgent (unfiltered polls)
     urgent  boolean;
+    chained boolean;     -- the queue has ordered messages (mq_msgs_chain)
     turn    text;        -- the session setting of the turn (unfiltered polls)
     kept    text;
     start   bigint;      -- where the visit of a key range begins
@@ -83,6 +84,8 @@ BEGIN
             start := mq_random_start(mark);
         END IF;
     END IF;
+    -- One probe: a queue without chains skips their pass (a call).
+    chained := EXISTS (SELECT 1 FROM mq_msgs m WHERE m.chain_seq IS NOT NULL);
     LOOP -- twice at most (below)
         ids := '{}';
         tids := '{}';
@@ -101,22 +104,26 @@ BEGIN
             -- One visit of the whole key space: each channel's urgent
             -- messages, then the rest of its allowance; channels whose urgent
             -- messages used it all are visited again for more of them.
-            IF urgent THEN
+            IF urgent AND chained THEN
                 -- Chain heads that no urgent message of their channel outranks.
                 SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
                 FROM mq_pick_chains(NULL, -9223372036854775808, 9223372036854775807,
                                     start, per_key, batch_size, budget, ts, lane, true, mark,
                                     ids, tids, keys) p;
+            END IF;
+            IF urgent THEN
                 SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                 INTO ids, tids, keys, low, full_keys
                 FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
                                     start, per_key, batch_size, budget, ts, lane, mark, ids, tids,
                                     keys, low, full_keys) p;
             END IF;
-            SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
-            FROM mq_pick_chains(NULL, -9223372036854775808, 9223372036854775807,
-                                start, per_key, batch_size, budget, ts, lane, urgent, mark,
-                                ids, tids, keys) p;
+            IF chained THEN
+                SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
+                FROM mq_pick_chains(NULL, -9223372036854775808, 9223372036854775807,
+                                    start, per_key, batch_size, budget, ts, lane, urgent,
+                                    mark, ids, tids, keys) p;
+            END IF;
             IF cardinality(ids) < batch_size THEN
                 SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
                 FROM mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
@@ -145,7 +152,7 @@ BEGIN
                     lo := hashtext(nm)::bigint << 32;
                     hi := lo | 4294967295;
                     start := lo + floor(random() * 4294967296)::bigint;
-                    IF urgent AND round = 1 THEN
+                    IF urgent AND chained AND round = 1 THEN
                         SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
                         FROM mq_pick_chains(nm, lo, hi, start, per_key, batch_size, budget, ts,
                                             lane, true, mark, ids, tids, keys) p;
@@ -158,7 +165,7 @@ BEGIN
                                             batch_size, budget, ts, lane, mark, ids, tids,
                                             keys, low, full_keys) p;
                     END IF;
-                    IF round = 1 THEN -- (a chain gives one message a poll)
+                    IF chained AND round = 1 THEN -- (a chain gives one message a poll)
                         SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
                         FROM mq_pick_chains(nm, lo, hi, start, per_key, batch_size, budget, ts,
                                             lane, urgent, mark, ids, tids, keys) p;
