@@ -86,7 +86,7 @@ psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema; CREATE SCHEMA $old; CR
 "$pqmq_bin" --help >"$work/out" || fail "pqmq --help failed"
 has out "usage: pqmq" "migrate" "metrics"
 "$pqmq_bin" --version >"$work/out" || fail "pqmq --version failed"
-has out "schema version 17"
+has out "schema version 20"
 run 2 nosuchcommand
 has err "unknown command"
 for c in migrate status peek dead retry skip purge send watch metrics; do
@@ -127,7 +127,7 @@ else
     has err "up to date"
 fi
 run 0 migrate
-has out "is at version 17"
+has out "is at version 20"
 run 0 migrate
 run 0 migrate --status
 has out "applied"
