@@ -186,9 +186,12 @@ static void run_rates(const struct opts *o, PGconn *admin, const struct shape *s
     profile_end(o, admin, label, o->messages);
     analyze_queue(admin);
     snprintf(label, sizeof label, "%s: poll API", tag);
+    struct phys_snap ps;
+    physical_begin(admin, &ps);
     profile_begin(o, admin);
     out->poll = o->messages / queue_drain_poll(o, label);
     profile_end(o, admin, label, o->messages);
+    physical_end(admin, &ps, o->messages, &out->poll_cost);
     expect_empty(admin, label);
     out->enqueue = 2.0 * o->messages / t_in;
 

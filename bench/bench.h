@@ -64,8 +64,19 @@ struct latency {
 /* Batches per call of the pipelined enqueue (pqmq_insert_batches). */
 #define BENCH_PIPELINE 10
 
+/* Physical cost per processed message (physical.c): WAL bytes and records,
+ * updates of mq_msgs and the share of them that were HOT. */
+struct physical {
+    double wal_bytes, wal_records, updates, hot;
+};
+
+struct phys_snap {
+    double wal_bytes, wal_records, updates, hot_updates;
+};
+
 struct rates {
     double enqueue, runner, poll;
+    struct physical poll_cost;    /* of the poll API's drain */
     double enqueue_pipelined;     /* pqmq_insert_batches, BENCH_PIPELINE at a time */
     double locked, runner_locked; /* the locked lane: poll API, runner */
 };
@@ -240,6 +251,11 @@ void profile_end(const struct opts *o, PGconn *admin, const char *label, long me
 
 /* ---- backlog.c ---- */
 void run_backlog(const struct opts *o, PGconn *admin);
+
+/* physical.c */
+void physical_begin(PGconn *admin, struct phys_snap *s);
+void physical_end(PGconn *admin, const struct phys_snap *s, long messages,
+                  struct physical *out);
 
 /* ---- report.c ---- */
 void report_text(const struct opts *o, const struct results *r);

@@ -10,6 +10,11 @@
 #   floor     DELETE ... WHERE ctid = ANY (ARRAY(SELECT ctid ... ORDER BY
 #             created_at LIMIT 100 FOR UPDATE SKIP LOCKED)) RETURNING payload:
 #             the bench's ctid floor, one statement and one commit a batch.
+#   fair      the floor with the same fairness pick as pqmq's poll: its table
+#             with an index on (channel, created_at), and a loose index scan
+#             over the channels taking at most a quarter of the batch from
+#             each (mq_pick_keys' shape, without a lease, lanes or
+#             priorities): what fairness costs on its own.
 #   table     the floor's DELETE on pqmq's mq_msgs (its row, its indexes,
 #             its readiness test): what the table costs.
 #   lease     the least SQL a lease needs, on pqmq's own table and indexes:
@@ -48,16 +53,19 @@ q -c 'SET client_min_messages = warning' -c 'DROP SCHEMA IF EXISTS ceiling CASCA
     -c 'CREATE SCHEMA ceiling' -c 'CREATE SCHEMA ceiling_floor' -c 'SET search_path = ceiling_floor' \
     -c 'CREATE TABLE msgs (id uuid PRIMARY KEY, channel text NOT NULL, payload jsonb,
                            created_at timestamptz NOT NULL DEFAULT now())' \
-    -c 'CREATE INDEX msgs_created_at ON msgs (created_at)'
+    -c 'CREATE INDEX msgs_created_at ON msgs (created_at)' \
+    -c 'CREATE TABLE fmsgs (LIKE msgs INCLUDING ALL)' \
+    -c 'CREATE INDEX fmsgs_channel ON fmsgs (channel, created_at)'
 "$pqmq" -d "$dsn" --schema ceiling migrate >/dev/null 2>&1
 
 # Each form's fill: n messages, 100 channels, in batches of 100 (distinct
 # places per batch, as producers give them).
 fill_floor() {
-    q -c "TRUNCATE ceiling_floor.msgs" -c "INSERT INTO ceiling_floor.msgs
+    local t=${1:-msgs}
+    q -c "TRUNCATE ceiling_floor.$t" -c "INSERT INTO ceiling_floor.$t
           SELECT gen_random_uuid(), 'c' || (g % 100), '{\"k\": 1}',
                  now() - interval '1 hour' + (g / 100) * interval '1 ms'
-          FROM generate_series(1, $n) g" -c "VACUUM ANALYZE ceiling_floor.msgs"
+          FROM generate_series(1, $n) g" -c "VACUUM ANALYZE ceiling_floor.$t"
 }
 fill_pqmq() {
     # The rows mq_insert writes for unordered messages, inserted directly:
@@ -77,11 +85,26 @@ DELETE FROM ceiling_floor.msgs WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM ceiling_floor.msgs ORDER BY created_at LIMIT 100
     FOR UPDATE SKIP LOCKED)) RETURNING id, payload;
 EOF
+# The floor's DELETE of a batch picked fairly: channels in key order (a
+# loose index scan, at most 2 * 100 + 16 visits, as mq_pick_set's budget),
+# at most 25 messages from each.
+cat >"$work/fair.sql" <<'EOF'
+WITH RECURSIVE ch(c, n) AS (
+    (SELECT channel, 1 FROM ceiling_floor.fmsgs ORDER BY channel LIMIT 1)
+    UNION ALL
+    SELECT (SELECT f.channel FROM ceiling_floor.fmsgs f WHERE f.channel > ch.c
+            ORDER BY f.channel LIMIT 1), ch.n + 1
+    FROM ch WHERE ch.c IS NOT NULL AND ch.n < 216)
+DELETE FROM ceiling_floor.fmsgs WHERE ctid = ANY (ARRAY(
+    SELECT r.ctid FROM ch, LATERAL (
+        SELECT f.ctid FROM ceiling_floor.fmsgs f WHERE f.channel = ch.c
+        ORDER BY f.created_at LIMIT 25 FOR UPDATE SKIP LOCKED) r
+    WHERE ch.c IS NOT NULL LIMIT 100)) RETURNING id, payload;
+EOF
 # The ready messages of pqmq's table, in its ready index's order.
 ready="FROM ceiling.mq_msgs
         WHERE dead_since IS NULL
-          AND (after_message_id IS NULL
-               OR after_message_id = '00000000-0000-0000-0000-000000000000')
+          AND after_message_id IS NULL
           AND ready_at > '-infinity' AND attempt_at <= now()
         ORDER BY ready_at LIMIT 100"
 cat >"$work/table.sql" <<EOF
@@ -139,6 +162,7 @@ EOF
 drain() {
     local form=$1 left table=ceiling.mq_msgs
     [[ $form == floor ]] && table=ceiling_floor.msgs
+    [[ $form == fair ]] && table=ceiling_floor.fmsgs
     pgbench -n -M prepared -c 2 -j 2 -T "$secs" -D ids='{}' -D atts='{}' -D tids='{}' \
         -f "$work/$form.sql" "$dsn" >"$work/out" 2>&1 || {
         cat "$work/out" >&2
@@ -197,11 +221,15 @@ report() {
 }
 
 declare -A rate
-read -ra forms <<<"${FORMS:-floor table lease lease-ctid locked pqmq pqmq-locked}"
+read -ra forms <<<"${FORMS:-floor fair table lease lease-ctid locked pqmq pqmq-locked}"
 read -ra iforms <<<"${IFORMS:-insert-floor insert-table insert-pqmq}"
 for r in $(seq 1 "$rounds"); do
     for f in "${forms[@]}"; do
-        if [[ $f == floor ]]; then fill_floor; else fill_pqmq; fi
+        case $f in
+        floor) fill_floor ;;
+        fair) fill_floor fmsgs ;;
+        *) fill_pqmq ;;
+        esac
         rate[$r,$f]=$(drain "$f")
     done
     for f in "${iforms[@]}"; do

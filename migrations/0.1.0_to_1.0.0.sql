@@ -4,6 +4,9 @@
 -- applied next, replaces every function. A step records the version its
 -- tables now have, which is what lets schema/ apply (schema/tables.sql).
 DO $$
+DECLARE
+    base bigint;
+    n    bigint;
 BEGIN
     IF pg_catalog.to_regclass('mq_schema_migrations') IS NULL THEN
         RETURN;
@@ -11,6 +14,55 @@ BEGIN
     IF (SELECT max(version) FROM mq_schema_migrations) IS DISTINCT FROM 17 THEN
         RETURN;
     END IF;
+    -- Chains are kept by place (chain_seq), not by links: each chain's
+    -- members get places in their link order, heads first (in flight, dead
+    -- or delayed, each keeps its state); a member whose predecessor is gone
+    -- (written by hand) follows its chain's linked ones, oldest first.
+    -- after_message_id becomes the nil UUID for every ordered message.
+    ALTER TABLE mq_msgs ADD COLUMN IF NOT EXISTS chain_seq bigint;
+    CREATE SEQUENCE IF NOT EXISTS mq_chain_seq INCREMENT BY 16384;
+    base := pg_catalog.nextval('mq_chain_seq');
+    WITH RECURSIVE walk(id, k, depth) AS (
+        SELECT m.id, m.channel_key, 0::bigint FROM mq_msgs m
+        WHERE m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        UNION ALL
+        SELECT s.id, w.k, w.depth + 1 FROM walk w
+        JOIN mq_msgs s ON s.after_message_id = w.id
+    ),
+    placed AS (
+        SELECT m.id, pg_catalog.row_number() OVER (
+                   ORDER BY m.channel_key, w.depth IS NULL, w.depth, m.created_at, m.id) AS n
+        FROM mq_msgs m
+        LEFT JOIN walk w ON w.id = m.id
+        WHERE m.after_message_id IS NOT NULL
+    ),
+    done AS (
+        UPDATE mq_msgs m SET chain_seq = base + p.n,
+                             after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        FROM placed p
+        WHERE m.id = p.id
+        RETURNING p.n
+    )
+    SELECT max(d.n) INTO n FROM done d;
+    PERFORM pg_catalog.setval('mq_chain_seq', base + COALESCE(n, 0));
+    -- The ready indexes hold unordered messages only (schema/tables.sql
+    -- makes them anew), the chain index replaces the successor index, the
+    -- tails are not kept, the relinking helpers go, and the counters are
+    -- made anew by schema/stats.sql (waiting: every ordered message).
+    DROP INDEX IF EXISTS mq_msgs_ready_plain;
+    DROP INDEX IF EXISTS mq_msgs_ready_urgent;
+    DROP INDEX IF EXISTS mq_msgs_ready_by_time;
+    DROP INDEX IF EXISTS mq_msgs_successor;
+    DELETE FROM mq_chains;
+    DROP FUNCTION IF EXISTS mq_record_tails(mq_new_t[]);
+    DROP FUNCTION IF EXISTS mq_lock_chains(uuid[]);
+    DROP FUNCTION IF EXISTS mq_unlink(uuid[], uuid[], text[], text[]);
+    DROP TRIGGER IF EXISTS mq_count_relinked ON mq_msgs;
+    DROP FUNCTION IF EXISTS mq_count_relinked();
+    DROP TRIGGER IF EXISTS mq_count_inserted ON mq_msgs;
+    DROP TRIGGER IF EXISTS mq_count_deleted ON mq_msgs;
+    DROP TRIGGER IF EXISTS mq_count_truncated ON mq_msgs;
+    DROP TRIGGER IF EXISTS mq_count_unchained ON mq_msgs;
     -- A schedule belongs to the role that evaluates it first (NULL: to the
     -- next caller; mq_schedule).
     ALTER TABLE mq_schedules ADD COLUMN IF NOT EXISTS owner oid;

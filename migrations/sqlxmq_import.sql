@@ -13,39 +13,53 @@
 --   * a message the original delivered for the last time (no attempt_at: it
 --     lingered forever) becomes a dead letter, listed by mq_dead_letters and
 --     retried with mq_retry;
---   * each chain's tail is recorded in mq_chains;
+--   * chains keep their order by place (chain_seq) instead of links;
 --   * the grants others had on the original's tables pass to mq_msgs and
 --     the mq_payloads view.
 DO $$
 DECLARE
     nil constant uuid := '00000000-0000-0000-0000-000000000000';
     g record;
+    base bigint;
+    n    bigint;
 BEGIN
     IF pg_catalog.to_regclass('mq_sqlxmq_msgs') IS NULL THEN
         RETURN;
     END IF;
-    INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
-                         channel_args, commit_interval, after_message_id, deliveries,
-                         dead_since, ready_at, name, payload_json, payload_bytes)
-    SELECT m.id, COALESCE(m.created_at, pg_catalog.now()),
-           COALESCE(m.attempt_at, pg_catalog.now()), m.attempts, m.retry_backoff,
-           m.channel_name, COALESCE(m.channel_args, ''), m.commit_interval,
-           m.after_message_id,
-           CASE WHEN m.attempt_at IS NULL THEN 1 ELSE 0 END,
-           CASE WHEN m.attempt_at IS NULL THEN pg_catalog.now() END,
-           COALESCE(m.attempt_at, pg_catalog.now()),
-           COALESCE(p.name, ''), p.payload_json, p.payload_bytes
-    FROM mq_sqlxmq_msgs m
-    LEFT JOIN mq_sqlxmq_payloads p ON p.id = m.id
-    WHERE m.id <> nil;
-
-    -- A chain's tail: its member no other member waits for.
-    INSERT INTO mq_chains (channel_name, channel_args, tail_id)
-    SELECT DISTINCT ON (m.channel_name, m.channel_args) m.channel_name, m.channel_args, m.id
-    FROM mq_msgs m
-    WHERE m.after_message_id IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM mq_msgs s WHERE s.after_message_id = m.id)
-    ORDER BY m.channel_name, m.channel_args, m.created_at DESC, m.id DESC;
+    -- A chain's members get places (chain_seq) in their link order, heads
+    -- (after the nil UUID) first; a member whose predecessor is gone follows
+    -- its chain's linked ones, oldest first.
+    base := pg_catalog.nextval('mq_chain_seq');
+    WITH RECURSIVE walk(id, depth) AS (
+        SELECT m.id, 0::bigint FROM mq_sqlxmq_msgs m
+        WHERE m.after_message_id = nil AND m.id <> nil
+        UNION ALL
+        SELECT s.id, w.depth + 1 FROM walk w
+        JOIN mq_sqlxmq_msgs s ON s.after_message_id = w.id
+    ),
+    moved AS (
+        INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
+                             channel_args, commit_interval, after_message_id, deliveries,
+                             dead_since, ready_at, name, payload_json, payload_bytes, chain_seq)
+        SELECT m.id, COALESCE(m.created_at, pg_catalog.now()),
+               COALESCE(m.attempt_at, pg_catalog.now()), m.attempts, m.retry_backoff,
+               m.channel_name, COALESCE(m.channel_args, ''), m.commit_interval,
+               CASE WHEN m.after_message_id IS NOT NULL THEN nil END,
+               CASE WHEN m.attempt_at IS NULL THEN 1 ELSE 0 END,
+               CASE WHEN m.attempt_at IS NULL THEN pg_catalog.now() END,
+               COALESCE(m.attempt_at, pg_catalog.now()),
+               COALESCE(p.name, ''), p.payload_json, p.payload_bytes,
+               CASE WHEN m.after_message_id IS NOT NULL THEN base + pg_catalog.row_number() OVER (
+                   ORDER BY m.channel_name, COALESCE(m.channel_args, ''), w.depth IS NULL,
+                            w.depth, m.created_at, m.id) END
+        FROM mq_sqlxmq_msgs m
+        LEFT JOIN mq_sqlxmq_payloads p ON p.id = m.id
+        LEFT JOIN walk w ON w.id = m.id
+        WHERE m.id <> nil
+        RETURNING 1
+    )
+    SELECT count(*) INTO n FROM moved;
+    PERFORM pg_catalog.setval('mq_chain_seq', base + n + 1);
 
     FOR g IN
         SELECT CASE WHEN c.relname = 'mq_sqlxmq_msgs' THEN 'mq_msgs' ELSE 'mq_payloads' END

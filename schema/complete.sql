@@ -23,10 +23,8 @@ AS $$
 DECLARE
     n       int;
     k       int;
-    g_id    uuid[];
-    g_after uuid[];
-    g_name  text[];
-    g_args  text[];
+    chans   text[];
+    more    text[];
     by_id   uuid[]; -- msg_ids sorted, and their attempt numbers
     att     int[];
 BEGIN
@@ -52,46 +50,46 @@ BEGIN
         INTO by_id, att
         FROM unnest(msg_ids, msg_attempts) AS u(id, a);
     END IF;
-    -- Unordered messages without a key need no lock: they go first, and
-    -- usually that is all there is. The others take their keys' locks (in
-    -- key order) and then their chains' (as producers do: mq_lock_keys).
     -- Rows are found by id = ANY (an index condition whatever the
     -- statistics say; a join with the array could become a scan of the
-    -- whole primary key after ANALYZE saw an empty table).
+    -- whole primary key after ANALYZE saw an empty table). A chain member
+    -- needs nothing more: the next entry of its chain is the new head, and
+    -- a poll that still sees this row (its snapshot is older, or this
+    -- transaction has not committed) finds it in flight or locked and
+    -- takes nothing of the chain. Messages without a key need no lock and
+    -- go first; usually that is all there is.
     WITH gone AS (
         DELETE FROM mq_msgs m
         WHERE m.id = ANY (msg_ids)
-          AND m.after_message_id IS NULL
           AND m.unique_key IS NULL
           AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
-        RETURNING m.id
+        RETURNING m.chain_seq IS NOT NULL AS ordered, m.channel_name
     )
-    SELECT count(*) INTO n FROM gone;
-    IF n = cardinality(msg_ids) THEN
-        RETURN n;
-    END IF;
-
-    PERFORM mq_lock_keys(msg_ids);
-    PERFORM mq_lock_chains(msg_ids);
-    WITH gone AS (
-        DELETE FROM mq_msgs m
-        WHERE m.id = ANY (msg_ids)
-          AND (m.after_message_id IS NOT NULL OR m.unique_key IS NOT NULL)
-          AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
-        RETURNING m.id, m.after_message_id, m.channel_name, m.channel_args
-    )
-    SELECT count(*),
-           array_agg(g.id) FILTER (WHERE g.after_message_id IS NOT NULL),
-           array_agg(g.after_message_id) FILTER (WHERE g.after_message_id IS NOT NULL),
-           array_agg(g.channel_name) FILTER (WHERE g.after_message_id IS NOT NULL),
-           array_agg(g.channel_args) FILTER (WHERE g.after_message_id IS NOT NULL)
-    INTO k, g_id, g_after, g_name, g_args
+    SELECT count(*), array_agg(DISTINCT g.channel_name) FILTER (WHERE g.ordered)
+    INTO n, chans
     FROM gone g;
-
-    IF g_id IS NOT NULL THEN
-        PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
+    IF n < cardinality(msg_ids) THEN
+        -- Keyed messages release their keys: take the keys' locks in key
+        -- order first, as producers do (mq_lock_keys), against deadlock.
+        PERFORM mq_lock_keys(msg_ids);
+        WITH gone AS (
+            DELETE FROM mq_msgs m
+            WHERE m.id = ANY (msg_ids)
+              AND m.unique_key IS NOT NULL
+              AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
+            RETURNING m.chain_seq IS NOT NULL AS ordered, m.channel_name
+        )
+        SELECT count(*), array_agg(DISTINCT g.channel_name) FILTER (WHERE g.ordered)
+        INTO k, more
+        FROM gone g;
+        n := n + k;
+        chans := chans || more;
     END IF;
-    RETURN n + k;
+    -- A chain moved on: its next member may be ready now.
+    IF chans IS NOT NULL THEN
+        PERFORM mq_wake(chans);
+    END IF;
+    RETURN n;
 END;
 $$;
 
@@ -119,8 +117,7 @@ END;
 $$;
 
 -- Deletes messages: completion, or cancellation of pending ones. Deleting any
--- member of a chain links its successor to its nearest surviving predecessor,
--- so the rest of the chain keeps its order.
+-- member of a chain leaves the others in their order (chain_seq).
 CREATE OR REPLACE FUNCTION mq_delete(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql

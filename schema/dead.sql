@@ -17,14 +17,12 @@ DECLARE
     ts timestamptz := clock_timestamp();
     n  int;
 BEGIN
-    -- Final attempts in flight wait at ready_at 'infinity' (mq_claim): one
-    -- range of mq_msgs_ready_by_time.
+    -- Final attempts in flight wait at ready_at 'infinity' (mq_claim),
+    -- chain heads' too: one range of mq_msgs_ready_by_time.
     UPDATE mq_msgs m SET dead_since = m.attempt_at
     WHERE m.id = ANY (ARRAY(
         SELECT l.id FROM mq_msgs l
         WHERE l.dead_since IS NULL
-          AND (l.after_message_id IS NULL
-               OR l.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
           AND l.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
           AND l.ready_at = 'infinity'::timestamptz
           AND l.attempts = 0 AND l.attempt_at <= ts
@@ -56,7 +54,7 @@ BEGIN
     PERFORM mq_reap_dead();
     RETURN QUERY
     SELECT m.id, m.channel_name, m.channel_args, m.name, m.deliveries,
-           m.last_error, m.dead_since, m.after_message_id IS NOT NULL,
+           m.last_error, m.dead_since, m.chain_seq IS NOT NULL,
            m.payload_json::text, m.payload_bytes
     FROM mq_msgs m
     WHERE m.dead_since IS NOT NULL
@@ -126,41 +124,37 @@ CREATE OR REPLACE FUNCTION mq_skip(msg_ids uuid[])
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
 AS $$
 DECLARE
-    ts      timestamptz := clock_timestamp();
-    g_id    uuid[];
-    g_after uuid[];
-    g_name  text[];
-    g_args  text[];
+    ts    timestamptz := clock_timestamp();
+    n     int;
+    chans text[];
 BEGIN
     IF msg_ids IS NULL OR cardinality(msg_ids) = 0 THEN
         RETURN 0;
     END IF;
-    PERFORM mq_lock_chains(msg_ids);
-    WITH old AS (
-        SELECT l.id, l.after_message_id AS after FROM mq_msgs l
-        WHERE l.id = ANY (msg_ids) AND l.after_message_id IS NOT NULL
-        FOR UPDATE
-    ),
-    moved AS (
-        UPDATE mq_msgs m SET after_message_id = NULL, attempts = 0,
+    -- Out of the chain index (chain_seq NULL): the next entry is the
+    -- chain's head. A member held by a consumer is waited for, as a
+    -- completion would be.
+    WITH moved AS (
+        UPDATE mq_msgs m SET after_message_id = NULL, chain_seq = NULL, attempts = 0,
                              attempt_at = LEAST(m.attempt_at, ts),
                              dead_since = COALESCE(m.dead_since, ts)
-        FROM old
-        WHERE m.id = old.id
-        RETURNING m.id, old.after, m.channel_name, m.channel_args
+        WHERE m.id = ANY (msg_ids) AND m.chain_seq IS NOT NULL
+        RETURNING m.channel_name
     )
-    SELECT array_agg(mv.id), array_agg(mv.after), array_agg(mv.channel_name),
-           array_agg(mv.channel_args)
-    INTO g_id, g_after, g_name, g_args
-    FROM moved mv;
-    IF g_id IS NULL THEN
+    SELECT count(*), array_agg(DISTINCT mv.channel_name) INTO n, chans FROM moved mv;
+    IF n = 0 THEN
         RETURN 0;
     END IF;
-    PERFORM mq_wake(mq_unlink(g_id, g_after, g_name, g_args));
+    PERFORM mq_wake(chans);
     PERFORM pg_notify('mq_dead', '');
-    RETURN cardinality(g_id);
+    RETURN n;
 END;
 $$;
 

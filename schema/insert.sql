@@ -51,7 +51,7 @@ DECLARE
     bad     record;
     chans   text[];
     has_ordered boolean;
-    afters  uuid[];
+    base    bigint; -- the batch's places in chains (mq_chain_seq)
 BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
         RETURN;
@@ -157,7 +157,12 @@ BEGIN
     has_ordered := EXISTS (SELECT 1 FROM unnest(new_messages) AS t WHERE t.ordered);
 
     IF has_ordered THEN
+        -- Each ordered message's place in its chain: the chains' locks
+        -- first, then the places, so a later producer of a chain gets later
+        -- ones; within the batch, array order. Nothing of the chain is read
+        -- or written: its head is whatever entry comes first.
         PERFORM mq_lock_new_chains(new_messages);
+        base := nextval('mq_chain_seq');
     END IF;
 
     IF current_setting('pqmq.citus', true) = 'on' THEN
@@ -179,102 +184,26 @@ BEGIN
                       DETAIL = format('Key (id)=(%s) already exists.', bad.id);
         END IF;
     END IF;
-    IF has_ordered AND current_setting('pqmq.citus', true) = 'on' THEN
-        -- Citus cannot ship an INSERT whose SELECT reads the queue's tables
-        -- (it adds a filter on a distribution column that single-shard
-        -- tables lack): each message's predecessor is found first, as
-        -- below, and the insert that follows reads only the arrays.
-        WITH batch AS (
-            SELECT t.*, COALESCE(t.channel_args, '') AS args
-            FROM unnest(new_messages) WITH ORDINALITY AS t(
-                id, delay, retries, retry_backoff, channel_name, channel_args,
-                commit_interval, ordered, name, payload_json, payload_bytes, ord)
-        )
-        SELECT array_agg(a.after ORDER BY a.ord) INTO afters FROM (
-            SELECT b.ord, CASE WHEN b.ordered THEN COALESCE(
-                       lag(b.id) OVER chain,
-                       (SELECT c.tail_id FROM mq_chains c
-                        WHERE c.channel_key = ((hashtext(b.channel_name)::bigint << 32)
-                                               | (hashtext(b.args)::bigint & 4294967295))
-                          AND c.channel_name = b.channel_name
-                          AND c.channel_args = b.args
-                          AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
-                        LIMIT 1),
-                       '00000000-0000-0000-0000-000000000000'::uuid)
-                   END AS after
-            FROM batch b
-            WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
-        ) a;
-    END IF;
-
-    IF NOT has_ordered OR afters IS NOT NULL THEN
-        -- No chains to extend (or their links found above): a plain insert.
-        INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
-                             channel_name, channel_args, commit_interval, after_message_id,
-                             ready_at, name, payload_json, payload_bytes, unique_key,
-                             key_retention, priority)
-        SELECT t.id, ts,
-               ts + COALESCE(t.delay, interval '0')
-                  + COALESCE(t.commit_interval, interval '0'),
-               LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
-               COALESCE(t.retry_backoff, interval '1 second'),
-               t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
-               afters[t.ordinality::int],
-               ts + COALESCE(t.delay, interval '0')
-                  + COALESCE(t.commit_interval, interval '0'),
-               COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes,
-               unique_keys[t.ordinality::int],
-               CASE WHEN unique_keys[t.ordinality::int] IS NOT NULL THEN key_retention END,
-               COALESCE(priorities[t.ordinality::int], 0)
-        FROM unnest(new_messages) WITH ORDINALITY AS t;
-    ELSE
-        WITH batch AS (
-            SELECT t.*, COALESCE(t.channel_args, '') AS args
-            FROM unnest(new_messages) WITH ORDINALITY AS t(
-                id, delay, retries, retry_backoff, channel_name, channel_args,
-                commit_interval, ordered, name, payload_json, payload_bytes, ord)
-        )
-        INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
-                             channel_name, channel_args, commit_interval,
-                             after_message_id, ready_at, name, payload_json,
-                             payload_bytes, unique_key, key_retention, priority)
-        SELECT b.id, ts,
-               ts + COALESCE(b.delay, interval '0')
-                  + COALESCE(b.commit_interval, interval '0'),
-               LEAST(COALESCE(b.retries, 4)::bigint + 1, 2147483647)::int,
-               COALESCE(b.retry_backoff, interval '1 second'),
-               b.channel_name, b.args, b.commit_interval,
-               CASE WHEN b.ordered THEN COALESCE(
-                   lag(b.id) OVER chain,
-                   -- The chain's live tail, for its first message in the
-                   -- batch only: a probe of its key (a join of the batch
-                   -- with the chains' tails was a nested loop, n² per
-                   -- batch). A scalar subquery stays a probe by id, where
-                   -- EXISTS could become a join that reads the primary key
-                   -- whole.
-                   (SELECT c.tail_id FROM mq_chains c
-                    WHERE c.channel_key = ((hashtext(b.channel_name)::bigint << 32)
-                                           | (hashtext(b.args)::bigint & 4294967295))
-                      AND c.channel_name = b.channel_name
-                      AND c.channel_args = b.args
-                      AND (SELECT m.id FROM mq_msgs m WHERE m.id = c.tail_id) IS NOT NULL
-                    LIMIT 1),
-                   '00000000-0000-0000-0000-000000000000'::uuid)
-               END,
-               ts + COALESCE(b.delay, interval '0')
-                  + COALESCE(b.commit_interval, interval '0'),
-               COALESCE(b.name, ''), b.payload_json::jsonb, b.payload_bytes,
-               unique_keys[b.ord::int],
-               CASE WHEN unique_keys[b.ord::int] IS NOT NULL THEN key_retention END,
-               COALESCE(priorities[b.ord::int], 0)
-        FROM batch b
-        WINDOW chain AS (PARTITION BY b.ordered, b.channel_name, b.args ORDER BY b.ord)
-        ORDER BY b.ord;
-    END IF;
-
-    IF has_ordered THEN
-        PERFORM mq_record_tails(new_messages);
-    END IF;
+    INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
+                         channel_name, channel_args, commit_interval, after_message_id,
+                         ready_at, name, payload_json, payload_bytes, unique_key,
+                         key_retention, priority, chain_seq)
+    SELECT t.id, ts,
+           ts + COALESCE(t.delay, interval '0')
+              + COALESCE(t.commit_interval, interval '0'),
+           LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
+           COALESCE(t.retry_backoff, interval '1 second'),
+           t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
+           -- The seed's mark of an ordered message (no longer a link).
+           CASE WHEN t.ordered THEN '00000000-0000-0000-0000-000000000000'::uuid END,
+           ts + COALESCE(t.delay, interval '0')
+              + COALESCE(t.commit_interval, interval '0'),
+           COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes,
+           unique_keys[t.ordinality::int],
+           CASE WHEN unique_keys[t.ordinality::int] IS NOT NULL THEN key_retention END,
+           COALESCE(priorities[t.ordinality::int], 0),
+           CASE WHEN t.ordered THEN base + t.ordinality END
+    FROM unnest(new_messages) WITH ORDINALITY AS t;
 
     SELECT array_agg(DISTINCT t.channel_name) INTO chans
     FROM unnest(new_messages) AS t;

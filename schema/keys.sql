@@ -161,18 +161,17 @@ BEGIN
                     -- Not started: never delivered and held by no consumer
                     -- (the locked lane's claim is a row lock); and unordered,
                     -- or alone in its chain: a chain's other messages were
-                    -- inserted before this one and must not run after its
-                    -- payload, and a waiting member is relinked by
-                    -- completions, under the chain's lock, which producers
-                    -- take after their keys' (this row's lock would close a
-                    -- circle).
+                    -- inserted around this one, and the new payload must not
+                    -- run in the old one's place among them.
                     SELECT m.ctid INTO got FROM mq_msgs m
                     WHERE m.id = holder AND m.deliveries = 0 AND m.dead_since IS NULL
-                      AND (m.after_message_id IS NULL
-                           OR (m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
-                               AND NOT EXISTS (SELECT 1 FROM mq_msgs s
-                                               WHERE s.after_message_id = holder
-                                                 AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid)))
+                      AND (m.chain_seq IS NULL
+                           OR NOT EXISTS (SELECT 1 FROM mq_msgs s
+                                          WHERE s.channel_key = m.channel_key
+                                            AND s.chain_seq IS NOT NULL
+                                            AND s.id <> m.id
+                                            AND s.channel_name = m.channel_name
+                                            AND s.channel_args = m.channel_args))
                     FOR NO KEY UPDATE OF m SKIP LOCKED;
                 END IF;
                 IF got IS NOT NULL THEN
@@ -201,7 +200,7 @@ BEGIN
                 CONTINUE;
             END IF;
             -- The holder is dead or gone and its window over: the key is free.
-            UPDATE mq_keys k SET message_id = COALESCE(ids[g.first]), expires_at = NULL -- (COALESCE: see mq_unlink)
+            UPDATE mq_keys k SET message_id = COALESCE(ids[g.first]), expires_at = NULL -- (COALESCE: Citus, DESIGN.md section 6)
             WHERE k.channel_name = g.ch AND k.unique_key = g.key;
         END IF;
         -- The first message is inserted (with the last one's payload in

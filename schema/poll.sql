@@ -21,7 +21,9 @@
 -- where the args' hashes spread evenly.
 -- Priority: within a channel, its urgent messages (priority above 0,
 -- mq_pick_urgent) are taken before those of priority 0 (mq_pick_keys), and
--- none of priority 0 while it has urgent ones left.
+-- none of priority 0 while it has urgent ones left. A chain's head
+-- (mq_pick_chains) is taken by its own priority: before the channel's
+-- urgent messages when none of them outranks it, else after them.
 -- Cost: each channel visited is one index probe (loose index scan); a budget
 -- bounds the visits, and the time index fills whatever is left. Nothing here
 -- groups or sorts the whole backlog.
@@ -54,6 +56,7 @@ DECLARE
     keys    bigint[];    -- the chain key of each message taken
     full_keys bigint[];  -- see mq_pick_urgent (unfiltered polls)
     urgent  boolean;
+    chained boolean;     -- the queue has ordered messages (mq_msgs_chain)
     turn    text;        -- the session setting of the turn (unfiltered polls)
     kept    text;
     start   bigint;      -- where the visit of a key range begins
@@ -87,6 +90,12 @@ BEGIN
             start := mq_random_start(mark);
         END IF;
     END IF;
+    -- One probe: a queue without chains skips their pass (a call).
+    chained := EXISTS (SELECT 1 FROM mq_msgs m
+                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                         -- (always true: an index condition, so that the plan
+                         -- is a probe whatever it thinks of the table)
+                         AND m.channel_key >= '-9223372036854775808'::bigint);
     LOOP -- twice at most (below)
         ids := '{}';
         tids := '{}';
@@ -97,8 +106,7 @@ BEGIN
         urgent := EXISTS (
             SELECT 1 FROM mq_msgs m
             WHERE m.dead_since IS NULL
-              AND (m.after_message_id IS NULL
-                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.after_message_id IS NULL
               AND m.priority > 0 -- mq_msgs_ready_urgent
               AND m.ready_at >= mark AND m.ready_at <= ts);
 
@@ -106,12 +114,25 @@ BEGIN
             -- One visit of the whole key space: each channel's urgent
             -- messages, then the rest of its allowance; channels whose urgent
             -- messages used it all are visited again for more of them.
+            IF urgent AND chained THEN
+                -- Chain heads that no urgent message of their channel outranks.
+                SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
+                FROM mq_pick_chains(NULL, -9223372036854775808, 9223372036854775807,
+                                    start, per_key, batch_size, budget, ts, lane, true, mark,
+                                    ids, tids, keys) p;
+            END IF;
             IF urgent THEN
                 SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                 INTO ids, tids, keys, low, full_keys
                 FROM mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
                                     start, per_key, batch_size, budget, ts, lane, mark, ids, tids,
                                     keys, low, full_keys) p;
+            END IF;
+            IF chained THEN
+                SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
+                FROM mq_pick_chains(NULL, -9223372036854775808, 9223372036854775807,
+                                    start, per_key, batch_size, budget, ts, lane, urgent,
+                                    mark, ids, tids, keys) p;
             END IF;
             IF cardinality(ids) < batch_size THEN
                 SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
@@ -141,6 +162,11 @@ BEGIN
                     lo := hashtext(nm)::bigint << 32;
                     hi := lo | 4294967295;
                     start := lo + floor(random() * 4294967296)::bigint;
+                    IF urgent AND chained AND round = 1 THEN
+                        SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
+                        FROM mq_pick_chains(nm, lo, hi, start, per_key, batch_size, budget, ts,
+                                            lane, true, mark, ids, tids, keys) p;
+                    END IF;
                     IF urgent THEN
                         SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                         INTO ids, tids, keys, low, full_keys
@@ -148,6 +174,11 @@ BEGIN
                                             CASE WHEN round = 1 THEN per_key ELSE batch_size END,
                                             batch_size, budget, ts, lane, mark, ids, tids,
                                             keys, low, full_keys) p;
+                    END IF;
+                    IF chained AND round = 1 THEN -- (a chain gives one message a poll)
+                        SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
+                        FROM mq_pick_chains(nm, lo, hi, start, per_key, batch_size, budget, ts,
+                                            lane, urgent, mark, ids, tids, keys) p;
                     END IF;
                     CONTINUE WHEN cardinality(ids) >= batch_size;
                     SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
@@ -171,8 +202,7 @@ BEGIN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
                   AND m.ready_at >= COALESCE(low, mark)
                   AND m.ready_at <= ts
@@ -243,8 +273,7 @@ DECLARE
 BEGIN
     SELECT m.channel_key INTO found FROM mq_msgs m
     WHERE m.dead_since IS NULL
-      AND (m.after_message_id IS NULL
-           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND m.after_message_id IS NULL
       AND m.priority <= 0 -- mq_msgs_ready_plain
       AND m.ready_at >= mark
       AND m.channel_key >= start
@@ -252,8 +281,7 @@ BEGIN
     IF found IS NULL THEN -- past the last channel: the first one
         SELECT m.channel_key INTO found FROM mq_msgs m
         WHERE m.dead_since IS NULL
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.after_message_id IS NULL
           AND m.priority <= 0
           AND m.ready_at >= mark
         ORDER BY m.channel_key LIMIT 1;
@@ -279,8 +307,7 @@ $$;
 -- commits more than a second after its insert (or a client writes
 -- mq_msgs directly); such a row is found by the next poll that comes up
 -- empty and at the latest ten seconds later. The other ways a row gets a
--- place keep it at or after now: mq_commit, a chain's new head (mq_unlink),
--- a retry, mq_keep_place.
+-- place keep it at or after now: mq_commit, a retry, mq_keep_place.
 CREATE OR REPLACE FUNCTION mq_low_mark(ts timestamptz, afresh boolean)
 RETURNS timestamptz
 LANGUAGE plpgsql
@@ -314,8 +341,7 @@ BEGIN
     -- Steps over the dead entries before the oldest live row once, here.
     SELECT m.ready_at INTO found_at FROM mq_msgs m
     WHERE m.dead_since IS NULL
-      AND (m.after_message_id IS NULL
-           OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND m.after_message_id IS NULL
       AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
       AND m.ready_at >= mark
     ORDER BY m.ready_at
@@ -328,9 +354,42 @@ BEGIN
 END;
 $$;
 
+-- When the earliest head of the chains whose key lies in [lo, hi] (and of
+-- only_name's, when not NULL) comes due: its lease or delay ends (a time
+-- past: ready now, but held by another transaction). A loose index scan of
+-- mq_msgs_chain, one probe per chain, at most 1000 chains: a queue with
+-- more may answer later than its earliest head (a poll still finds it).
+CREATE OR REPLACE FUNCTION mq_next_head_at(lo bigint, hi bigint, only_name text)
+RETURNS timestamptz
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    WITH RECURSIVE heads(k, at, live, nm, n) AS (
+        SELECT f.k, f.at, f.live, f.nm, 1 FROM (
+            SELECT m.channel_key AS k, m.attempt_at AS at,
+                   m.dead_since IS NULL AND m.attempts > 0 AS live, m.channel_name AS nm
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND m.channel_key >= lo AND m.channel_key <= hi
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+        UNION ALL
+        SELECT f.k, f.at, f.live, f.nm, heads.n + 1 FROM heads, LATERAL (
+            SELECT m.channel_key AS k, m.attempt_at AS at,
+                   m.dead_since IS NULL AND m.attempts > 0 AS live, m.channel_name AS nm
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL
+              AND m.channel_key > heads.k AND m.channel_key <= hi
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+        WHERE heads.n < 1000
+    )
+    SELECT min(h.at) FROM heads h
+    WHERE h.live AND (only_name IS NULL OR h.nm = only_name)
+$$;
+
 -- How long until the earliest candidate of these channels (NULL: all)
--- becomes ready: a message that is not ready yet (one probe) or a lease
--- that runs out (the messages in flight, which the poll just stepped over).
+-- becomes ready: a message that is not ready yet (one probe), a lease
+-- that runs out (the messages in flight, which the poll just stepped over)
+-- or a chain's head that comes due (mq_next_head_at).
 -- NULL when there is none.
 CREATE OR REPLACE FUNCTION mq_wait_time(channel_names text[], ts timestamptz)
 RETURNS interval
@@ -351,26 +410,27 @@ BEGIN
         SELECT LEAST(
             (SELECT m.ready_at FROM mq_msgs m
              WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.after_message_id IS NULL
                AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
              ORDER BY m.ready_at LIMIT 1),
             (SELECT min(m.attempt_at) FROM mq_msgs m
              WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.after_message_id IS NULL
                AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at >= mark AND m.ready_at <= ts
                AND m.attempts > 0))
         INTO next_at;
+        -- (Its own statement: on Citus a statement that reads the queue's
+        -- tables runs on the worker, where this function cannot.)
+        next_at := LEAST(next_at, mq_next_head_at(-9223372036854775808,
+                                                  9223372036854775807, NULL));
     ELSE
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
             (SELECT m.ready_at FROM mq_msgs m
              WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.after_message_id IS NULL
                AND m.priority <= 0 -- mq_msgs_ready_plain
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
@@ -379,8 +439,7 @@ BEGIN
              ORDER BY m.ready_at LIMIT 1),
             (SELECT min(m.attempt_at) FROM mq_msgs m
              WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.after_message_id IS NULL
                AND m.priority <= 0
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
@@ -389,8 +448,7 @@ BEGIN
                AND m.channel_name = c.n),
             (SELECT m.ready_at FROM mq_msgs m
              WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.after_message_id IS NULL
                AND m.priority > 0 -- mq_msgs_ready_urgent
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
@@ -399,8 +457,7 @@ BEGIN
              ORDER BY m.ready_at LIMIT 1),
             (SELECT min(m.attempt_at) FROM mq_msgs m
              WHERE m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.after_message_id IS NULL
                AND m.priority > 0
                AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
                                      AND (hashtext(c.n)::bigint << 32) | 4294967295
@@ -409,6 +466,11 @@ BEGIN
                AND m.channel_name = c.n)))
         INTO next_at
         FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
+        -- (As above: a statement that reads no table.)
+        next_at := LEAST(next_at, (
+            SELECT min(mq_next_head_at(hashtext(c.n)::bigint << 32,
+                                       (hashtext(c.n)::bigint << 32) | 4294967295, c.n))
+            FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
     END IF;
     RETURN CASE WHEN next_at IS NOT NULL
                 THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
@@ -631,8 +693,7 @@ BEGIN
             SELECT f.k, f.at, 1 FROM (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority <= 0 -- mq_msgs_ready_plain
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -644,8 +705,7 @@ BEGIN
             SELECT f.k, f.at, up.n + 1 FROM up, LATERAL (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -659,8 +719,7 @@ BEGIN
             SELECT f.k, f.at, 1 FROM (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -672,8 +731,7 @@ BEGIN
             SELECT f.k, f.at, around.n + 1 FROM around, LATERAL (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority <= 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -695,8 +753,7 @@ BEGIN
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
               AND m.dead_since IS NULL
-              AND (m.after_message_id IS NULL
-                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.after_message_id IS NULL
               AND m.priority <= 0
               AND m.ready_at >= ks.at
               AND m.ready_at <= ts
@@ -728,6 +785,125 @@ BEGIN
     tids := tids || COALESCE(got_tid, '{}');
     keys := keys || COALESCE(got_key, '{}');
     low := LEAST(low, got_at);
+END;
+$$;
+
+-- The chains whose key lies in [lo, hi], visited as mq_pick_keys visits
+-- channels (from start, wrapping around once, at most budget keys per
+-- direction, a loose index scan of mq_msgs_chain): from each, its head, if
+-- a poll of this lane may claim it and its channel has allowance left
+-- (per_key, less what it gave this poll already). The head is the key's
+-- first live entry and nothing else of the chain is ever looked at: when
+-- the head cannot be claimed (in flight, delayed, uncommitted, dead, or
+-- locked by another transaction, the locked lane's or a completion's) the
+-- chain gives nothing. So the head is read first and then locked by its
+-- TID (SKIP LOCKED): a lock that fails, or finds the row changed since,
+-- takes nothing; a scan that locked as it went would step to the second
+-- member. With urgent (some channel has urgent messages) a head is taken
+-- only if no claimable urgent message of its channel has a higher priority
+-- (mq_pick_set calls this again after mq_pick_urgent). Appends as
+-- mq_pick_keys does. Under a held snapshot the entries of deleted members
+-- before a head are visited in the heap by each probe (the low-water mark
+-- covers the ready indexes only).
+CREATE OR REPLACE FUNCTION mq_pick_chains(only_name text, lo bigint, hi bigint,
+                                          start bigint, per_key int, want int, budget int,
+                                          ts timestamptz, lane int, urgent boolean,
+                                          mark timestamptz, INOUT ids uuid[],
+                                          INOUT tids tid[], INOUT keys bigint[])
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+SET enable_bitmapscan = off
+AS $$
+DECLARE
+    got     uuid[];
+    got_tid tid[];
+    got_key bigint[];
+    -- This transaction's id, for the test of xmax (lanes 1 and 2).
+    me      bigint := CASE WHEN lane <> 0 THEN mq_xact_id() END;
+    me_lo   bigint := me & 4294967295;
+BEGIN
+    IF cardinality(ids) >= want THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k)
+    INTO got, got_tid, got_key FROM (
+        WITH RECURSIVE up(k, at, n) AS (
+            SELECT f.k, f.at, 1 FROM (
+                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
+                WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                  AND m.channel_key >= start AND m.channel_key <= hi
+                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+            UNION ALL
+            SELECT f.k, f.at, up.n + 1 FROM up, LATERAL (
+                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
+                WHERE m.chain_seq IS NOT NULL
+                  AND m.channel_key > up.k AND m.channel_key <= hi
+                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+            WHERE up.n < budget
+        ),
+        around(k, at, n) AS (
+            SELECT f.k, f.at, 1 FROM (
+                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
+                WHERE m.chain_seq IS NOT NULL
+                  AND m.channel_key >= lo AND m.channel_key < start
+                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+            UNION ALL
+            SELECT f.k, f.at, around.n + 1 FROM around, LATERAL (
+                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
+                WHERE m.chain_seq IS NOT NULL
+                  AND m.channel_key > around.k AND m.channel_key < start
+                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+            WHERE around.n < budget
+        )
+        SELECT r.id, r.ctid, ks.k
+        FROM (SELECT up.k, up.at FROM up
+              UNION ALL
+              SELECT around.k, around.at FROM around) ks,
+        LATERAL (
+            -- The head's row version as this statement sees it, by TID.
+            SELECT m.id, m.ctid FROM mq_msgs m
+            WHERE m.ctid = ks.at
+              AND m.dead_since IS NULL
+              AND m.attempt_at <= ts
+              AND m.attempts > 0
+              AND (only_name IS NULL OR m.channel_name = only_name)
+              AND m.id <> ALL (ids)
+              AND per_key > (SELECT count(*) FROM unnest(keys) AS x WHERE x = ks.k)
+              -- The locked lane: first deliveries not left by a dead locker.
+              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
+                                             AND (m.xmax = '0'::xid
+                                                  OR NOT CASE -- spent (mq_pick_keys)
+                    WHEN m.xmax::text::bigint < 3 THEN false
+                    WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
+                         - 2147483648 < 0 THEN false
+                    WHEN m.xmax::text::bigint = me_lo THEN true
+                    ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
+                                                          + 6442450944) % 4294967296
+                                                         - 2147483648))::text::xid8)
+                                  = 'aborted', false)
+                    END)))
+              AND (NOT urgent OR NOT EXISTS (
+                    SELECT 1 FROM mq_msgs u
+                    WHERE u.channel_key = ks.k
+                      AND u.dead_since IS NULL
+                      AND u.after_message_id IS NULL
+                      AND u.priority > 0 -- mq_msgs_ready_urgent
+                      AND u.priority > m.priority
+                      AND u.ready_at >= mark AND u.ready_at <= ts
+                      AND u.attempt_at <= ts AND u.attempts > 0
+                      AND u.id <> ALL (ids)))
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) r
+        LIMIT want - cardinality(ids)
+    ) j;
+    ids := ids || COALESCE(got, '{}');
+    tids := tids || COALESCE(got_tid, '{}');
+    keys := keys || COALESCE(got_key, '{}');
 END;
 $$;
 
@@ -774,8 +950,7 @@ BEGIN
             SELECT f.k, f.np, f.at, 1 FROM (
                 SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority > 0 -- mq_msgs_ready_urgent
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -787,8 +962,7 @@ BEGIN
             SELECT f.k, f.np, f.at, up.n + 1 FROM up, LATERAL (
                 SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority > 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -802,8 +976,7 @@ BEGIN
             SELECT f.k, f.np, f.at, 1 FROM (
                 SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority > 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -815,8 +988,7 @@ BEGIN
             SELECT f.k, f.np, f.at, around.n + 1 FROM around, LATERAL (
                 SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority > 0
                   AND m.ready_at >= mark
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
@@ -837,8 +1009,7 @@ BEGIN
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
               AND m.dead_since IS NULL
-              AND (m.after_message_id IS NULL
-                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.after_message_id IS NULL
               AND m.priority > 0
               AND (-m.priority, m.ready_at) >= (ks.np, ks.at)
               AND m.ready_at >= mark

@@ -9,16 +9,22 @@ RETURNS TABLE(channel_name text, total bigint, ready bigint, waiting bigint,
 LANGUAGE sql
 SET search_path FROM CURRENT
 AS $$
-    WITH m AS (
-        SELECT m.channel_name,
-               m.attempts = 0 AND m.attempt_at <= clock_timestamp() AS is_dead,
-               m.attempts > 0 AND m.attempt_at <= clock_timestamp()
-                 AND (m.after_message_id IS NULL
-                      OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
-                 AS is_ready,
-               m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid AS is_head
+    WITH c AS (
+        SELECT m.channel_name, m.attempts, m.attempt_at,
+               -- A chain's head: its first member (whole table read anyway).
+               m.chain_seq = pg_catalog.min(m.chain_seq) OVER (PARTITION BY m.channel_key)
+                 AS is_head,
+               m.chain_seq IS NULL AS unordered
         FROM mq_msgs m
         WHERE channel_names IS NULL OR m.channel_name = ANY (channel_names)
+    ),
+    m AS (
+        SELECT c.channel_name,
+               c.attempts = 0 AND c.attempt_at <= clock_timestamp() AS is_dead,
+               c.attempts > 0 AND c.attempt_at <= clock_timestamp()
+                 AND (c.unordered OR c.is_head) AS is_ready,
+               COALESCE(c.is_head, false) AS is_head
+        FROM c
     )
     SELECT m.channel_name, count(*), count(*) FILTER (WHERE m.is_ready),
            count(*) FILTER (WHERE NOT m.is_ready AND NOT m.is_dead),
@@ -77,9 +83,7 @@ BEGIN
                pg_catalog.array_agg(d.waiting)
         INTO names, totals, waits
         FROM (SELECT n.channel_name, pg_catalog.count(*) AS total,
-                     pg_catalog.count(*) FILTER (
-                         WHERE n.after_message_id OPERATOR(pg_catalog.<>)
-                               '00000000-0000-0000-0000-000000000000'::uuid) AS waiting
+                     pg_catalog.count(*) FILTER (WHERE n.chain_seq IS NOT NULL) AS waiting
               FROM mq_new_rows n
               GROUP BY n.channel_name) d;
         INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
@@ -87,9 +91,7 @@ BEGIN
     ELSE
         INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
         SELECT n.channel_name, pg_catalog.count(*),
-               pg_catalog.count(*) FILTER (
-                   WHERE n.after_message_id OPERATOR(pg_catalog.<>)
-                         '00000000-0000-0000-0000-000000000000'::uuid),
+               pg_catalog.count(*) FILTER (WHERE n.chain_seq IS NOT NULL),
                0
         FROM mq_new_rows n
         GROUP BY n.channel_name;
@@ -117,9 +119,7 @@ BEGIN
                pg_catalog.array_agg(d.waiting)
         INTO names, totals, waits
         FROM (SELECT o.channel_name, pg_catalog.count(*) AS total,
-                     pg_catalog.count(*) FILTER (
-                         WHERE o.after_message_id OPERATOR(pg_catalog.<>)
-                               '00000000-0000-0000-0000-000000000000'::uuid) AS waiting
+                     pg_catalog.count(*) FILTER (WHERE o.chain_seq IS NOT NULL) AS waiting
               FROM mq_old_rows o
               GROUP BY o.channel_name) d;
         INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
@@ -128,9 +128,7 @@ BEGIN
     ELSE
         INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
         SELECT o.channel_name, -pg_catalog.count(*),
-               -pg_catalog.count(*) FILTER (
-                   WHERE o.after_message_id OPERATOR(pg_catalog.<>)
-                         '00000000-0000-0000-0000-000000000000'::uuid),
+               -pg_catalog.count(*) FILTER (WHERE o.chain_seq IS NOT NULL),
                pg_catalog.count(*)
         FROM mq_old_rows o
         GROUP BY o.channel_name;
@@ -142,24 +140,19 @@ BEGIN
 END;
 $$;
 
--- A chain member that becomes the head (or is skipped) stops waiting. Row
--- level, because transition tables cannot go with a column list: this
--- fires only for the statements that relink chains, never for polls.
-CREATE OR REPLACE FUNCTION mq_count_relinked()
+-- A chain member skipped (mq_skip) leaves its chain. Row level, because
+-- transition tables cannot go with a column list: this fires only for the
+-- statements that take members out of chains, never for polls.
+CREATE OR REPLACE FUNCTION mq_count_unchained()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    was int := CASE WHEN OLD.after_message_id OPERATOR(pg_catalog.<>)
-                         '00000000-0000-0000-0000-000000000000'::uuid THEN 1 ELSE 0 END;
-    now_ int := CASE WHEN NEW.after_message_id OPERATOR(pg_catalog.<>)
-                          '00000000-0000-0000-0000-000000000000'::uuid THEN 1 ELSE 0 END;
 BEGIN
-    IF was OPERATOR(pg_catalog.<>) now_ THEN
-        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-        VALUES (NEW.channel_name, 0, now_ OPERATOR(pg_catalog.-) was, 0);
-    END IF;
+    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+    VALUES (NEW.channel_name, 0,
+            (NEW.chain_seq IS NOT NULL)::int OPERATOR(pg_catalog.-)
+            (OLD.chain_seq IS NOT NULL)::int, 0);
     RETURN NULL;
 END;
 $$;
@@ -189,19 +182,17 @@ BEGIN
         CREATE TRIGGER mq_count_deleted AFTER DELETE ON mq_msgs
             REFERENCING OLD TABLE AS mq_old_rows
             FOR EACH STATEMENT EXECUTE FUNCTION mq_count_deleted();
-        CREATE TRIGGER mq_count_relinked AFTER UPDATE OF after_message_id ON mq_msgs
+        CREATE TRIGGER mq_count_unchained AFTER UPDATE OF chain_seq ON mq_msgs
             FOR EACH ROW
-            WHEN (OLD.after_message_id IS DISTINCT FROM NEW.after_message_id)
-            EXECUTE FUNCTION mq_count_relinked();
+            WHEN ((OLD.chain_seq IS NULL) IS DISTINCT FROM (NEW.chain_seq IS NULL))
+            EXECUTE FUNCTION mq_count_unchained();
         CREATE TRIGGER mq_count_truncated AFTER TRUNCATE ON mq_msgs
             FOR EACH STATEMENT EXECUTE FUNCTION mq_count_truncated();
         DELETE FROM mq_count_deltas;
         DELETE FROM mq_counts;
         INSERT INTO mq_counts (channel_name, total, waiting)
         SELECT m.channel_name, pg_catalog.count(*),
-               pg_catalog.count(*) FILTER (
-                   WHERE m.after_message_id OPERATOR(pg_catalog.<>)
-                         '00000000-0000-0000-0000-000000000000'::uuid)
+               pg_catalog.count(*) FILTER (WHERE m.chain_seq IS NOT NULL)
         FROM mq_msgs m
         GROUP BY m.channel_name;
     END IF;
@@ -228,7 +219,7 @@ $$;
 -- of mq_msgs_ready_by_time (the price of claims that write no index
 -- entry); ready is what remains. The oldest ready message is a probe of
 -- mq_msgs_ready_plain per chain key of the channel (and a read of the
--- channel's urgent messages).
+-- channel's urgent messages) and one of mq_msgs_chain per chain.
 CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
 RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
               uncommitted bigint, waiting bigint, dead bigint,
@@ -243,7 +234,7 @@ DECLARE
 BEGIN
     PERFORM mq_count_fold();
     FOR r IN
-    WITH counts AS (
+    WITH RECURSIVE counts AS (
         SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
                pg_catalog.sum(x.waiting)::bigint AS waiting,
                pg_catalog.sum(x.removed)::bigint AS removed
@@ -254,6 +245,36 @@ BEGIN
         WHERE channel_names IS NULL
            OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
         GROUP BY x.channel_name
+    ),
+    -- The chains' heads (of the named channels' key ranges, or of all): a
+    -- loose index scan of mq_msgs_chain, one probe per chain.
+    rng(lo, hi, nm) AS (
+        SELECT '-9223372036854775808'::bigint, 9223372036854775807::bigint, NULL::text
+        WHERE channel_names IS NULL
+        UNION ALL
+        SELECT pg_catalog.hashtext(c.n)::bigint << 32,
+               (pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295, c.n
+        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c
+        WHERE channel_names IS NOT NULL
+    ),
+    hd(lo, hi, nm, k, at, dl, dead, ci, ra, cn) AS (
+        SELECT rg.lo, rg.hi, rg.nm, f.* FROM rng rg, LATERAL (
+            SELECT m.channel_key, m.attempt_at, m.deliveries,
+                   m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL, m.ready_at,
+                   m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND m.channel_key >= rg.lo AND m.channel_key <= rg.hi
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+        UNION ALL
+        SELECT hd.lo, hd.hi, hd.nm, f.* FROM hd, LATERAL (
+            SELECT m.channel_key, m.attempt_at, m.deliveries,
+                   m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL, m.ready_at,
+                   m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL
+              AND m.channel_key > hd.k AND m.channel_key <= hd.hi
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
     ),
     -- Not ready and not waiting. Messages not ready yet and final attempts
     -- are ranges of mq_msgs_ready_by_time past now; messages in flight
@@ -266,8 +287,7 @@ BEGIN
                     ELSE 's' END AS st, false AS head
         FROM mq_msgs m
         WHERE m.dead_since IS NULL
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.after_message_id IS NULL
           AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
           AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
           AND m.attempts > 0
@@ -276,8 +296,7 @@ BEGIN
         SELECT m.channel_name, 'f', false FROM mq_msgs m
         WHERE channel_names IS NULL
           AND m.dead_since IS NULL
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+          AND m.after_message_id IS NULL
           AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at <= ts
           AND m.attempt_at > ts
@@ -293,8 +312,7 @@ BEGIN
               AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
               AND m.channel_name = c.n
               AND m.dead_since IS NULL
-              AND (m.after_message_id IS NULL
-                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.after_message_id IS NULL
               AND m.priority <= 0
               AND m.ready_at <= ts
               AND m.attempt_at > ts
@@ -310,8 +328,7 @@ BEGIN
               AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
               AND m.channel_name = c.n
               AND m.dead_since IS NULL
-              AND (m.after_message_id IS NULL
-                   OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+              AND m.after_message_id IS NULL
               AND m.priority > 0
               AND m.ready_at <= ts
               AND m.attempt_at > ts
@@ -321,20 +338,27 @@ BEGIN
         UNION ALL
         SELECT m.channel_name,
                CASE WHEN m.attempt_at > ts THEN 'f' ELSE 'd' END,
-               m.attempt_at <= ts
-                 AND m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+               m.attempt_at <= ts AND m.chain_seq IS NOT NULL
         FROM mq_msgs m
         WHERE m.dead_since IS NULL
-          AND (m.after_message_id IS NULL
-               OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
           AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at = 'infinity'::timestamptz
           AND m.attempts = 0
         UNION ALL
-        SELECT m.channel_name, 'd',
-               m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
+        SELECT m.channel_name, 'd', m.chain_seq IS NOT NULL
         FROM mq_msgs m
         WHERE m.dead_since IS NOT NULL
+        UNION ALL
+        -- Chain heads: every one counts once as 'h' (counts.waiting has all
+        -- ordered messages); those neither ready, dead nor on a final
+        -- attempt (above) by their state.
+        SELECT h.cn, 'h', false FROM hd h
+        WHERE h.nm IS NULL OR h.cn = h.nm
+        UNION ALL
+        SELECT h.cn, CASE WHEN h.dl > 0 THEN 'f' WHEN h.ci THEN 'u' ELSE 's' END, false
+        FROM hd h
+        WHERE (h.nm IS NULL OR h.cn = h.nm)
+          AND NOT h.dead AND h.ra < 'infinity'::timestamptz AND h.at > ts
     ),
     by_state AS (
         SELECT l.channel_name,
@@ -342,14 +366,15 @@ BEGIN
                pg_catalog.count(*) FILTER (WHERE l.st = 's') AS s,
                pg_catalog.count(*) FILTER (WHERE l.st = 'u') AS u,
                pg_catalog.count(*) FILTER (WHERE l.st = 'd') AS d,
-               pg_catalog.count(*) FILTER (WHERE l.st = 'd' AND l.head) AS b
+               pg_catalog.count(*) FILTER (WHERE l.st = 'd' AND l.head) AS b,
+               pg_catalog.count(*) FILTER (WHERE l.st = 'h') AS h
         FROM later l
         GROUP BY l.channel_name
     )
     SELECT c.channel_name AS ch,
-           c.total - c.waiting - COALESCE(b.f + b.s + b.u + b.d, 0) AS rdy,
+           c.total - (c.waiting - COALESCE(b.h, 0)) - COALESCE(b.f + b.s + b.u + b.d, 0) AS rdy,
            COALESCE(b.f, 0) AS f, COALESCE(b.s, 0) AS s, COALESCE(b.u, 0) AS u,
-           c.waiting AS w, COALESCE(b.d, 0) AS d, COALESCE(b.b, 0) AS bl, c.removed AS rm
+           c.waiting - COALESCE(b.h, 0) AS w, COALESCE(b.d, 0) AS d, COALESCE(b.b, 0) AS bl, c.removed AS rm
     FROM counts c
     LEFT JOIN by_state b ON b.channel_name = c.channel_name
     WHERE c.total > 0
@@ -377,7 +402,8 @@ $$;
 
 -- When the oldest ready message of a channel became ready (NULL: none is
 -- ready): a loose index scan over the channel's chain keys, one probe each,
--- in mq_msgs_ready_plain; the channel's urgent messages are read whole.
+-- in mq_msgs_ready_plain; the channel's urgent messages are read whole; and
+-- the heads of its chains, one probe each in mq_msgs_chain.
 CREATE OR REPLACE FUNCTION mq_oldest_ready(channel text, ts timestamptz)
 RETURNS timestamptz
 LANGUAGE sql
@@ -386,8 +412,7 @@ AS $$
     WITH RECURSIVE keys(k) AS (
         SELECT (SELECT m.channel_key FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority <= 0
                   AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
@@ -396,14 +421,34 @@ AS $$
         UNION ALL
         SELECT (SELECT m.channel_key FROM mq_msgs m
                 WHERE m.dead_since IS NULL
-                  AND (m.after_message_id IS NULL
-                       OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+                  AND m.after_message_id IS NULL
                   AND m.priority <= 0
                   AND m.channel_key > keys.k
                   AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
                                         | 4294967295)
                 ORDER BY m.channel_key LIMIT 1)
         FROM keys WHERE keys.k IS NOT NULL
+    ),
+    hd(id, k, seq, at, attempts, dead, cn) AS (
+        -- The heads of the channel's chains: the first entry of each chain
+        -- key of its name's range (a loose index scan of mq_msgs_chain).
+        SELECT f.* FROM (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+        UNION ALL
+        SELECT f.* FROM hd, LATERAL (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL
+              AND m.channel_key > hd.k
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
     )
     SELECT LEAST(
         (SELECT pg_catalog.min(f.at)
@@ -412,8 +457,7 @@ AS $$
              SELECT m.attempt_at AS at FROM mq_msgs m
              WHERE m.channel_key = keys.k
                AND m.dead_since IS NULL
-               AND (m.after_message_id IS NULL
-                    OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+               AND m.after_message_id IS NULL
                AND m.priority <= 0
                AND m.ready_at <= ts
                AND m.attempt_at <= ts
@@ -426,15 +470,17 @@ AS $$
         -- The urgent messages: few, read whole.
         (SELECT pg_catalog.min(m.attempt_at) FROM mq_msgs m
          WHERE m.dead_since IS NULL
-           AND (m.after_message_id IS NULL
-                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.after_message_id IS NULL
            AND m.priority > 0
            AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
            AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
            AND m.ready_at <= ts
            AND m.attempt_at <= ts
            AND m.attempts > 0
-           AND m.channel_name = channel))
+           AND m.channel_name = channel),
+        -- The chains' heads that are ready.
+        (SELECT pg_catalog.min(h.at) FROM hd h
+         WHERE h.cn = channel AND NOT h.dead AND h.attempts > 0 AND h.at <= ts))
 $$;
 
 -- The next max_rows messages of a channel (and of one chain when
@@ -461,15 +507,36 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
-    WITH RECURSIVE heads AS (
-        -- Candidates: the channel indexes (plain and urgent), one key range.
+    WITH RECURSIVE hd(id, k, seq, at, attempts, dead, cn) AS (
+        -- The heads of the channel's chains: the first entry of each chain
+        -- key of its name's range (a loose index scan of mq_msgs_chain).
+        SELECT f.* FROM (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+        UNION ALL
+        SELECT f.* FROM hd, LATERAL (
+            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
+                   m.dead_since IS NOT NULL, m.channel_name
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL
+              AND m.channel_key > hd.k
+              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+    ),
+    heads AS (
+        -- Candidates: the channel indexes (plain and urgent), one key range,
+        -- and the live heads of the channel's chains.
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
-                m.commit_interval, m.after_message_id, m.priority
+                m.commit_interval, m.chain_seq, m.channel_key, m.priority
          FROM mq_msgs m
          WHERE m.dead_since IS NULL
            AND m.attempts > 0
-           AND (m.after_message_id IS NULL
-                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.after_message_id IS NULL
            AND m.priority <= 0
            AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
            AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
@@ -480,12 +547,11 @@ BEGIN
          LIMIT max_rows)
         UNION ALL
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
-                m.commit_interval, m.after_message_id, m.priority
+                m.commit_interval, m.chain_seq, m.channel_key, m.priority
          FROM mq_msgs m
          WHERE m.dead_since IS NULL
            AND m.attempts > 0
-           AND (m.after_message_id IS NULL
-                OR m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+           AND m.after_message_id IS NULL
            AND m.priority > 0
            AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
            AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
@@ -494,35 +560,34 @@ BEGIN
            AND (args IS NULL OR m.channel_args = args)
          ORDER BY m.priority DESC, m.attempt_at, m.id
          LIMIT max_rows)
-    ),
-    -- Followers, through the successor index, at most max_rows deep.
-    chain(id, channel_args, attempt_at, deliveries, attempts, commit_interval,
-          after_message_id, head_k0, head_at, head_id, depth) AS (
-        SELECT h.id, h.channel_args, h.attempt_at, h.deliveries, h.attempts,
-               h.commit_interval, h.after_message_id, -h.priority, h.attempt_at, h.id, 0
-        FROM heads h
-        WHERE h.after_message_id IS NOT NULL
         UNION ALL
-        SELECT s.id, s.channel_args, s.attempt_at, s.deliveries, s.attempts,
-               s.commit_interval, s.after_message_id, c.head_k0, c.head_at, c.head_id,
-               c.depth + 1
-        FROM chain c
-        JOIN mq_msgs s ON s.after_message_id = c.id
-                      AND s.after_message_id IS NOT NULL
-                      AND s.after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid
-        WHERE c.depth < max_rows
+        SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
+               m.commit_interval, m.chain_seq, m.channel_key, m.priority
+        FROM hd h
+        JOIN LATERAL (SELECT q.* FROM mq_msgs q WHERE q.id = h.id LIMIT 1) m ON true
+        WHERE h.cn = channel AND NOT h.dead AND h.attempts > 0
+          AND (args IS NULL OR m.channel_args = args)
     ),
+    -- Followers: each chain's next members in chain order, at most max_rows.
     picked AS (
         SELECT h.id, h.channel_args, h.attempt_at, h.deliveries, h.attempts,
-               h.commit_interval, h.after_message_id IS NOT NULL AS ordered,
+               h.commit_interval, h.chain_seq IS NOT NULL AS ordered,
                false AS behind, -h.priority AS k0, h.attempt_at AS k1, h.id AS k2,
-               0 AS k3
+               0::bigint AS k3
         FROM heads h
         UNION ALL
-        SELECT c.id, c.channel_args, c.attempt_at, c.deliveries, c.attempts,
-               c.commit_interval, true, true, c.head_k0, c.head_at, c.head_id, c.depth
-        FROM chain c
-        WHERE c.depth > 0
+        SELECT s.id, s.channel_args, s.attempt_at, s.deliveries, s.attempts,
+               s.commit_interval, true, true, -h.priority, h.attempt_at, h.id, s.chain_seq
+        FROM heads h, LATERAL (
+            SELECT f.id, f.channel_args, f.attempt_at, f.deliveries, f.attempts,
+                   f.commit_interval, f.chain_seq
+            FROM mq_msgs f
+            WHERE f.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND f.channel_key = h.channel_key
+              AND f.chain_seq > h.chain_seq
+            ORDER BY f.chain_seq
+            LIMIT max_rows) s
+        WHERE h.chain_seq IS NOT NULL
     )
     SELECT p.id, p.channel_args, m.name,
            CASE WHEN p.behind THEN 'waiting'

@@ -13,8 +13,9 @@
 -- the queue's schema on its own search_path to call them unqualified.
 --
 -- Vocabulary used below:
---   candidate  a row a poll may claim: attempts left, and unordered or the head
---              of its chain (after_message_id NULL or the nil UUID)
+--   candidate  a row a poll may claim: attempts left, and unordered
+--              (after_message_id NULL: in the ready indexes) or the head of
+--              its chain (its first live entry in mq_msgs_chain)
 --   lease      attempt_at of a claimed message: it is redelivered after it
 --   place      ready_at: where a row sits in the ready indexes. It equals
 --              attempt_at except while the message is in flight: a claim
@@ -25,7 +26,9 @@
 --              final attempt moves to 'infinity' (out of the polls' way,
 --              where mq_reap_dead finds it). Always ready_at <= attempt_at,
 --              or 'infinity'.
---   chain      the ordered messages of one (channel_name, channel_args)
+--   chain      the ordered messages of one (channel_name, channel_args), in
+--              the order of chain_seq (after_message_id is the nil UUID for
+--              every one of them, the seed's mark of an ordered message)
 --   chain key  (hashtext(channel_name) << 32) | hashtext(channel_args): groups a
 --              channel's rows together in an index, and a name's channels in
 --              one range of keys (a poll that names channels visits that
@@ -187,8 +190,19 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     -- priorities); 0, the default, is the lowest. The functions take
     -- 0..32767; a message written below 0 by hand counts as 0 (a CHECK
     -- constraint cost every insert and claim more than that is worth).
-    priority         smallint NOT NULL DEFAULT 0
+    priority         smallint NOT NULL DEFAULT 0,
+    -- An ordered message's place in its chain (mq_msgs_chain), NULL for
+    -- the others: from mq_chain_seq, taken under the chain's advisory lock,
+    -- so later producers of a chain get later places. A chain's head is its
+    -- first live entry: completing it deletes one row and writes nothing
+    -- to its successor.
+    chain_seq        bigint
 );
+
+-- Places in chains: one call per batch (mq_insert_rows), the batch's
+-- members at that value plus their position in the array (a batch holds at
+-- most 10000 messages, mq_limits).
+CREATE SEQUENCE IF NOT EXISTS mq_chain_seq INCREMENT BY 16384;
 
 -- Polls walk these indexes channel by channel (loose index scan on
 -- channel_key) and take each channel's oldest ready rows: the messages of
@@ -199,19 +213,18 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_plain
     ON mq_msgs (channel_key, ready_at)
     WHERE dead_since IS NULL
-      AND (after_message_id IS NULL
-           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND after_message_id IS NULL
       AND priority <= 0;
 
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
     ON mq_msgs (channel_key, (- priority), ready_at)
     WHERE dead_since IS NULL
-      AND (after_message_id IS NULL
-           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND after_message_id IS NULL
       AND priority > 0;
 
--- The ready set in time order: fills a batch and answers wait_time; its
--- 'infinity' end holds the final attempts in flight. Only a query that says
+-- The unordered ready set in time order: fills a batch and answers
+-- wait_time; its 'infinity' end holds the final attempts in flight, chain
+-- heads' included (mq_reap_dead). Only a query that says
 -- ready_at > '-infinity' (always true) can use it: a poll of one channel
 -- must walk the channel indexes, and a plan that took this index and
 -- filtered by channel read the whole ready backlog for every channel once
@@ -219,15 +232,17 @@ CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_time
     ON mq_msgs (ready_at)
     WHERE dead_since IS NULL
-      AND (after_message_id IS NULL
-           OR after_message_id = '00000000-0000-0000-0000-000000000000'::uuid)
+      AND (after_message_id IS NULL OR ready_at = 'infinity'::timestamptz)
       AND ready_at > '-infinity'::timestamptz;
 
--- A chain never forks: each message has at most one successor.
-CREATE UNIQUE INDEX IF NOT EXISTS mq_msgs_successor
-    ON mq_msgs (after_message_id)
-    WHERE after_message_id IS NOT NULL
-      AND after_message_id <> '00000000-0000-0000-0000-000000000000'::uuid;
+-- The chains: each chain key's entries in chain order, dead members
+-- included (a dead head blocks its chain until mq_retry or mq_skip). A
+-- poll visits the keys (a loose index scan) and looks at each one's first
+-- live entry only: the head. Nothing a claim writes is in it, and
+-- completing a head writes nothing here: the next entry is the new head.
+CREATE INDEX IF NOT EXISTS mq_msgs_chain
+    ON mq_msgs (channel_key, chain_seq)
+    WHERE chain_seq IS NOT NULL;
 
 -- Dead letters, oldest first.
 CREATE INDEX IF NOT EXISTS mq_msgs_dead
@@ -253,8 +268,9 @@ CREATE OR REPLACE VIEW mq_payloads AS
     SELECT m.id, m.name, m.payload_json, m.payload_bytes, m.last_error
     FROM mq_msgs m;
 
--- The last message appended to each non-empty chain. Only touched while the
--- chain's advisory lock is held (see mq_insert and mq_delete).
+-- Until migration 20, the last message appended to each non-empty chain;
+-- no longer written or read (chains are kept by chain_seq), kept for
+-- databases and tools that name it.
 CREATE TABLE IF NOT EXISTS mq_chains (
     channel_name text NOT NULL,
     channel_args text NOT NULL,
@@ -295,8 +311,8 @@ CREATE TABLE IF NOT EXISTS mq_schedules (
 );
 
 -- Counters, so that status never reads the ready backlog or the messages
--- waiting in chains: per channel, messages in all (total), messages behind
--- an earlier one of their chain (waiting) and messages deleted so far
+-- waiting in chains: per channel, messages in all (total), ordered messages
+-- (waiting: mq_metrics subtracts the chains' heads) and messages deleted so far
 -- (removed: completed or purged; only grows). Writers never update a shared
 -- row: triggers on mq_msgs append one delta row per statement and channel
 -- (so concurrent producers and consumers neither wait for each other nor

@@ -44,8 +44,7 @@ BEGIN
     END LOOP;
     FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
              WHERE p.pronamespace = nsp
-               AND p.proname IN ('mq_lock_new_chains', 'mq_record_tails', 'mq_wake',
-                                 'mq_pick', 'mq_lock_chains', 'mq_unlink',
+               AND p.proname IN ('mq_lock_new_chains', 'mq_wake', 'mq_pick',
                                  'mq_fixed_length') LOOP
         EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;

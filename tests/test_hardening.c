@@ -114,8 +114,8 @@ static void test_schema_others_can_create_in_is_refused(void)
 static void test_helpers_not_for_public(void)
 {
     const char *helpers[] = {
-        "mq_lock_new_chains", "mq_record_tails", "mq_wake",         "mq_pick_keys",
-        "mq_pick_set",        "mq_lock_chains",  "mq_unlink",       "mq_fixed_length",
+        "mq_lock_new_chains", "mq_pick_chains",  "mq_wake",         "mq_pick_keys",
+        "mq_pick_set",        "mq_next_head_at", "mq_oldest_ready", "mq_fixed_length",
         "mq_insert_rows",     "mq_release_key",  "mq_retake_keys",  "mq_low_mark",
         "mq_pick_urgent",     "mq_random_start", "mq_at",           "mq_xact_id",
         "mq_qualified",       "mq_run_ddl",      "mq_insert_keyed", "mq_check_json",

@@ -48,10 +48,10 @@ static pqmq_batch *poll_ch(const char *ch, int max)
     " count(*) FILTER (WHERE st = 'w') AS waiting,"                                            \
     " count(*) FILTER (WHERE st = 'd') AS dead,"                                               \
     " count(*) FILTER (WHERE st = 'd' AND head) AS blocked_chains"                             \
-    " FROM (SELECT channel_name, after_message_id = "                                          \
-    "   '00000000-0000-0000-0000-000000000000' AS head, CASE"                                  \
+    " FROM (SELECT channel_name, COALESCE(chain_seq = min(chain_seq) OVER"                     \
+    "   (PARTITION BY channel_key), false) AS head, CASE"                                      \
     "   WHEN dead_since IS NOT NULL OR (attempts = 0 AND attempt_at <= now()) THEN 'd'"        \
-    "   WHEN after_message_id <> '00000000-0000-0000-0000-000000000000' THEN 'w'"              \
+    "   WHEN chain_seq <> min(chain_seq) OVER (PARTITION BY channel_key) THEN 'w'"             \
     "   WHEN attempt_at <= now() THEN 'r'"                                                     \
     "   WHEN deliveries > 0 OR attempts = 0 THEN 'f'"                                          \
     "   WHEN commit_interval IS NOT NULL THEN 'u' ELSE 's' END AS st"                          \

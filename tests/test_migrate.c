@@ -383,7 +383,7 @@ static void test_reapplying_every_file_is_harmless(void)
     char *after = fingerprint(t_schema());
     CHECK_SAME_FP(before, after);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 2);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT chain_seq) FROM mq_msgs"), 2);
     /* And the queue still works, in order. */
     pqmq_batch *b = NULL;
     CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
@@ -819,7 +819,7 @@ static void test_qualified_calls_from_another_search_path(void)
            "  'pending', NULL, '\\x0102')::%s.mq_new_t])",
            s, s, s, s);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 3);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT chain_seq) FROM mq_msgs"), 2);
 
     r = t_sql(c,
               "SELECT id, name, payload_json FROM %s.mq_poll(NULL, 10) "

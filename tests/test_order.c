@@ -139,15 +139,13 @@ static void test_cancel_anywhere_keeps_order(void)
     cancel("6, 7");                   /* two neighbours in one call */
     cancel("9");                      /* the tail */
     insert_seq(q, "ord", "k", 10, 2); /* appends after the new tail, 8 */
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE after_message_id = "
-                            "'00000000-0000-0000-0000-000000000000'"),
-              1);
+    /* Every member has its own place; none was rewritten by the deletes. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT chain_seq) FROM mq_msgs"), 7);
     int seqs[7];
     static const int want[] = {1, 2, 3, 5, 8, 10, 11};
     CHECK_INT(drain("ord", seqs, 7), 7);
     for (int i = 0; i < 7; i++)
         CHECK_INT(seqs[i], want[i]);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 0);
 }
 
 static void test_cancel_whole_chain_then_restart(void)
@@ -155,7 +153,7 @@ static void test_cancel_whole_chain_then_restart(void)
     t_truncate();
     insert_seq(q, "ord", "k", 0, 4);
     cancel("0, 1, 2, 3");
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
     insert_seq(q, "ord", "k", 4, 2);
     int seqs[2];
     CHECK_INT(drain("ord", seqs, 2), 2);
@@ -185,10 +183,8 @@ static void test_concurrent_producers_on_one_chain(void)
         pthread_join(th[p], NULL);
     enum { TOTAL = PRODUCERS * BATCHES * PER_BATCH };
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), TOTAL);
-    /* One chain: exactly one head, and every other message has a predecessor. */
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE after_message_id = "
-                            "'00000000-0000-0000-0000-000000000000'"),
-              1);
+    /* One chain: every message has its own place in it. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT chain_seq) FROM mq_msgs"), TOTAL);
     int *seqs = calloc(TOTAL, sizeof *seqs);
     CHECK_INT(drain("ord", seqs, TOTAL), TOTAL);
     int last[PRODUCERS];
@@ -218,6 +214,156 @@ static void test_unordered_does_not_wait_for_chain(void)
     pqmq_batch_free(b);
 }
 
+/* The seq of the message one SQL claim of conn returns (lane: mq_claim or
+ * mq_claim_locked), -1 for none. */
+static int claim_seq(PGconn *conn, const char *fn)
+{
+    return (int)t_sql_int(conn,
+                          "SELECT COALESCE((SELECT (j.payload_json::jsonb->>'seq')::int "
+                          "FROM %s(NULL, 10) j WHERE j.id IS NOT NULL "
+                          "ORDER BY (j.payload_json::jsonb->>'seq')::int LIMIT 1), -1)",
+                          fn);
+}
+
+/* How many messages one claim of conn takes (its rows with an id). */
+static int claim_count(PGconn *conn, const char *fn)
+{
+    return (int)t_sql_int(conn, "SELECT count(j.id) FROM %s(NULL, 10) j", fn);
+}
+
+/* A head held by another transaction (the locked lane's delivery, or a
+ * completion or a delete not yet committed) gives nothing of its chain:
+ * never its successor. A rollback leaves the head, first again. */
+static void test_held_head_gives_nothing(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "k", 0, 4);
+    PGconn *a = t_pg();
+    /* The locked lane holds the head. */
+    t_exec(a, "BEGIN");
+    CHECK_INT(claim_seq(a, "mq_claim_locked"), 0);
+    CHECK_INT(claim_count(pg, "mq_claim"), 0);
+    CHECK_INT(claim_count(pg, "mq_claim_locked"), 0);
+    /* Its completion, not committed yet: still nothing. */
+    t_exec(a, "SELECT mq_complete(array(SELECT id FROM mq_payloads "
+              "WHERE (payload_json->>'seq')::int = 0), '{0}')");
+    CHECK_INT(claim_count(pg, "mq_claim"), 0);
+    CHECK_INT(claim_count(pg, "mq_claim_locked"), 0);
+    /* Committed: the next member is the head. */
+    t_exec(a, "COMMIT");
+    CHECK_INT(claim_seq(pg, "mq_claim_locked"), 1);
+    /* A delete of the head not committed yet: nothing. */
+    t_exec(a, "BEGIN");
+    t_exec(a, "SELECT mq_delete(array(SELECT id FROM mq_payloads "
+              "WHERE (payload_json->>'seq')::int = 1))");
+    CHECK_INT(claim_count(pg, "mq_claim"), 0);
+    /* Rolled back (as a crash would): the same head, not the next. */
+    t_exec(a, "ROLLBACK");
+    CHECK_INT(claim_seq(pg, "mq_claim"), 1);
+    PQfinish(a);
+}
+
+/* A failed head keeps its place: nothing of the chain until its retry,
+ * then the head again, and only then the rest. */
+static void test_retry_keeps_place(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "k", 0, 3);
+    t_exec(pg, "UPDATE mq_msgs SET retry_backoff = '200 ms'");
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    CHECK_OK(q, pqmq_fail(q, id, "try again"));
+    pqmq_batch_free(b);
+    CHECK_INT(claim_count(pg, "mq_claim"), 0);
+    t_sleep_ms(900);
+    CHECK_INT(claim_seq(pg, "mq_claim"), 0);
+}
+
+/* A two-phase head not committed yet holds its chain back, even when the
+ * members behind it are committed; mq_commit releases it first. */
+static void test_uncommitted_head_blocks_chain(void)
+{
+    t_truncate();
+    pqmq_msg *m = t_msg("ord", "k", "step", "{\"seq\": 0}", 1);
+    CHECK_INT(pqmq_msg_set_commit_interval(m, 3600 * 1000), 0);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    insert_seq(q, "ord", "k", 1, 2);
+    CHECK_INT(claim_count(pg, "mq_claim"), 0);
+    t_exec(pg, "SELECT mq_commit(array(SELECT id FROM mq_payloads "
+               "WHERE (payload_json->>'seq')::int = 0))");
+    int seqs[3];
+    CHECK_INT(drain("ord", seqs, 3), 3);
+    for (int i = 0; i < 3; i++)
+        CHECK_INT(seqs[i], i);
+}
+
+/* A dead head blocks its chain (listed as blocking) until it is skipped;
+ * the rest follows in order. */
+static void test_dead_head_blocks_until_skipped(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "k", 0, 3);
+    t_exec(pg, "UPDATE mq_msgs SET attempts = 1");
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    CHECK_OK(q, pqmq_fail(q, id, "poison"));
+    pqmq_batch_free(b);
+    CHECK_INT(claim_count(pg, "mq_claim"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_dead_letters(NULL) WHERE blocking"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT blocked_chains FROM mq_metrics(ARRAY['ord'])"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT waiting FROM mq_metrics(ARRAY['ord'])"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT mq_skip(array(SELECT id FROM mq_msgs "
+                            "WHERE dead_since IS NOT NULL))"),
+              1);
+    int seqs[2];
+    CHECK_INT(drain("ord", seqs, 2), 2);
+    CHECK_INT(seqs[0], 1);
+    CHECK_INT(seqs[1], 2);
+}
+
+/* A queue upgraded from 0.1.0 with chains in flight (links, as 0.1.0 kept them)
+ * keeps every chain's order and every message. */
+static void test_upgrade_converts_linked_chains(void)
+{
+    if (t_citus_skip("rewrites the schema's version table by hand"))
+        return;
+    t_truncate();
+    insert_seq(q, "ord", "a", 0, 3);
+    /* Claim a's head: in flight across the upgrade. */
+    CHECK_INT(claim_seq(pg, "mq_claim"), 0);
+    insert_seq(q, "ord", "b", 100, 2);
+    /* The old layout: links, reversed places, no chain_seq. */
+    t_exec(pg, "WITH o AS (SELECT id, channel_args, lag(id) OVER (PARTITION BY channel_args "
+               "ORDER BY chain_seq) AS pred FROM mq_msgs) "
+               "UPDATE mq_msgs m SET chain_seq = NULL, after_message_id = "
+               "COALESCE(o.pred, '00000000-0000-0000-0000-000000000000') FROM o "
+               "WHERE m.id = o.id");
+    t_exec(pg, "UPDATE mq_schema_migrations SET version = 17, name = '0017_citus'");
+    CHECK_OK(q, pqmq_migrate(q));
+    CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT chain_seq) FROM mq_msgs"), 5);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE after_message_id <> "
+                            "'00000000-0000-0000-0000-000000000000'"),
+              0);
+    /* a's head is still in flight; b's head is ready. */
+    CHECK_INT(claim_seq(pg, "mq_claim"), 100);
+    t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() WHERE deliveries > 0");
+    int seqs[5], a = 0, b = 100;
+    CHECK_INT(drain("ord", seqs, 5), 5);
+    for (int i = 0; i < 5; i++) {
+        if (seqs[i] >= 100)
+            CHECK_INT(seqs[i], b++);
+        else
+            CHECK_INT(seqs[i], a++);
+    }
+}
+
 int main(void)
 {
     t_init("order");
@@ -230,6 +376,11 @@ int main(void)
     T_RUN(test_cancel_whole_chain_then_restart);
     T_RUN(test_concurrent_producers_on_one_chain);
     T_RUN(test_unordered_does_not_wait_for_chain);
+    T_RUN(test_held_head_gives_nothing);
+    T_RUN(test_retry_keeps_place);
+    T_RUN(test_uncommitted_head_blocks_chain);
+    T_RUN(test_dead_head_blocks_until_skipped);
+    T_RUN(test_upgrade_converts_linked_chains);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();

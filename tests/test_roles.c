@@ -207,9 +207,10 @@ static void test_producer_cannot_consume_read_or_administer(void)
     DENIED(pc, "SELECT * FROM mq_peek('p')");
     DENIED(pc, "SELECT * FROM mq_purge('p')");
     DENIED(pc, "SELECT mq_skip(ARRAY[gen_random_uuid()])");
-    /* Internal helpers: one call could fork a chain. */
-    DENIED(pc, "SELECT mq_record_tails(ARRAY[]::mq_new_t[])");
-    DENIED(pc, "SELECT mq_unlink('{}', '{}', '{}', '{}')");
+    /* Internal helpers: one call could hold a chain's producers back. */
+    DENIED(pc, "SELECT mq_lock_new_chains(ARRAY[]::mq_new_t[])");
+    DENIED(pc, "SELECT mq_pick_chains(NULL, 0, 0, 0, 1, 1, 1, now(), 0, false, now(), "
+               "'{}', '{}', '{}')");
     DENIED(pc, "SELECT mq_wake(ARRAY['p'])");
     /* Nor can it give itself more. */
     DENIED(pc, "SELECT mq_grant('consume', current_user::regrole)");
