@@ -229,12 +229,63 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    ts timestamptz := pg_catalog.clock_timestamp();
-    r  record;
+    ts     timestamptz := pg_catalog.clock_timestamp();
+    r      record;
+    rg     record;
+    lo_k   bigint;
+    hk     bigint;
+    hat    timestamptz;
+    hdl    int;
+    hdead  boolean;
+    hci    boolean;
+    hra    timestamptz;
+    hcn    text;
+    h_cn   text[] := '{}';
+    h_at   timestamptz[] := '{}';
+    h_dl   int[] := '{}';
+    h_dead boolean[] := '{}';
+    h_ci   boolean[] := '{}';
+    h_ra   timestamptz[] := '{}';
 BEGIN
     PERFORM mq_count_fold();
+    -- The chains' heads (of the named channels' key ranges, or of all): a
+    -- loose index scan of mq_msgs_chain, one probe per chain, each probe a
+    -- statement of its own (on Citus a router query: a recursive scan
+    -- inside the statement below is not one it can ship).
+    FOR rg IN
+        SELECT '-9223372036854775808'::bigint AS lo, 9223372036854775807::bigint AS hi,
+               NULL::text AS nm
+        WHERE channel_names IS NULL
+        UNION ALL
+        SELECT pg_catalog.hashtext(c.n)::bigint << 32,
+               (pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295, c.n
+        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c
+        WHERE channel_names IS NOT NULL
+    LOOP
+        lo_k := rg.lo;
+        LOOP
+            SELECT m.channel_key, m.attempt_at, m.deliveries, m.dead_since IS NOT NULL,
+                   m.commit_interval IS NOT NULL, m.ready_at, m.channel_name
+            INTO hk, hat, hdl, hdead, hci, hra, hcn
+            FROM mq_msgs m
+            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+              AND m.channel_key >= lo_k AND m.channel_key <= rg.hi
+            ORDER BY m.channel_key, m.chain_seq LIMIT 1;
+            EXIT WHEN NOT FOUND;
+            IF rg.nm IS NULL OR hcn = rg.nm THEN
+                h_cn := h_cn || hcn;
+                h_at := h_at || hat;
+                h_dl := h_dl || hdl;
+                h_dead := h_dead || hdead;
+                h_ci := h_ci || hci;
+                h_ra := h_ra || hra;
+            END IF;
+            EXIT WHEN hk = rg.hi;
+            lo_k := hk + 1;
+        END LOOP;
+    END LOOP;
     FOR r IN
-    WITH RECURSIVE counts AS (
+    WITH counts AS (
         SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
                pg_catalog.sum(x.waiting)::bigint AS waiting,
                pg_catalog.sum(x.removed)::bigint AS removed
@@ -246,35 +297,9 @@ BEGIN
            OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
         GROUP BY x.channel_name
     ),
-    -- The chains' heads (of the named channels' key ranges, or of all): a
-    -- loose index scan of mq_msgs_chain, one probe per chain.
-    rng(lo, hi, nm) AS (
-        SELECT '-9223372036854775808'::bigint, 9223372036854775807::bigint, NULL::text
-        WHERE channel_names IS NULL
-        UNION ALL
-        SELECT pg_catalog.hashtext(c.n)::bigint << 32,
-               (pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295, c.n
-        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c
-        WHERE channel_names IS NOT NULL
-    ),
-    hd(lo, hi, nm, k, at, dl, dead, ci, ra, cn) AS (
-        SELECT rg.lo, rg.hi, rg.nm, f.* FROM rng rg, LATERAL (
-            SELECT m.channel_key, m.attempt_at, m.deliveries,
-                   m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL, m.ready_at,
-                   m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= rg.lo AND m.channel_key <= rg.hi
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        UNION ALL
-        SELECT hd.lo, hd.hi, hd.nm, f.* FROM hd, LATERAL (
-            SELECT m.channel_key, m.attempt_at, m.deliveries,
-                   m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL, m.ready_at,
-                   m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL
-              AND m.channel_key > hd.k AND m.channel_key <= hd.hi
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+    -- The chains' heads, found above.
+    hd(cn, at, dl, dead, ci, ra) AS (
+        SELECT * FROM unnest(h_cn, h_at, h_dl, h_dead, h_ci, h_ra) -- (ROWS FROM: unqualified)
     ),
     -- Not ready and not waiting. Messages not ready yet and final attempts
     -- are ranges of mq_msgs_ready_by_time past now; messages in flight
@@ -353,12 +378,10 @@ BEGIN
         -- ordered messages); those neither ready, dead nor on a final
         -- attempt (above) by their state.
         SELECT h.cn, 'h', false FROM hd h
-        WHERE h.nm IS NULL OR h.cn = h.nm
         UNION ALL
         SELECT h.cn, CASE WHEN h.dl > 0 THEN 'f' WHEN h.ci THEN 'u' ELSE 's' END, false
         FROM hd h
-        WHERE (h.nm IS NULL OR h.cn = h.nm)
-          AND NOT h.dead AND h.ra < 'infinity'::timestamptz AND h.at > ts
+        WHERE NOT h.dead AND h.ra < 'infinity'::timestamptz AND h.at > ts
     ),
     by_state AS (
         SELECT l.channel_name,

@@ -722,8 +722,10 @@ static int run_sessions(session_t *ss, int n, int want)
  * completes through mq_payloads) and two C consumers (the same). */
 static int run_consumers(const char *schema, int want)
 {
+    /* (A Citus coordinator refuses writes through views, 0A000: there the
+     * second crate consumer completes with mq_delete.) */
     session_t ss[4] = {{CRATE, {schema, "{\"\",alpha,beta,jobs}", 0, 0}},
-                       {CRATE, {schema, NULL, 1, 1}},
+                       {CRATE, {schema, NULL, 1, !t_citus()}},
                        {C_API, {schema, "named", 2, 0}},
                        {C_API, {schema, NULL, 3, 0}}};
     return run_sessions(ss, 4, want);
@@ -1127,6 +1129,9 @@ static void test_life_cycle(void)
 /* Each statement alone: what it does to a message and its chain. */
 static void test_payload_statements(void)
 {
+    if (t_citus_skip("a Citus coordinator refuses writes through views (0A000: cannot modify "
+                     "views when the query contains citus tables)"))
+        return;
     t_truncate();
     PGconn *c = crate_connect(NULL);
     CHECK(crate_prepare(c));
@@ -1321,6 +1326,9 @@ static void test_shared_channels(void)
  * every chain in order, no chain record left. */
 static void test_payload_writes_concurrently(void)
 {
+    if (t_citus_skip("a Citus coordinator refuses writes through views (0A000: cannot modify "
+                     "views when the query contains citus tables)"))
+        return;
     t_truncate();
     t_exec(pg, "TRUNCATE app_done");
     seen_reset();
