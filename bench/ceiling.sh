@@ -182,8 +182,10 @@ SELECT gen_random_uuid(), 'c' || :ch, '{"k": 1}' FROM generate_series(1, 100);
 EOF
 cat >"$work/insert-table.sql" <<'EOF'
 \set ch random(0, 99)
-INSERT INTO ceiling.mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json)
-SELECT gen_random_uuid(), 3, interval '1 second', 'c' || :ch, 'n', '{"k": 1}'
+INSERT INTO ceiling.mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json,
+                             channel_key)
+SELECT gen_random_uuid(), 3, interval '1 second', 'c' || :ch, 'n', '{"k": 1}',
+       (hashtext('c' || :ch)::bigint << 32) | (hashtext('')::bigint & 4294967295)
 FROM generate_series(1, 100);
 EOF
 cat >"$work/insert-pqmq.sql" <<'EOF'

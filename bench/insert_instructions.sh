@@ -61,7 +61,7 @@ script() {
             case $form in
             base) printf 'SELECT 1;\n\n' ;;
             floor) printf 'INSERT INTO floor_msgs (id, channel, payload) SELECT s.id, s.ch, s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n' "$i" ;;
-            table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
+            table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb, (hashtext(s.ch)::bigint << 32) | (hashtext('')::bigint & 4294967295) FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
             array) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             pqmq) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             ordarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
@@ -121,7 +121,7 @@ part() {
         awk -v f="$2" '$0 ~ ("[?]:" f " ") { gsub(",", "", $1); print $1; exit }'
 }
 printf 'of which (thousands per message)            floor   mq_msgs\n'
-for fn in btinsert ExecComputeStoredGenerated AfterTriggerEndQuery ExecBRInsertTriggers; do
+for fn in btinsert ExecBRInsertTriggers; do
     printf '  %-40s %6s %8s\n' "$fn" "$(per "0$(part floor "$fn")")" \
         "$(per "0$(part table "$fn")")"
 done

@@ -40,7 +40,8 @@ BEGIN
     moved AS (
         INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
                              channel_args, commit_interval, after_message_id, deliveries,
-                             dead_since, ready_at, name, payload_json, payload_bytes, chain_seq)
+                             dead_since, ready_at, name, payload_json, payload_bytes, chain_seq,
+                             channel_key)
         SELECT m.id, COALESCE(m.created_at, pg_catalog.now()),
                COALESCE(m.attempt_at, pg_catalog.now()), m.attempts, m.retry_backoff,
                m.channel_name, COALESCE(m.channel_args, ''), m.commit_interval,
@@ -51,7 +52,9 @@ BEGIN
                COALESCE(p.name, ''), p.payload_json, p.payload_bytes,
                CASE WHEN m.after_message_id IS NOT NULL THEN base + pg_catalog.row_number() OVER (
                    ORDER BY m.channel_name, COALESCE(m.channel_args, ''), w.depth IS NULL,
-                            w.depth, m.created_at, m.id) END
+                            w.depth, m.created_at, m.id) END,
+               (pg_catalog.hashtext(m.channel_name)::bigint << 32)
+               | (pg_catalog.hashtext(COALESCE(m.channel_args, ''))::bigint & 4294967295)
         FROM mq_sqlxmq_msgs m
         LEFT JOIN mq_sqlxmq_payloads p ON p.id = m.id
         LEFT JOIN walk w ON w.id = m.id

@@ -64,78 +64,46 @@ BEGIN
 END;
 $$;
 
--- The triggers: one delta row per channel per statement; about one
--- statement in 250 also folds.
-CREATE OR REPLACE FUNCTION mq_count_inserted()
-RETURNS trigger
+-- Appends counter deltas, one row per channel (removed NULL: none); about
+-- one call in 250 also folds. Producers call it for their batch
+-- (mq_insert_rows), the delete trigger for its statement.
+CREATE OR REPLACE FUNCTION mq_count_add(names text[], totals bigint[], waits bigint[],
+                                        removed bigint[])
+RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    names  text[];
-    totals bigint[];
-    waits  bigint[];
 BEGIN
-    IF pg_catalog.current_setting('pqmq.citus', true) = 'on' THEN
-        -- Citus ships an INSERT to the shard as text, where the transition
-        -- table is unknown: it is read here first.
-        SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(d.total),
-               pg_catalog.array_agg(d.waiting)
-        INTO names, totals, waits
-        FROM (SELECT n.channel_name, pg_catalog.count(*) AS total,
-                     pg_catalog.count(*) FILTER (WHERE n.chain_seq IS NOT NULL) AS waiting
-              FROM mq_new_rows n
-              GROUP BY n.channel_name) d;
-        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-        SELECT u.n, u.t, u.w, 0 FROM unnest(names, totals, waits) AS u(n, t, w);
-    ELSE
-        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-        SELECT n.channel_name, pg_catalog.count(*),
-               pg_catalog.count(*) FILTER (WHERE n.chain_seq IS NOT NULL),
-               0
-        FROM mq_new_rows n
-        GROUP BY n.channel_name;
-    END IF;
+    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+    SELECT u.n, u.t, u.w, COALESCE(u.r, 0) FROM unnest(names, totals, waits, removed) AS u(n, t, w, r);
     IF pg_catalog.random() < 0.004 THEN
         PERFORM mq_count_fold();
     END IF;
-    RETURN NULL;
 END;
 $$;
 
+-- Deletes: one delta row per channel per statement. (The transition table
+-- is read into arrays first: Citus ships an INSERT to the shard as text,
+-- where the transition table is unknown.)
 CREATE OR REPLACE FUNCTION mq_count_deleted()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    names  text[];
-    totals bigint[];
-    waits  bigint[];
+    names   text[];
+    totals  bigint[];
+    waits   bigint[];
+    removed bigint[];
 BEGIN
-    IF pg_catalog.current_setting('pqmq.citus', true) = 'on' THEN
-        -- As in mq_count_inserted.
-        SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(d.total),
-               pg_catalog.array_agg(d.waiting)
-        INTO names, totals, waits
-        FROM (SELECT o.channel_name, pg_catalog.count(*) AS total,
-                     pg_catalog.count(*) FILTER (WHERE o.chain_seq IS NOT NULL) AS waiting
-              FROM mq_old_rows o
-              GROUP BY o.channel_name) d;
-        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-        SELECT u.n, -u.t, -u.w, u.t
-        FROM unnest(names, totals, waits) AS u(n, t, w);
-    ELSE
-        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-        SELECT o.channel_name, -pg_catalog.count(*),
-               -pg_catalog.count(*) FILTER (WHERE o.chain_seq IS NOT NULL),
-               pg_catalog.count(*)
-        FROM mq_old_rows o
-        GROUP BY o.channel_name;
-    END IF;
-    IF pg_catalog.random() < 0.004 THEN
-        PERFORM mq_count_fold();
-    END IF;
+    SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(- d.total),
+           pg_catalog.array_agg(- d.waiting), pg_catalog.array_agg(d.total)
+    INTO names, totals, waits, removed
+    FROM (SELECT o.channel_name, pg_catalog.count(*) AS total,
+                 pg_catalog.count(*) FILTER (WHERE o.chain_seq IS NOT NULL) AS waiting
+          FROM mq_old_rows o
+          GROUP BY o.channel_name) d;
+    PERFORM mq_count_add(names, totals, waits, removed);
     RETURN NULL;
 END;
 $$;
@@ -169,16 +137,19 @@ BEGIN
 END;
 $$;
 
+-- Inserts are counted by the functions that write them (mq_insert_rows),
+-- and rows written by hand by the table's own trigger (mq_fill_channel_key):
+-- a statement trigger here copied every inserted row into a transition table.
+DROP TRIGGER IF EXISTS mq_count_inserted ON mq_msgs;
+DROP FUNCTION IF EXISTS mq_count_inserted();
+
 -- Created once, with the counts of what is already queued: CREATE TRIGGER
 -- locks out writers until this migration commits, so none is missed.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = 'mq_msgs'::regclass
-                     AND t.tgname = 'mq_count_inserted') THEN
-        CREATE TRIGGER mq_count_inserted AFTER INSERT ON mq_msgs
-            REFERENCING NEW TABLE AS mq_new_rows
-            FOR EACH STATEMENT EXECUTE FUNCTION mq_count_inserted();
+                     AND t.tgname = 'mq_count_deleted') THEN
         CREATE TRIGGER mq_count_deleted AFTER DELETE ON mq_msgs
             REFERENCING OLD TABLE AS mq_old_rows
             FOR EACH STATEMENT EXECUTE FUNCTION mq_count_deleted();

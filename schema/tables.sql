@@ -173,10 +173,9 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     -- When the message ran out of attempts (set by mq_fail or mq_reap_dead);
     -- NULL while it may still be delivered.
     dead_since       timestamptz,
-    channel_key      bigint GENERATED ALWAYS AS (
-        (hashtext(channel_name)::bigint << 32)
-        | (hashtext(channel_args)::bigint & 4294967295)
-    ) STORED,
+    -- The chain key (above), written by mq_insert_rows, or for a row
+    -- written by hand by mq_fill_channel_key (below).
+    channel_key      bigint NOT NULL,
     ready_at         timestamptz NOT NULL DEFAULT now(),
     name             text NOT NULL,
     payload_json     jsonb,
@@ -198,6 +197,11 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     -- to its successor.
     chain_seq        bigint
 );
+
+-- Until 1.0.0 channel_key was a stored generated column, which formed
+-- every inserted row twice; its values stay.
+ALTER TABLE mq_msgs ALTER COLUMN channel_key DROP EXPRESSION IF EXISTS;
+ALTER TABLE mq_msgs ALTER COLUMN channel_key SET NOT NULL;
 
 -- Places in chains: one call per batch (mq_insert_rows), the batch's
 -- members at that value plus their position in the array (a batch holds at
@@ -336,3 +340,39 @@ ALTER TABLE mq_count_deltas SET (
     autovacuum_vacuum_threshold = 500,
     autovacuum_vacuum_cost_delay = 0
 );
+
+-- A row written into mq_msgs by hand (an operator's INSERT, a tool's
+-- copy) gets its chain key here, and is counted (mq_counts) as
+-- mq_insert_rows counts its own batches. The queue's functions write the
+-- key themselves: for them the trigger's WHEN is false. A change of a
+-- row's channel moves its key and its count.
+CREATE OR REPLACE FUNCTION mq_fill_channel_key()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    NEW.channel_key := (pg_catalog.hashtext(NEW.channel_name)::bigint << 32)
+                       | (pg_catalog.hashtext(NEW.channel_args)::bigint & 4294967295);
+    IF TG_OP = 'UPDATE' THEN
+        INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+        VALUES (OLD.channel_name, -1, - (OLD.chain_seq IS NOT NULL)::int, 0);
+    END IF;
+    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+    VALUES (NEW.channel_name, 1, (NEW.chain_seq IS NOT NULL)::int, 0);
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER mq_msgs_fill_channel_key
+    BEFORE INSERT ON mq_msgs
+    FOR EACH ROW
+    WHEN (NEW.channel_key IS NULL)
+    EXECUTE FUNCTION mq_fill_channel_key();
+
+CREATE OR REPLACE TRIGGER mq_msgs_move_channel_key
+    BEFORE UPDATE OF channel_name, channel_args ON mq_msgs
+    FOR EACH ROW
+    WHEN (OLD.channel_name IS DISTINCT FROM NEW.channel_name
+          OR OLD.channel_args IS DISTINCT FROM NEW.channel_args)
+    EXECUTE FUNCTION mq_fill_channel_key();

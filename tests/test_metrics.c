@@ -219,6 +219,34 @@ static void test_rolled_back_insert_is_not_counted(void)
     check_against_scan("after a rollback");
 }
 
+/* A row written into mq_msgs by hand gets its chain key (polls find it)
+ * and is counted; moving it to another channel moves both. */
+static void test_rows_written_by_hand_are_keyed_and_counted(void)
+{
+    t_truncate();
+    insert("byhand", NULL, 1, 0, 4, 1000, 0, -1);
+    t_exec(pg, "INSERT INTO mq_msgs (id, channel_name, name, payload_json) VALUES"
+               " ('00000000-0000-4000-8000-0000000000a1', 'byhand', 'job', '{}'),"
+               " ('00000000-0000-4000-8000-0000000000a2', 'byhand', 'job', '{}')");
+    CHECK_INT(metric("byhand", "ready"), 3);
+    check_against_scan("after an INSERT by hand");
+    t_exec(pg, "UPDATE mq_msgs SET channel_name = 'moved'"
+               " WHERE id = '00000000-0000-4000-8000-0000000000a2'");
+    CHECK_INT(metric("byhand", "ready"), 2);
+    CHECK_INT(metric("moved", "ready"), 1);
+    check_against_scan("after moving a row");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_key <>"
+                            " ((hashtext(channel_name)::bigint << 32)"
+                            " | (hashtext(channel_args)::bigint & 4294967295))"),
+              0);
+    pqmq_batch *b = poll_ch("byhand", 10);
+    CHECK_INT(pqmq_batch_count(b), 2);
+    pqmq_batch_free(b);
+    b = poll_ch("moved", 10);
+    CHECK_INT(pqmq_batch_count(b), 1);
+    pqmq_batch_free(b);
+}
+
 /* ---- a parser of the Prometheus text exposition format ------------------ */
 
 typedef struct {
@@ -509,6 +537,7 @@ int main(void)
     T_RUN(test_parser_rejects_bad_escapes);
     T_RUN(test_metrics_match_a_full_scan);
     T_RUN(test_rolled_back_insert_is_not_counted);
+    T_RUN(test_rows_written_by_hand_are_keyed_and_counted);
     T_RUN(test_named_channels_read_only_their_messages);
     T_RUN(test_pqmq_metrics_parses_and_matches);
     PQfinish(pg);
