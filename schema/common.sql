@@ -1,11 +1,19 @@
 -- schema/common.sql: limits shared by every function, and wake-ups.
 
 -- Limits shared by every function and by the C library (include/pqmq.h).
+-- (PL/pgSQL: a SQL function with a SET clause is planned again at every
+-- call, twice the cost of this one, and every batch calls it.)
 CREATE OR REPLACE FUNCTION mq_limits(
     OUT max_batch int, OUT max_payload bigint, OUT max_duration interval)
-LANGUAGE sql IMMUTABLE
+LANGUAGE plpgsql IMMUTABLE
 SET search_path FROM CURRENT
-AS $$ SELECT 10000, 16777216::bigint, interval '36500000 days' $$;
+AS $$
+BEGIN
+    max_batch := 10000;
+    max_payload := 16777216;
+    max_duration := interval '36500000 days';
+END;
+$$;
 
 -- Wakes listeners of the given channels: one notification per channel on
 -- mq_<channel>, plus one on mq. A channel whose notify name would be longer

@@ -82,11 +82,16 @@ BEGIN
                OR t.commit_interval < interval '0' OR t.commit_interval > lim.max_duration
                OR octet_length(t.payload_json) > lim.max_payload
                OR octet_length(t.payload_bytes) > lim.max_payload) AS bad,
-           pg_catalog.bool_or(EXISTS (
-               SELECT FROM (VALUES (t.delay), (t.retry_backoff), (t.commit_interval)) AS v(x)
-               WHERE pg_catalog.date_part('day', v.x) <> 0
-                  OR pg_catalog.date_part('month', v.x) <> 0
-                  OR pg_catalog.date_part('year', v.x) <> 0)) AS days,
+           pg_catalog.bool_or(pg_catalog.date_part('day', t.delay) <> 0
+                              OR pg_catalog.date_part('month', t.delay) <> 0
+                              OR pg_catalog.date_part('year', t.delay) <> 0
+                              OR pg_catalog.date_part('day', t.retry_backoff) <> 0
+                              OR pg_catalog.date_part('month', t.retry_backoff) <> 0
+                              OR pg_catalog.date_part('year', t.retry_backoff) <> 0
+                              OR pg_catalog.date_part('day', t.commit_interval) <> 0
+                              OR pg_catalog.date_part('month', t.commit_interval) <> 0
+                              OR pg_catalog.date_part('year', t.commit_interval) <> 0)
+               AS days,
            pg_catalog.count(DISTINCT t.id) AS ids,
            pg_catalog.bool_or(t.ordered) AS ordered
     INTO pass

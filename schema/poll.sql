@@ -1082,7 +1082,8 @@ $$;
 -- messages by ready_at. The functions keep the two in step themselves, so
 -- the WHEN clause is false for them and this never runs on the hot path.
 -- A time already past places the message now: never behind a poll's
--- low-water mark (mq_low_mark).
+-- low-water mark (mq_low_mark). (A row inserted by hand: mq_fill_row,
+-- schema/tables.sql, does the same.)
 CREATE OR REPLACE FUNCTION mq_keep_place()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -1095,7 +1096,7 @@ END;
 $$;
 
 CREATE OR REPLACE TRIGGER mq_msgs_keep_place
-    BEFORE INSERT OR UPDATE OF attempt_at ON mq_msgs
+    BEFORE UPDATE OF attempt_at ON mq_msgs
     FOR EACH ROW
     WHEN (NEW.attempt_at < NEW.ready_at AND NEW.ready_at <> 'infinity'::timestamptz)
     EXECUTE FUNCTION mq_keep_place();

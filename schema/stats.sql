@@ -138,7 +138,7 @@ END;
 $$;
 
 -- Inserts are counted by the functions that write them (mq_insert_rows),
--- and rows written by hand by the table's own trigger (mq_fill_channel_key):
+-- and rows written by hand by the table's own trigger (mq_fill_row):
 -- a statement trigger here copied every inserted row into a transition table.
 DROP TRIGGER IF EXISTS mq_count_inserted ON mq_msgs;
 DROP FUNCTION IF EXISTS mq_count_inserted();

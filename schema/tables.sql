@@ -174,7 +174,7 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     -- NULL while it may still be delivered.
     dead_since       timestamptz,
     -- The chain key (above), written by mq_insert_rows, or for a row
-    -- written by hand by mq_fill_channel_key (below).
+    -- written by hand without one by mq_fill_row (below).
     channel_key      bigint NOT NULL,
     ready_at         timestamptz NOT NULL DEFAULT now(),
     name             text NOT NULL,
@@ -199,9 +199,18 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
 );
 
 -- Until 1.0.0 channel_key was a stored generated column, which formed
--- every inserted row twice; its values stay.
-ALTER TABLE mq_msgs ALTER COLUMN channel_key DROP EXPRESSION IF EXISTS;
-ALTER TABLE mq_msgs ALTER COLUMN channel_key SET NOT NULL;
+-- every inserted row twice; its values stay. (Only then: Citus refuses
+-- DROP EXPRESSION on its tables.)
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+               WHERE a.attrelid = 'mq_msgs'::regclass AND a.attname = 'channel_key'
+                 AND a.attgenerated <> '') THEN
+        ALTER TABLE mq_msgs ALTER COLUMN channel_key DROP EXPRESSION;
+        ALTER TABLE mq_msgs ALTER COLUMN channel_key SET NOT NULL;
+    END IF;
+END
+$$;
 
 -- Places in chains: one call per batch (mq_insert_rows), the batch's
 -- members at that value plus their position in the array (a batch holds at
@@ -341,38 +350,47 @@ ALTER TABLE mq_count_deltas SET (
     autovacuum_vacuum_cost_delay = 0
 );
 
--- A row written into mq_msgs by hand (an operator's INSERT, a tool's
--- copy) gets its chain key here, and is counted (mq_counts) as
--- mq_insert_rows counts its own batches. The queue's functions write the
--- key themselves: for them the trigger's WHEN is false. A change of a
--- row's channel moves its key and its count.
-CREATE OR REPLACE FUNCTION mq_fill_channel_key()
+-- A row written into mq_msgs by hand (an operator's INSERT, a tool's copy)
+-- gets its chain key and its place (ready_at no later than attempt_at; see
+-- mq_keep_place) here, and is counted (mq_counts) as mq_insert_rows counts
+-- its own batches. The queue's functions write both themselves: for them
+-- the trigger's WHEN is false, and this one trigger's test is all an insert
+-- pays. A change of a row's channel moves its key and its count.
+CREATE OR REPLACE FUNCTION mq_fill_row()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    NEW.channel_key := (pg_catalog.hashtext(NEW.channel_name)::bigint << 32)
-                       | (pg_catalog.hashtext(NEW.channel_args)::bigint & 4294967295);
-    IF TG_OP = 'UPDATE' THEN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.attempt_at < NEW.ready_at AND NEW.ready_at <> 'infinity'::timestamptz THEN
+            NEW.ready_at := GREATEST(NEW.attempt_at, pg_catalog.clock_timestamp());
+        END IF;
+        IF NEW.channel_key IS NOT NULL THEN
+            RETURN NEW; -- keyed, so written as the functions write (and count) rows
+        END IF;
+    ELSE
         INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
         VALUES (OLD.channel_name, -1, - (OLD.chain_seq IS NOT NULL)::int, 0);
     END IF;
+    NEW.channel_key := (pg_catalog.hashtext(NEW.channel_name)::bigint << 32)
+                       | (pg_catalog.hashtext(NEW.channel_args)::bigint & 4294967295);
     INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
     VALUES (NEW.channel_name, 1, (NEW.chain_seq IS NOT NULL)::int, 0);
     RETURN NEW;
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER mq_msgs_fill_channel_key
+CREATE OR REPLACE TRIGGER mq_msgs_fill_row
     BEFORE INSERT ON mq_msgs
     FOR EACH ROW
-    WHEN (NEW.channel_key IS NULL)
-    EXECUTE FUNCTION mq_fill_channel_key();
+    WHEN (NEW.channel_key IS NULL
+          OR (NEW.attempt_at < NEW.ready_at AND NEW.ready_at <> 'infinity'::timestamptz))
+    EXECUTE FUNCTION mq_fill_row();
 
-CREATE OR REPLACE TRIGGER mq_msgs_move_channel_key
+CREATE OR REPLACE TRIGGER mq_msgs_move_row
     BEFORE UPDATE OF channel_name, channel_args ON mq_msgs
     FOR EACH ROW
     WHEN (OLD.channel_name IS DISTINCT FROM NEW.channel_name
           OR OLD.channel_args IS DISTINCT FROM NEW.channel_args)
-    EXECUTE FUNCTION mq_fill_channel_key();
+    EXECUTE FUNCTION mq_fill_row();
