@@ -160,8 +160,7 @@ void t_listen(PGconn *l, const char *chan)
     PQfreemem(ident);
 }
 
-int t_collect_notes(PGconn *l, int pid, const char *marker, int64_t ms, t_note_fn fn,
-                    void *arg)
+int t_collect_notes(PGconn *l, int pid, const char *marker, int64_t ms, t_note_fn fn, void *arg)
 {
     int64_t end = t_now_ms() + ms;
     for (;;) {
