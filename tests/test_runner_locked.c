@@ -28,6 +28,21 @@ static uint64_t processed(pqmq_runner *r)
     return t_stats(r).processed;
 }
 
+/* A locked runner (threads, batch) running fn (with arg) on a thread of its
+ * own until it has processed n jobs (waiting at most ms), then stopped.
+ * Caller frees. */
+static pqmq_runner *run_locked(int threads, int batch, pqmq_handler fn, void *arg, int n,
+                               int64_t ms)
+{
+    pqmq_runner *r = new_runner(threads, batch);
+    CHECK_INT(pqmq_runner_handle(r, NULL, fn, arg), 0);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(processed(r) >= (uint64_t)n, ms);
+    t_runner_stop(&b);
+    return r;
+}
+
 static void insert_n(int n, const char *json, int retries, int64_t backoff_ms)
 {
     for (int i = 0; i < n; i += 100) {
@@ -90,12 +105,7 @@ static void test_effects_commit_once_per_batch(void)
 {
     reset();
     insert_n(400, "{\"x\": 1}", 3, 60000);
-    pqmq_runner *r = new_runner(4, 100);
-    CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 400, 30000);
-    t_runner_stop(&b);
+    pqmq_runner *r = run_locked(4, 100, record, NULL, 400, 30000);
     CHECK_INT(processed(r), 400);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger"), 400);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger WHERE attempt <> 1"), 0);
@@ -113,12 +123,7 @@ static void test_a_failed_handler_is_undone_alone(void)
     reset();
     insert_n(30, "{\"x\": 1}", 3, 50);
     insert_n(10, "{\"fail\": 1}", 3, 50);
-    pqmq_runner *r = new_runner(2, 40);
-    CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 40, 30000);
-    t_runner_stop(&b);
+    pqmq_runner *r = run_locked(2, 40, record, NULL, 40, 30000);
     pqmq_runner_stats_t s;
     pqmq_runner_stats(r, &s);
     CHECK_INT(s.processed, 40);
@@ -142,12 +147,7 @@ static void test_plain_handlers_complete(void)
     reset();
     insert_n(50, "{\"x\": 1}", 3, 60000);
     atomic_int runs = 0;
-    pqmq_runner *r = new_runner(3, 20);
-    CHECK_INT(pqmq_runner_handle(r, NULL, plain, &runs), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 50, 30000);
-    t_runner_stop(&b);
+    pqmq_runner *r = run_locked(3, 20, plain, &runs, 50, 30000);
     CHECK_INT(atomic_load(&runs), 50);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
     pqmq_runner_free(r);
@@ -258,12 +258,7 @@ static void test_what_a_dead_delivery_left_is_run(void)
     CHECK_INT(pqmq_batch_count(b0), 5);
     t_exec(pqmq_conn(q), "ROLLBACK");
     pqmq_batch_free(b0);
-    pqmq_runner *r = new_runner(2, 10);
-    CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 5, 10000);
-    t_runner_stop(&b);
+    pqmq_runner *r = run_locked(2, 10, record, NULL, 5, 10000);
     CHECK_INT(processed(r), 5);
     /* Leased: one delivery counted each. */
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger WHERE attempt = 1"), 5);
