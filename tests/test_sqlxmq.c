@@ -496,18 +496,27 @@ static int complete_via_view(PGconn *c, const polled_t *rows, int n)
     }
 }
 
+/* A session's crate connection on schema, prepared; NULL (the failure
+ * recorded) when it could not prepare. Caller owns; PQfinish. */
+static PGconn *session_crate(const char *schema)
+{
+    PGconn *c = crate_connect(schema);
+    if (crate_prepare(c))
+        return c;
+    seen_error("prepare", "");
+    PQfinish(c);
+    return NULL;
+}
+
 /* The crate's runner: poll, delete what is uncommitted, keep each job alive
  * once (as its loop does after half a lease, with twice the lease), complete
  * it inside the handler's own transaction, which also records the work. */
 static void *crate_consumer(void *p)
 {
     const consumer_arg *a = p;
-    PGconn *c = crate_connect(a->schema);
-    if (!crate_prepare(c)) {
-        seen_error("prepare", "");
-        PQfinish(c);
+    PGconn *c = session_crate(a->schema);
+    if (!c)
         return NULL;
-    }
     polled_t rows[8];
     while (!stopping()) {
         int n = crate_poll(c, a->channels, 8, rows, 8);
@@ -651,12 +660,9 @@ static struct {
 static void *payload_writer(void *p)
 {
     const consumer_arg *a = p;
-    PGconn *c = crate_connect(a->schema);
-    if (!crate_prepare(c)) {
-        seen_error("prepare", "");
-        PQfinish(c);
+    PGconn *c = session_crate(a->schema);
+    if (!c)
         return NULL;
-    }
     for (int round = 0; !stopping(); round++) {
         spawn_t s = job("scratch");
         s.channel = "scratch";
