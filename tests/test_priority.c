@@ -51,6 +51,24 @@ static int poll_prios(const char *channel, int batch, int *lo, int *hi)
     return n;
 }
 
+/* Polls one job (checked: exactly one) and completes it; returns its name
+ * (valid until the next call), or NULL when no single job came. */
+static const char *take_one(void)
+{
+    static char name[64];
+    const char *got = NULL;
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 1, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    if (pqmq_batch_count(b) == 1) {
+        snprintf(name, sizeof name, "%s", pqmq_job_name(pqmq_batch_job(b, 0)));
+        got = name;
+        CHECK_OK(q, pqmq_complete_batch(q, b));
+    }
+    pqmq_batch_free(b);
+    return got;
+}
+
 /* Drains channel (NULL: all) in polls of batch; checks that no poll took a
  * message of a priority above one an earlier poll left (a batch's own
  * order is by place). Returns how many came. */
@@ -94,14 +112,9 @@ static void test_one_priority_in_order_of_readiness(void)
     insert_sql("pr", 5, "3", "c");
     const char *want = "aaaaabbbbbccccczzzzz";
     for (int i = 0; want[i]; i++) {
-        pqmq_batch *b = NULL;
-        CHECK_OK(q, pqmq_poll(q, NULL, 0, 1, &b));
-        CHECK_INT(pqmq_batch_count(b), 1);
-        if (pqmq_batch_count(b) == 1) {
-            CHECK_INT(pqmq_job_name(pqmq_batch_job(b, 0))[0], want[i]);
-            CHECK_OK(q, pqmq_complete_batch(q, b));
-        }
-        pqmq_batch_free(b);
+        const char *name = take_one();
+        if (name)
+            CHECK_INT(name[0], want[i]);
     }
 }
 
@@ -146,14 +159,9 @@ static void test_chain_never_reordered(void)
      * alone in the channel, c2 and c3 after it. */
     const char *want[] = {"u", "c0", "c1", "c2", "c3"};
     for (int i = 0; i < 5; i++) {
-        pqmq_batch *b = NULL;
-        CHECK_OK(q, pqmq_poll(q, NULL, 0, 1, &b));
-        CHECK_INT(pqmq_batch_count(b), 1);
-        if (pqmq_batch_count(b) == 1) {
-            CHECK_STR(pqmq_job_name(pqmq_batch_job(b, 0)), want[i]);
-            CHECK_OK(q, pqmq_complete_batch(q, b));
-        }
-        pqmq_batch_free(b);
+        const char *name = take_one();
+        if (name)
+            CHECK_STR(name, want[i]);
     }
 }
 
