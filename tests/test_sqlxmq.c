@@ -1268,6 +1268,18 @@ static void test_payload_statements(void)
 
 /* ---- both kinds of consumer at once ------------------------------------- */
 
+/* An empty queue, ledger (app_done) and record of deliveries, and a crate
+ * connection, prepared. Caller owns; PQfinish. */
+static PGconn *fresh_shared(void)
+{
+    t_truncate();
+    t_exec(pg, "TRUNCATE app_done");
+    seen_reset();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    return c;
+}
+
 /* Sends rounds rounds of jobs on the first nch of "", alpha, beta, jobs:
  * ordered jobs on the chains of args "", x and y, from the crate's SQL and
  * the C API by turns (the turn also alternates by channel when
@@ -1312,11 +1324,7 @@ static int produce_shared(PGconn *c, int nch, int rounds, int by_channel)
 
 static void test_shared_channels(void)
 {
-    t_truncate();
-    t_exec(pg, "TRUNCATE app_done");
-    seen_reset();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_shared();
     /* Producers alternate: the crate's SQL and the C API, on the same
      * chains, while nothing consumes yet (then all at once). */
     int want = produce_shared(c, 3, 20, 0);
@@ -1342,11 +1350,7 @@ static void test_payload_writes_concurrently(void)
     if (t_citus_skip("a Citus coordinator refuses writes through views (0A000: cannot modify "
                      "views when the query contains citus tables)"))
         return;
-    t_truncate();
-    t_exec(pg, "TRUNCATE app_done");
-    seen_reset();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_shared();
     int want = produce_shared(c, 4, 12, 1);
     const char *named = "{\"\",alpha,beta,jobs}";
     session_t ss[6] = {{CRATE, {NULL, named, 0, 1}}, {CRATE, {NULL, named, 1, 1}},
