@@ -333,6 +333,16 @@ static void test_sql_interface_and_bad_input(void)
     pqmq_batch_free(b);
 }
 
+/* Inserts k (unique key "key") in mode: the outcome must be outcome, and
+ * the key's message must then have priority priority. */
+static void insert_key(pqmq_msg *k, pqmq_key_mode mode, int outcome, int priority)
+{
+    pqmq_insert_result res;
+    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, mode, 0, &res));
+    CHECK_INT(res.outcome, outcome);
+    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), priority);
+}
+
 /* Priorities through pqmq_insert_batches and with unique keys ('replace'
  * gives the holder the new priority, 'keep' leaves it). */
 static void test_batches_and_unique_keys(void)
@@ -351,21 +361,12 @@ static void test_batches_and_unique_keys(void)
     pqmq_msg *k = t_msg("pk", NULL, "k1", "{}", 0);
     CHECK_INT(pqmq_msg_set_unique_key(k, "key"), 0);
     CHECK_INT(pqmq_msg_set_priority(k, 2), 0);
-    pqmq_insert_result res;
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_KEEP, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_INSERTED);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 2);
+    insert_key(k, PQMQ_KEY_KEEP, PQMQ_INSERTED, 2);
     CHECK_INT(pqmq_msg_set_priority(k, 8), 0);
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_KEEP, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_KEPT);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 2);
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_REPLACE, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_REPLACED);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 8);
+    insert_key(k, PQMQ_KEY_KEEP, PQMQ_KEPT, 2);
+    insert_key(k, PQMQ_KEY_REPLACE, PQMQ_REPLACED, 8);
     CHECK_INT(pqmq_msg_set_priority(k, 1), 0);
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_REPLACE_PAYLOAD, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_REPLACED);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 8);
+    insert_key(k, PQMQ_KEY_REPLACE_PAYLOAD, PQMQ_REPLACED, 8);
     /* pqmq_insert with a key and a priority. */
     pqmq_msg_free(k);
     k = t_msg("pk", NULL, "k2", "{}", 0);
