@@ -29,9 +29,8 @@ int pqmq__complete_poll(pqmq_client *c, const pqmq__delivery *d, size_t n,
     PGparam *param;
     int rc = pqmq__begin_deliveries(c, d, n, what, &param);
     if (!rc)
-        rc = pqmq__put_channels(c, param, channels, nchannels, what);
-    if (!rc)
-        rc = pqmq__put_count(c, param, "batch_size", batch_size, what);
+        rc = pqmq__put_channels_count(c, param, channels, nchannels, "batch_size", batch_size,
+                                      what);
     PGresult *res = NULL;
     if (!rc)
         res = pqmq__exec(c, param,

@@ -39,9 +39,8 @@ PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *c, const char *const *channels, si
     PGparam *param;
     rc = pqmq__begin(c, &param);
     if (!rc)
-        rc = pqmq__put_channels(c, param, channels, nchannels, what);
-    if (!rc)
-        rc = pqmq__put_count(c, param, "batch_size", batch_size, what);
+        rc = pqmq__put_channels_count(c, param, channels, nchannels, "batch_size", batch_size,
+                                      what);
     PGresult *res = NULL;
     /* The jobs live as long as the transaction's locks: open one (in the
      * same round trip) when none is. */

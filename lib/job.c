@@ -153,9 +153,7 @@ int pqmq__query_jobs(pqmq_client *c, const char *what, const char *sql,
     PGparam *param;
     rc = pqmq__begin(c, &param);
     if (!rc)
-        rc = pqmq__put_channels(c, param, channels, nchannels, what);
-    if (!rc)
-        rc = pqmq__put_count(c, param, arg, value, what);
+        rc = pqmq__put_channels_count(c, param, channels, nchannels, arg, value, what);
     PGresult *res = NULL;
     if (!rc)
         res = pqmq__exec(c, param, sql, what, &rc);

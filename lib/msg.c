@@ -43,6 +43,9 @@ static int set_str(char **slot, const char *s)
     return 0;
 }
 
+/* The scalar setters: store the value; only a missing message is refused. */
+#define SET_FIELD(m, field, value) ((m) ? ((m)->field = (value), 0) : PQMQ_EINVAL)
+
 PQMQ_EXPORT int pqmq_msg_set_channel(pqmq_msg *m, const char *channel, const char *args)
 {
     if (!m)
@@ -95,42 +98,27 @@ PQMQ_EXPORT int pqmq_msg_set_msgpack(pqmq_msg *m, const msgpack_sbuffer *buf)
 
 PQMQ_EXPORT int pqmq_msg_set_delay(pqmq_msg *m, int64_t delay_ms)
 {
-    if (!m)
-        return PQMQ_EINVAL;
-    m->delay_ms = delay_ms;
-    return 0;
+    return SET_FIELD(m, delay_ms, delay_ms);
 }
 
 PQMQ_EXPORT int pqmq_msg_set_retries(pqmq_msg *m, int retries)
 {
-    if (!m)
-        return PQMQ_EINVAL;
-    m->retries = retries;
-    return 0;
+    return SET_FIELD(m, retries, retries);
 }
 
 PQMQ_EXPORT int pqmq_msg_set_backoff(pqmq_msg *m, int64_t backoff_ms)
 {
-    if (!m)
-        return PQMQ_EINVAL;
-    m->backoff_ms = backoff_ms;
-    return 0;
+    return SET_FIELD(m, backoff_ms, backoff_ms);
 }
 
 PQMQ_EXPORT int pqmq_msg_set_commit_interval(pqmq_msg *m, int64_t interval_ms)
 {
-    if (!m)
-        return PQMQ_EINVAL;
-    m->commit_interval_ms = interval_ms < 0 ? -1 : interval_ms;
-    return 0;
+    return SET_FIELD(m, commit_interval_ms, interval_ms < 0 ? -1 : interval_ms);
 }
 
 PQMQ_EXPORT int pqmq_msg_set_ordered(pqmq_msg *m, int ordered)
 {
-    if (!m)
-        return PQMQ_EINVAL;
-    m->ordered = ordered != 0;
-    return 0;
+    return SET_FIELD(m, ordered, ordered != 0);
 }
 
 PQMQ_EXPORT int pqmq_msg_set_id(pqmq_msg *m, const uuid_t id)
@@ -156,8 +144,5 @@ PQMQ_EXPORT int pqmq_msg_set_unique_key(pqmq_msg *m, const char *key)
 
 PQMQ_EXPORT int pqmq_msg_set_priority(pqmq_msg *m, int priority)
 {
-    if (!m)
-        return PQMQ_EINVAL;
-    m->priority = priority;
-    return 0;
+    return SET_FIELD(m, priority, priority);
 }

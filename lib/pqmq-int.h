@@ -103,10 +103,11 @@ typedef int (*pqmq__put_element)(pqmq_client *c, PGparam *array, const void *ite
 /* Puts n elements of items as one array parameter (array_format: "%uuid[]"). */
 int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format, const void *items,
                     size_t n, pqmq__put_element put, const char *what);
-/* Puts ids as one uuid[] parameter. */
+/* Puts ids (checked: pqmq__check_ids) as one uuid[] parameter. */
 int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n,
                   const char *what);
-/* Puts deliveries as two parameters: their ids (uuid[]), their attempts (int[]). */
+/* Puts deliveries (checked: pqmq__check_ids) as two parameters: their ids (uuid[]), their
+ * attempts (int[]). */
 int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n,
                          const char *what);
 /* Puts channels (NULL: all) as one text[] parameter. */
@@ -115,6 +116,9 @@ int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channe
 /* Puts a count in 1..PQMQ_MAX_BATCH (named arg in errors) as an int. */
 int pqmq__put_count(pqmq_client *c, PGparam *param, const char *arg, int value,
                     const char *what);
+/* Puts channels, then a count: the arguments of the calls that claim jobs. */
+int pqmq__put_channels_count(pqmq_client *c, PGparam *param, const char *const *channels,
+                             size_t nchannels, const char *arg, int value, const char *what);
 /* Puts ms (checked: 0..PQMQ_MAX_DURATION_MS, named what) as an interval. */
 int pqmq__put_duration(pqmq_client *c, PGparam *param, int64_t ms, const char *what);
 

@@ -234,13 +234,16 @@ static int put_text(pqmq_client *c, PGparam *array, const void *items, size_t i)
 
 int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n, const char *what)
 {
-    return pqmq__put_array(c, param, "%uuid[]", ids, n, put_id, what);
+    int rc = pqmq__check_ids(c, ids, n, what);
+    return rc ? rc : pqmq__put_array(c, param, "%uuid[]", ids, n, put_id, what);
 }
 
 int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n,
                          const char *what)
 {
-    int rc = pqmq__put_array(c, param, "%uuid[]", d, n, put_delivery_id, what);
+    int rc = pqmq__check_ids(c, d, n, what);
+    if (!rc)
+        rc = pqmq__put_array(c, param, "%uuid[]", d, n, put_delivery_id, what);
     return rc ? rc : pqmq__put_array(c, param, "%int4[]", d, n, put_delivery_attempt, what);
 }
 
@@ -269,6 +272,13 @@ int pqmq__put_count(pqmq_client *c, PGparam *param, const char *arg, int value,
     if (!PQputf(param, pqmq__spec(c, PQMQ__SPEC_INT4), value))
         return pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
     return 0;
+}
+
+int pqmq__put_channels_count(pqmq_client *c, PGparam *param, const char *const *channels,
+                             size_t nchannels, const char *arg, int value, const char *what)
+{
+    int rc = pqmq__put_channels(c, param, channels, nchannels, what);
+    return rc ? rc : pqmq__put_count(c, param, arg, value, what);
 }
 
 int pqmq__put_duration(pqmq_client *c, PGparam *param, int64_t ms, const char *what)
@@ -310,8 +320,6 @@ int pqmq__begin_ids(pqmq_client *c, const uuid_t *ids, size_t n, const char *wha
                     PGparam **param)
 {
     int rc = pqmq__begin(c, param);
-    if (!rc)
-        rc = pqmq__check_ids(c, ids, n, what);
     return rc ? rc : pqmq__put_ids(c, *param, ids, n, what);
 }
 
@@ -319,8 +327,6 @@ int pqmq__begin_deliveries(pqmq_client *c, const pqmq__delivery *d, size_t n, co
                            PGparam **param)
 {
     int rc = pqmq__begin(c, param);
-    if (!rc)
-        rc = pqmq__check_ids(c, d, n, what);
     return rc ? rc : pqmq__put_deliveries(c, *param, d, n, what);
 }
 

@@ -4,6 +4,8 @@
 #endif
 #include "harness.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -74,18 +76,32 @@ PGconn *t_pg(void)
     return t_connect_raw(t_schema_name);
 }
 
-pqmq_runner *t_runner(void)
+char *t_conninfo(const char *base, const char *path, const char *app)
 {
-    char *ci = NULL;
-    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
-                 t_schema()) < 0)
+    char *s = NULL;
+    if (asprintf(&s, "%s options='-c search_path=%s -c client_min_messages=warning'%s%s",
+                 base ? base : t_dsn_value, path ? path : t_schema_name,
+                 app ? " application_name=" : "", app ? app : "") < 0)
         abort();
+    return s;
+}
+
+pqmq_runner *t_runner_app(const char *app)
+{
+    char *ci = t_conninfo(NULL, NULL, app);
     pqmq_runner *r = pqmq_runner_new(ci);
     free(ci);
+    /* Behind a pooler (tests/test_pgbouncer.sh): LISTEN straight to the
+     * server. */
     const char *listen = getenv("PQMQ_TEST_LISTEN_DSN");
     if (!r || (listen && pqmq_runner_set_listen_dsn(r, listen) != 0))
         abort();
     return r;
+}
+
+pqmq_runner *t_runner(void)
+{
+    return t_runner_app(NULL);
 }
 
 static void *t_runner_main(void *arg)
@@ -97,21 +113,77 @@ static void *t_runner_main(void *arg)
 
 void t_runner_start(t_bg *b, pqmq_runner *r)
 {
-    pthread_t *th = malloc(sizeof *th);
     b->r = r;
     b->rc = 99;
-    b->thread = th;
-    if (!th || pthread_create(th, NULL, t_runner_main, b) != 0)
+    if (pthread_create(&b->thread, NULL, t_runner_main, b) != 0)
         abort();
 }
 
 void t_runner_stop(t_bg *b)
 {
     pqmq_runner_stop(b->r);
-    pthread_join(*(pthread_t *)b->thread, NULL);
-    free(b->thread);
-    b->thread = NULL;
+    pthread_join(b->thread, NULL);
     CHECK_INT(b->rc, 0);
+}
+
+int t_runner_join(t_bg *b, int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    if (pthread_timedjoin_np(b->thread, NULL, &ts) == 0)
+        return 0;
+    t_fail(__FILE__, __LINE__, "pqmq_runner_run did not return within %lld ms", (long long)ms);
+    pqmq_runner_stop(b->r);
+    pthread_join(b->thread, NULL);
+    return -1;
+}
+
+pqmq_runner_stats_t t_stats(const pqmq_runner *r)
+{
+    pqmq_runner_stats_t s;
+    pqmq_runner_stats(r, &s);
+    return s;
+}
+
+void t_listen(PGconn *l, const char *chan)
+{
+    char *ident = PQescapeIdentifier(l, chan, strlen(chan));
+    CHECK(ident != NULL);
+    if (ident)
+        t_exec(l, "LISTEN %s", ident);
+    PQfreemem(ident);
+}
+
+int t_collect_notes(PGconn *l, int pid, const char *marker, int64_t ms, t_note_fn fn, void *arg)
+{
+    int64_t end = t_now_ms() + ms;
+    for (;;) {
+        if (!PQconsumeInput(l)) {
+            t_fail(__FILE__, __LINE__, "listener: %s", PQerrorMessage(l));
+            return -1;
+        }
+        PGnotify *nt;
+        while ((nt = PQnotifies(l)) != NULL) {
+            int done = !strcmp(nt->relname, marker);
+            if (!done && nt->be_pid == pid)
+                fn(nt, arg);
+            PQfreemem(nt);
+            if (done)
+                return 0;
+        }
+        int64_t left = end - t_now_ms();
+        if (left <= 0)
+            return -2;
+        struct pollfd p = {PQsocket(l), POLLIN, 0};
+        if (poll(&p, 1, (int)left) < 0 && errno != EINTR)
+            return -2;
+    }
 }
 
 int t_pooled(void)
@@ -149,10 +221,7 @@ PGconn *t_listener(void)
 pqmq_client *t_client(void)
 {
     /* PQMQ_TEST_DSN is a key=value conninfo, so options can be appended. */
-    char *conninfo = NULL;
-    if (asprintf(&conninfo, "%s options='-c search_path=%s -c client_min_messages=warning'",
-                 t_dsn_value, t_schema_name) < 0)
-        abort();
+    char *conninfo = t_conninfo(NULL, NULL, NULL);
     pqmq_client *c = NULL;
     if (pqmq_connect(conninfo, &c) != 0) {
         fprintf(stderr, "pqmq_connect failed: %s\n", pqmq_errmsg(c));

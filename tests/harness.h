@@ -9,6 +9,7 @@
 #ifndef PQMQ_TEST_HARNESS_H
 #define PQMQ_TEST_HARNESS_H
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <string.h>
@@ -70,6 +71,11 @@ int t_done(void);
 const char *t_dsn(void);
 const char *t_schema(void);
 
+/* base (NULL: t_dsn()) with options setting the search_path to path
+ * (NULL: the test schema) and client_min_messages to warning, plus
+ * application_name=app unless app is NULL. Caller frees. */
+char *t_conninfo(const char *base, const char *path, const char *app);
+
 /* A new client on the test schema; aborts the test program on failure.
  * Caller owns; free with pqmq_client_free. */
 pqmq_client *t_client(void);
@@ -99,6 +105,19 @@ long long t_sql_int(PGconn *conn, const char *fmt, ...) __attribute__((format(pr
 /* Runs a statement expected to succeed, discarding its result. */
 void t_exec(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* LISTENs on chan (any text: quoted as an identifier) on l. */
+void t_listen(PGconn *l, const char *chan);
+/* What t_collect_notes hands each notification other than the marker. */
+typedef void (*t_note_fn)(const PGnotify *nt, void *arg);
+/* Passes to fn, in arrival order, the notifications l receives from the
+ * backend pid until one on channel marker comes (the caller sends it after
+ * what it waits for: notifications arrive in commit order); other backends'
+ * (other tests on the same database) are ignored. Returns 0; -1 when l
+ * failed (which fails the check); -2 when the marker did not come within ms
+ * or the wait failed. */
+int t_collect_notes(PGconn *l, int pid, const char *marker, int64_t ms, t_note_fn fn,
+                    void *arg);
+
 /* Empties the queue tables of the test schema. */
 void t_truncate(void);
 
@@ -110,16 +129,31 @@ void t_sleep_ms(int64_t ms);
  * server behind a pooler ($PQMQ_TEST_LISTEN_DSN); aborts on failure.
  * Caller owns; pqmq_runner_free. */
 pqmq_runner *t_runner(void);
+/* t_runner with application_name=app (NULL: none), to find its backends. */
+pqmq_runner *t_runner_app(const char *app);
 /* A runner running on a thread of its own: t_runner_start runs r there,
  * t_runner_stop stops it, waits for it and fails the check unless
- * pqmq_runner_run returned 0. */
+ * pqmq_runner_run returned 0. t_runner_join waits at most ms for run to
+ * return (after a stop the caller sent); 0, or -1 after failing the check
+ * and stopping and joining it anyway. */
 typedef struct {
     pqmq_runner *r;
-    void *thread; /* the pthread_t, kept opaque here */
-    int rc;
+    pthread_t thread;
+    int rc; /* what pqmq_runner_run returned (99 until it does) */
 } t_bg;
 void t_runner_start(t_bg *b, pqmq_runner *r);
 void t_runner_stop(t_bg *b);
+int t_runner_join(t_bg *b, int64_t ms);
+/* The runner's statistics, by value. */
+pqmq_runner_stats_t t_stats(const pqmq_runner *r);
+
+/* Waits up to ms for cond, looking every 5 ms. */
+#define WAIT_UNTIL(cond, ms)                                                                   \
+    do {                                                                                       \
+        int64_t end_ = t_now_ms() + (ms);                                                      \
+        while (!(cond) && t_now_ms() < end_)                                                   \
+            t_sleep_ms(5);                                                                     \
+    } while (0)
 
 /* Builds a message; aborts on OOM. Caller owns; pqmq_msg_free. */
 pqmq_msg *t_msg(const char *channel, const char *args, const char *name, const char *json,

@@ -10,20 +10,14 @@
 
 set -u
 
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq}
+# shellcheck source=tests/lib.sh
+. "$here/lib.sh"
 
-if [[ -z ${PQMQ_TEST_DSN:-} ]]; then
-    echo "SKIP: PQMQ_TEST_DSN is not set (tests/run-tests.sh sets it)"
-    exit 77
-fi
-if [[ ! -x $pqmq_bin ]]; then
-    echo "FAIL: no pqmq command at $pqmq_bin (make tools/pqmq)"
-    exit 1
-fi
-if ! command -v psql >/dev/null 2>&1; then
-    echo "FAIL: psql not found (Debian package: postgresql-client)"
-    exit 1
-fi
+t_need_dsn
+t_need_program "$pqmq_bin" "pqmq command" "make tools/pqmq"
+t_need_tools psql
 
 schema=cli_$$
 old=cli_old_$$
@@ -37,16 +31,6 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*"
-    failed=$((failed + 1))
-}
-
-sql() {
-    PGOPTIONS="-c search_path=$schema -c client_min_messages=warning" \
-        psql -X -q -At -v ON_ERROR_STOP=1 -d "$PQMQ_TEST_DSN" -c "$1"
-}
 
 # run EXPECTED_STATUS ARGS...: runs pqmq on the test schema; stdout in
 # $work/out, stderr in $work/err; checks the exit status.

@@ -26,6 +26,17 @@ static int json_int(const char *json, const char *key)
     return s ? atoi(s + strlen(pat)) : -1;
 }
 
+/* The end of a consumer's round of n jobs: counts them done, frees b and
+ * naps when there were none. Returns the new count of idle rounds. */
+static int round_done(pqmq_batch *b, size_t n, int idle)
+{
+    atomic_fetch_add(&done_count, (int)n);
+    pqmq_batch_free(b);
+    if (!n)
+        t_sleep_ms(1);
+    return n ? 0 : idle + 1;
+}
+
 static void *unordered_consumer(void *arg)
 {
     (void)arg;
@@ -48,11 +59,7 @@ static void *unordered_consumer(void *arg)
             fprintf(stderr, "complete: %s\n", pqmq_errmsg(c));
             atomic_fetch_add(&errors, 1);
         }
-        atomic_fetch_add(&done_count, (int)n);
-        idle = n ? 0 : idle + 1;
-        pqmq_batch_free(b);
-        if (!n)
-            t_sleep_ms(1);
+        idle = round_done(b, n, idle);
     }
     pqmq_client_free(c);
     return NULL;
@@ -130,11 +137,7 @@ static void *ordered_consumer(void *arg)
         if (n && pqmq_complete_batch(c, b))
             atomic_fetch_add(&errors, 1);
         pthread_mutex_unlock(&order_lock);
-        atomic_fetch_add(&done_count, (int)n);
-        idle = n ? 0 : idle + 1;
-        pqmq_batch_free(b);
-        if (!n)
-            t_sleep_ms(1);
+        idle = round_done(b, n, idle);
     }
     pqmq_client_free(c);
     return NULL;

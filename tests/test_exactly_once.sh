@@ -25,18 +25,11 @@ bin=${1:-./examples/exactly_once}
 kills_wanted=${PQMQ_EO_KILLS:-12}
 total=2000
 
-if [[ -z ${PQMQ_TEST_DSN:-} ]]; then
-    echo "SKIP: PQMQ_TEST_DSN is not set (tests/run-tests.sh sets it)"
-    exit 77
-fi
-if [[ ! -x $bin ]]; then
-    echo "FAIL: no exactly_once program at $bin (make examples/exactly_once)"
-    exit 1
-fi
-if ! command -v psql >/dev/null 2>&1; then
-    echo "FAIL: psql not found (Debian package: postgresql-client)"
-    exit 1
-fi
+# shellcheck source=tests/lib.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+t_need_dsn
+t_need_program "$bin" "exactly_once program" "make examples/exactly_once"
+t_need_tools psql
 
 schema=t_exactly_once_$$
 conninfo="$PQMQ_TEST_DSN options='-c search_path=$schema -c client_min_messages=warning'"
@@ -56,8 +49,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Also from inside $(...): the message goes to stderr, which the test log
-# holds too, and the caller's "|| fail" then ends the script.
+# Unlike lib.sh's, this fail ends the test. Also from inside $(...): the
+# message goes to stderr, which the test log holds too, and the caller's
+# "|| fail" then ends the script.
 fail() {
     {
         echo "FAIL: $*"
@@ -69,8 +63,8 @@ fail() {
     exit 1
 }
 
-# The result of SQL on the test schema (unaligned, tuples only); on error
-# prints it and returns 1.
+# The result of SQL on the test schema (unaligned, tuples only); unlike
+# lib.sh's, on error it prints the statement and psql's message, returns 1.
 sql() {
     if ! psql -X -q -At -v ON_ERROR_STOP=1 -d "$conninfo" -c "$1" 2>"$work/psql.err"; then
         echo "SQL failed: $1" >&2

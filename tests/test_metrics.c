@@ -62,6 +62,19 @@ static pqmq_batch *poll_ch(const char *ch, int max)
     " blocked_chains FROM mq_metrics() WHERE ready + in_flight + scheduled"                    \
     " + uncommitted + waiting + dead > 0"
 
+/* Prints the rows of sql (a channel and its seven counts) as who sees them. */
+static void print_counts(const char *when, const char *who, const char *sql)
+{
+    PGresult *r = t_sql(pg, "%s", sql);
+    fprintf(stderr, "%s: %s says:\n", when, who);
+    for (int i = 0; r && i < PQntuples(r); i++)
+        fprintf(stderr, "  %s r%s f%s s%s u%s w%s d%s b%s\n", PQgetvalue(r, i, 0),
+                PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
+                PQgetvalue(r, i, 4), PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
+                PQgetvalue(r, i, 7));
+    PQclear(r);
+}
+
 /* mq_metrics and the full scan agree on every channel and state. */
 static void check_against_scan(const char *when)
 {
@@ -75,22 +88,8 @@ static void check_against_scan(const char *when)
     PQclear(b);
     PQclear(m);
     if (diff != 0) {
-        PGresult *r = t_sql(pg, BRUTE);
-        fprintf(stderr, "%s: scan says:\n", when);
-        for (int i = 0; r && i < PQntuples(r); i++)
-            fprintf(stderr, "  %s r%s f%s s%s u%s w%s d%s b%s\n", PQgetvalue(r, i, 0),
-                    PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
-                    PQgetvalue(r, i, 4), PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
-                    PQgetvalue(r, i, 7));
-        PQclear(r);
-        r = t_sql(pg, METRICS);
-        fprintf(stderr, "%s: mq_metrics says:\n", when);
-        for (int i = 0; r && i < PQntuples(r); i++)
-            fprintf(stderr, "  %s r%s f%s s%s u%s w%s d%s b%s\n", PQgetvalue(r, i, 0),
-                    PQgetvalue(r, i, 1), PQgetvalue(r, i, 2), PQgetvalue(r, i, 3),
-                    PQgetvalue(r, i, 4), PQgetvalue(r, i, 5), PQgetvalue(r, i, 6),
-                    PQgetvalue(r, i, 7));
-        PQclear(r);
+        print_counts(when, "scan", BRUTE);
+        print_counts(when, "mq_metrics", METRICS);
     }
     CHECK_INT(diff, 0);
 }

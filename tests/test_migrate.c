@@ -560,6 +560,33 @@ static char *take_one(pqmq_client *c)
     return got;
 }
 
+/* Fills s (size bytes) with the name of a new schema made by release
+ * 0.1.0's script; returns the psql that applied it, or NULL when the test
+ * does not run (no psql; Citus). */
+static const char *schema_0_1_0(char *s, size_t size, const char *tag)
+{
+    const char *psql = find_psql();
+    if (!psql || t_citus_skip("release 0.1.0's script is applied with psql"))
+        return NULL;
+    fresh_schema(s, size, tag);
+    CHECK_INT(psql_apply_0_1_0(psql, s), 0);
+    return psql;
+}
+
+/* Schema s, upgraded, has the catalog of a new install and still holds
+ * before, its queue's content before the upgrade. */
+static void check_upgraded(const char *s, const char *before)
+{
+    char *want = fingerprint(t_schema());
+    char *got = fingerprint(s);
+    CHECK_SAME_FP(want, got);
+    char *after = queue_content(s);
+    CHECK_STR(after, before);
+    free(want);
+    free(got);
+    free(after);
+}
+
 /* A queue made by release 0.1.0, with messages of every kind live (a chain
  * in flight among them) and a role holding a duty, upgraded by
  * pqmq_migrate: the same catalog as a new install, every message as it was,
@@ -588,11 +615,7 @@ static void test_upgrade_from_0_1_0_loses_nothing(void)
     pqmq_client *c = client_path(s);
     CHECK_OK(c, pqmq_migrate(c));
     CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", s), 100);
-    char *want = fingerprint(t_schema());
-    char *got = fingerprint(s);
-    CHECK_SAME_FP(want, got);
-    char *after = queue_content(s);
-    CHECK_STR(after, before);
+    check_upgraded(s, before);
     /* The duty's holder may call every function of the duty, old or new. */
     CHECK_INT(t_sql_int(pg,
                         "SELECT count(*) FROM pg_proc p JOIN %1$s.mq_duties() d "
@@ -628,9 +651,6 @@ static void test_upgrade_from_0_1_0_loses_nothing(void)
     t_exec(pg, "SELECT mq_revoke('consume', 'pqmq_t_up')");
     pqmq_client_free(c);
     free(before);
-    free(after);
-    free(want);
-    free(got);
     drop_schema(s);
     t_exec(pg, "DROP OWNED BY pqmq_t_up");
     t_exec(pg, "DROP ROLE pqmq_t_up");
@@ -640,24 +660,15 @@ static void test_upgrade_from_0_1_0_loses_nothing(void)
  * and the library then finds nothing to do. */
 static void test_upgrade_from_0_1_0_with_psql(void)
 {
-    const char *psql = find_psql();
-    if (!psql || t_citus_skip("release 0.1.0's script is applied with psql"))
-        return;
     char s[96];
-    fresh_schema(s, sizeof s, "v010p");
-    CHECK_INT(psql_apply_0_1_0(psql, s), 0);
+    const char *psql = schema_0_1_0(s, sizeof s, "v010p");
+    if (!psql)
+        return;
     fill_live_queue(s);
     char *before = queue_content(s);
     CHECK_INT(psql_apply(psql, s), 0);
-    char *want = fingerprint(t_schema());
-    char *got = fingerprint(s);
-    CHECK_SAME_FP(want, got);
-    char *after = queue_content(s);
-    CHECK_STR(after, before);
+    check_upgraded(s, before);
     free(before);
-    free(after);
-    free(want);
-    free(got);
     drop_schema(s);
 }
 
@@ -666,12 +677,9 @@ static void test_upgrade_from_0_1_0_with_psql(void)
  * changes. */
 static void test_other_versions_refused(void)
 {
-    const char *psql = find_psql();
-    if (!psql || t_citus_skip("release 0.1.0's script is applied with psql"))
-        return;
     char s[96];
-    fresh_schema(s, sizeof s, "vdev");
-    CHECK_INT(psql_apply_0_1_0(psql, s), 0);
+    if (!schema_0_1_0(s, sizeof s, "vdev"))
+        return;
     t_exec(pg, "DELETE FROM %s.mq_schema_migrations WHERE version > 12", s);
     char *before = fingerprint(s);
     pqmq_client *c = client_path(s);

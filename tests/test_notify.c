@@ -1,9 +1,7 @@
 /* test_notify.c: wake-ups (semantic 11). */
 #ifndef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 200809L /* poll, strdup */
+#define _POSIX_C_SOURCE 200809L /* strdup */
 #endif
-#include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 
 #include "harness.h"
@@ -48,15 +46,6 @@ static int with_payload(const notes *ns)
     return k;
 }
 
-static void listen_on(PGconn *l, const char *chan)
-{
-    char *ident = PQescapeIdentifier(l, chan, strlen(chan));
-    CHECK(ident != NULL);
-    if (ident)
-        t_exec(l, "LISTEN %s", ident);
-    PQfreemem(ident);
-}
-
 /* The marker channel collect() stops at. */
 static void marker_of(PGconn *l, char *out, size_t size)
 {
@@ -69,10 +58,10 @@ static PGconn *listener(const char *const *chans, int n)
     PGconn *l = t_pg();
     char marker[64];
     marker_of(l, marker, sizeof marker);
-    listen_on(l, marker);
-    listen_on(l, "mq");
+    t_listen(l, marker);
+    t_listen(l, "mq");
     for (int i = 0; i < n; i++)
-        listen_on(l, chans[i]);
+        t_listen(l, chans[i]);
     return l;
 }
 
@@ -89,44 +78,28 @@ static void notify_name(const char *channel, char *out, size_t size)
  * tests on the same database) are ignored. Returns 0, or -1 (and fails the
  * check) when the marker did not come within 2 s.
  */
+static void keep_note(const PGnotify *nt, void *arg)
+{
+    notes *out = arg;
+    if (out->n == MAX_NOTES) /* more would fail the counts anyway */
+        return;
+    out->chan[out->n] = strdup(nt->relname);
+    out->extra[out->n] = strdup(nt->extra ? nt->extra : "");
+    if (!out->chan[out->n] || !out->extra[out->n])
+        abort();
+    out->n++;
+}
+
 static int collect(PGconn *l, PGconn *from, PGconn *marker_from, notes *out)
 {
     char marker[64];
     marker_of(l, marker, sizeof marker);
     t_exec(marker_from, "NOTIFY %s", marker);
-    int pid = PQbackendPID(from);
     out->n = 0;
-    int64_t end = t_now_ms() + 2000;
-    for (;;) {
-        if (!PQconsumeInput(l)) {
-            t_fail(__FILE__, __LINE__, "listener: %s", PQerrorMessage(l));
-            return -1;
-        }
-        PGnotify *nt;
-        while ((nt = PQnotifies(l)) != NULL) {
-            int done = !strcmp(nt->relname, marker);
-            if (!done && nt->be_pid == pid) {
-                if (out->n < MAX_NOTES) { /* more would fail the counts anyway */
-                    out->chan[out->n] = strdup(nt->relname);
-                    out->extra[out->n] = strdup(nt->extra ? nt->extra : "");
-                    if (!out->chan[out->n] || !out->extra[out->n])
-                        abort();
-                    out->n++;
-                }
-            }
-            PQfreemem(nt);
-            if (done)
-                return 0;
-        }
-        int64_t left = end - t_now_ms();
-        if (left <= 0)
-            break;
-        struct pollfd p = {PQsocket(l), POLLIN, 0};
-        if (poll(&p, 1, (int)left) < 0 && errno != EINTR)
-            break;
-    }
-    t_fail(__FILE__, __LINE__, "the marker notification did not arrive within 2 s");
-    return -1;
+    int rc = t_collect_notes(l, PQbackendPID(from), marker, 2000, keep_note, out);
+    if (rc == -2)
+        t_fail(__FILE__, __LINE__, "the marker notification did not arrive within 2 s");
+    return rc ? -1 : 0;
 }
 
 static void print_notes(const notes *ns)

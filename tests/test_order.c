@@ -263,6 +263,18 @@ static void test_held_head_gives_nothing(void)
     PQfinish(a);
 }
 
+/* Polls a chain's head, the one job claimable, and fails it with why. */
+static void fail_head(const char *why)
+{
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    CHECK_OK(q, pqmq_fail(q, id, why));
+    pqmq_batch_free(b);
+}
+
 /* A failed head keeps its place: nothing of the chain until its retry,
  * then the head again, and only then the rest. */
 static void test_retry_keeps_place(void)
@@ -270,13 +282,7 @@ static void test_retry_keeps_place(void)
     t_truncate();
     insert_seq(q, "ord", "k", 0, 3);
     t_exec(pg, "UPDATE mq_msgs SET retry_backoff = '200 ms'");
-    pqmq_batch *b = NULL;
-    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
-    CHECK_INT(pqmq_batch_count(b), 1);
-    uuid_t id;
-    pqmq_job_id(pqmq_batch_job(b, 0), id);
-    CHECK_OK(q, pqmq_fail(q, id, "try again"));
-    pqmq_batch_free(b);
+    fail_head("try again");
     CHECK_INT(claim_count(pg, "mq_claim"), 0);
     t_sleep_ms(900);
     CHECK_INT(claim_seq(pg, "mq_claim"), 0);
@@ -308,13 +314,7 @@ static void test_dead_head_blocks_until_skipped(void)
     t_truncate();
     insert_seq(q, "ord", "k", 0, 3);
     t_exec(pg, "UPDATE mq_msgs SET attempts = 1");
-    pqmq_batch *b = NULL;
-    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
-    CHECK_INT(pqmq_batch_count(b), 1);
-    uuid_t id;
-    pqmq_job_id(pqmq_batch_job(b, 0), id);
-    CHECK_OK(q, pqmq_fail(q, id, "poison"));
-    pqmq_batch_free(b);
+    fail_head("poison");
     CHECK_INT(claim_count(pg, "mq_claim"), 0);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_dead_letters(NULL) WHERE blocking"), 1);
     CHECK_INT(t_sql_int(pg, "SELECT blocked_chains FROM mq_metrics(ARRAY['ord'])"), 1);

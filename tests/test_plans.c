@@ -349,21 +349,15 @@ static void api_insert_urgent(pqmq_client *q, const char *ch, size_t n)
     t_msgs_free(msgs, n);
 }
 
-static pqmq_batch *api_poll(pqmq_client *q, const char *label, const char *ch, int max)
+/* One claiming call, pqmq_poll or pqmq_poll_locked, counted under label. */
+typedef int (*poll_call)(pqmq_client *, const char *const *, size_t, int, pqmq_batch **);
+static pqmq_batch *api_poll(pqmq_client *q, poll_call call, const char *label, const char *ch,
+                            int max)
 {
     pqmq_batch *b = NULL;
     const char *chans[1] = {ch};
     begin_call(label);
-    CHECK_OK(q, pqmq_poll(q, ch ? chans : NULL, ch ? 1 : 0, max, &b));
-    return b;
-}
-
-static pqmq_batch *api_poll_locked(pqmq_client *q, const char *label, const char *ch, int max)
-{
-    pqmq_batch *b = NULL;
-    const char *chans[1] = {ch};
-    begin_call(label);
-    CHECK_OK(q, pqmq_poll_locked(q, ch ? chans : NULL, ch ? 1 : 0, max, &b));
+    CHECK_OK(q, call(q, ch ? chans : NULL, ch ? 1 : 0, max, &b));
     return b;
 }
 
@@ -395,13 +389,14 @@ static void api_workload(pqmq_client *q, PGconn *locker)
     CHECK_OK(q, pqmq_commit(q, pending, 4));
     api_insert_urgent(q, "api-pr", 4);
 
-    pqmq_batch *urgent = api_poll(q, "pqmq_poll (one channel, priorities)", "api-pr", 2);
+    pqmq_batch *urgent =
+        api_poll(q, pqmq_poll, "pqmq_poll (one channel, priorities)", "api-pr", 2);
     CHECK(pqmq_batch_count(urgent) == 2);
     collect(urgent, held, &nheld, 64);
     pqmq_batch_free(urgent);
-    pqmq_batch *named = api_poll(q, "pqmq_poll (one channel)", "api", 5);
-    pqmq_batch *heads = api_poll(q, "pqmq_poll (ordered channel)", "api-ord", 10);
-    pqmq_batch *any = api_poll(q, "pqmq_poll (all channels)", NULL, 10);
+    pqmq_batch *named = api_poll(q, pqmq_poll, "pqmq_poll (one channel)", "api", 5);
+    pqmq_batch *heads = api_poll(q, pqmq_poll, "pqmq_poll (ordered channel)", "api-ord", 10);
+    pqmq_batch *any = api_poll(q, pqmq_poll, "pqmq_poll (all channels)", NULL, 10);
     CHECK(pqmq_batch_count(named) == 5);
     CHECK(pqmq_batch_count(heads) == 2);
     CHECK(pqmq_batch_count(any) > 0);
@@ -440,8 +435,10 @@ static void api_workload(pqmq_client *q, PGconn *locker)
      * transaction. */
     api_insert(q, "pqmq_insert", "api-lk", NULL, 6, 0, -1, NULL);
     t_exec(pqmq_conn(q), "BEGIN");
-    pqmq_batch *lk_one = api_poll_locked(q, "pqmq_poll_locked (one channel)", "api-lk", 3);
-    pqmq_batch *lk_all = api_poll_locked(q, "pqmq_poll_locked (all channels)", NULL, 10);
+    pqmq_batch *lk_one =
+        api_poll(q, pqmq_poll_locked, "pqmq_poll_locked (one channel)", "api-lk", 3);
+    pqmq_batch *lk_all =
+        api_poll(q, pqmq_poll_locked, "pqmq_poll_locked (all channels)", NULL, 10);
     CHECK(pqmq_batch_count(lk_one) == 3);
     CHECK(pqmq_batch_count(lk_all) >= 3); /* none of lk_one's again */
     pqmq_job_id(pqmq_batch_job(lk_one, 0), id0);
@@ -455,13 +452,15 @@ static void api_workload(pqmq_client *q, PGconn *locker)
 
     lock_everything(locker);
     t_exec(pqmq_conn(q), "BEGIN");
-    pqmq_batch *lk_idle =
-        api_poll_locked(q, "pqmq_poll_locked (all channels, nothing claimable)", NULL, 10);
+    pqmq_batch *lk_idle = api_poll(
+        q, pqmq_poll_locked, "pqmq_poll_locked (all channels, nothing claimable)", NULL, 10);
     t_exec(pqmq_conn(q), "COMMIT");
     CHECK(pqmq_batch_count(lk_idle) == 0);
     pqmq_batch_free(lk_idle);
-    pqmq_batch *idle = api_poll(q, "pqmq_poll (all channels, nothing claimable)", NULL, 10);
-    pqmq_batch *none = api_poll(q, "pqmq_poll (one channel, nothing claimable)", "api", 10);
+    pqmq_batch *idle =
+        api_poll(q, pqmq_poll, "pqmq_poll (all channels, nothing claimable)", NULL, 10);
+    pqmq_batch *none =
+        api_poll(q, pqmq_poll, "pqmq_poll (one channel, nothing claimable)", "api", 10);
     t_exec(locker, "ROLLBACK");
     CHECK(pqmq_batch_count(idle) == 0);
     CHECK(pqmq_batch_count(none) == 0);

@@ -6,16 +6,11 @@
  * (pqmq_runner_set_listen_dsn) while everything else goes through the
  * pooler. tests/test_pgbouncer.sh runs the other tests through a real one.
  */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "harness.h"
-
-#define WAIT_UNTIL(cond, ms)                                                                   \
-    for (int64_t until_ = t_now_ms() + (ms); !(cond) && t_now_ms() < until_;)                  \
-    t_sleep_ms(5)
 
 /* Everything a session could keep, as one line (empty: nothing). */
 static char *session_state(PGconn *conn)
@@ -92,37 +87,6 @@ static int h_count(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
     return 0;
 }
 
-typedef struct {
-    pqmq_runner *r;
-    pthread_t th;
-    int rc;
-} bg_t;
-
-static void *bg_main(void *p)
-{
-    bg_t *b = p;
-    b->rc = pqmq_runner_run(b->r);
-    return NULL;
-}
-
-static char *conninfo_with_app(const char *base, const char *app)
-{
-    char *s = NULL;
-    if (asprintf(&s,
-                 "%s options='-c search_path=%s -c client_min_messages=warning' "
-                 "application_name=%s",
-                 base, t_schema(), app) < 0)
-        abort();
-    return s;
-}
-
-static pqmq_runner_stats_t stats(const pqmq_runner *r)
-{
-    pqmq_runner_stats_t s;
-    pqmq_runner_stats(r, &s);
-    return s;
-}
-
 static void put(const char *ch)
 {
     pqmq_client *c = t_client();
@@ -139,8 +103,8 @@ static void test_runner_listens_on_its_own_connection(void)
     snprintf(ctl_app, sizeof ctl_app, "pqmq_ctl_%ld", (long)getpid());
     snprintf(lis_app, sizeof lis_app, "pqmq_lis_%ld", (long)getpid());
     const char *direct = getenv("PQMQ_TEST_LISTEN_DSN");
-    char *ci = conninfo_with_app(t_dsn(), ctl_app);
-    char *li = conninfo_with_app(t_pooled() && direct ? direct : t_dsn(), lis_app);
+    char *ci = t_conninfo(NULL, NULL, ctl_app);
+    char *li = t_conninfo(t_pooled() && direct ? direct : NULL, NULL, lis_app);
     pqmq_runner *r = pqmq_runner_new(ci);
     const char *ch = "pool_ch";
     CHECK_INT(pqmq_runner_set_listen_dsn(r, li), 0);
@@ -148,10 +112,9 @@ static void test_runner_listens_on_its_own_connection(void)
     CHECK_INT(pqmq_runner_handle(r, NULL, h_count, NULL), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
     atomic_store(&handled, 0);
-    bg_t b = {r, 0, 99};
-    if (pthread_create(&b.th, NULL, bg_main, &b) != 0)
-        abort();
-    WAIT_UNTIL(stats(r).polls >= 1, 10000);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).polls >= 1, 10000);
     t_sleep_ms(200);
 
     /* The LISTEN lives on the second connection. */
@@ -161,23 +124,23 @@ static void test_runner_listens_on_its_own_connection(void)
                         lis_app),
               1);
     /* An idle runner is woken through it. */
-    uint64_t polls = stats(r).polls;
+    uint64_t polls = t_stats(r).polls;
     put(ch);
     WAIT_UNTIL(atomic_load(&handled) == 1, 10000);
     CHECK_INT(atomic_load(&handled), 1);
-    CHECK(stats(r).wakeups >= 1);
-    CHECK(stats(r).polls > polls);
+    CHECK(t_stats(r).wakeups >= 1);
+    CHECK(t_stats(r).polls > polls);
 
     /* It is re-established when lost, and LISTENs again. */
     t_sleep_ms(200);
-    uint64_t wakeups = stats(r).wakeups;
+    uint64_t wakeups = t_stats(r).wakeups;
     CHECK_INT(t_sql_int(pg,
                         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                         "WHERE application_name = '%s'",
                         lis_app),
               1);
-    WAIT_UNTIL(stats(r).reconnects >= 1, 10000);
-    CHECK(stats(r).reconnects >= 1);
+    WAIT_UNTIL(t_stats(r).reconnects >= 1, 10000);
+    CHECK(t_stats(r).reconnects >= 1);
     WAIT_UNTIL(t_sql_int(pg,
                          "SELECT count(*) FROM pg_stat_activity "
                          "WHERE application_name = '%s'",
@@ -187,11 +150,9 @@ static void test_runner_listens_on_its_own_connection(void)
     put(ch);
     WAIT_UNTIL(atomic_load(&handled) == 2, 10000);
     CHECK_INT(atomic_load(&handled), 2);
-    CHECK(stats(r).wakeups > wakeups);
+    CHECK(t_stats(r).wakeups > wakeups);
 
-    pqmq_runner_stop(r);
-    pthread_join(b.th, NULL);
-    CHECK_INT(b.rc, 0);
+    t_runner_stop(&b);
     PQfinish(pg);
     pqmq_runner_free(r);
     free(ci);

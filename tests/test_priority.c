@@ -51,6 +51,24 @@ static int poll_prios(const char *channel, int batch, int *lo, int *hi)
     return n;
 }
 
+/* Polls one job (checked: exactly one) and completes it; returns its name
+ * (valid until the next call), or NULL when no single job came. */
+static const char *take_one(void)
+{
+    static char name[64];
+    const char *got = NULL;
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 1, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    if (pqmq_batch_count(b) == 1) {
+        snprintf(name, sizeof name, "%s", pqmq_job_name(pqmq_batch_job(b, 0)));
+        got = name;
+        CHECK_OK(q, pqmq_complete_batch(q, b));
+    }
+    pqmq_batch_free(b);
+    return got;
+}
+
 /* Drains channel (NULL: all) in polls of batch; checks that no poll took a
  * message of a priority above one an earlier poll left (a batch's own
  * order is by place). Returns how many came. */
@@ -94,14 +112,9 @@ static void test_one_priority_in_order_of_readiness(void)
     insert_sql("pr", 5, "3", "c");
     const char *want = "aaaaabbbbbccccczzzzz";
     for (int i = 0; want[i]; i++) {
-        pqmq_batch *b = NULL;
-        CHECK_OK(q, pqmq_poll(q, NULL, 0, 1, &b));
-        CHECK_INT(pqmq_batch_count(b), 1);
-        if (pqmq_batch_count(b) == 1) {
-            CHECK_INT(pqmq_job_name(pqmq_batch_job(b, 0))[0], want[i]);
-            CHECK_OK(q, pqmq_complete_batch(q, b));
-        }
-        pqmq_batch_free(b);
+        const char *name = take_one();
+        if (name)
+            CHECK_INT(name[0], want[i]);
     }
 }
 
@@ -146,14 +159,9 @@ static void test_chain_never_reordered(void)
      * alone in the channel, c2 and c3 after it. */
     const char *want[] = {"u", "c0", "c1", "c2", "c3"};
     for (int i = 0; i < 5; i++) {
-        pqmq_batch *b = NULL;
-        CHECK_OK(q, pqmq_poll(q, NULL, 0, 1, &b));
-        CHECK_INT(pqmq_batch_count(b), 1);
-        if (pqmq_batch_count(b) == 1) {
-            CHECK_STR(pqmq_job_name(pqmq_batch_job(b, 0)), want[i]);
-            CHECK_OK(q, pqmq_complete_batch(q, b));
-        }
-        pqmq_batch_free(b);
+        const char *name = take_one();
+        if (name)
+            CHECK_STR(name, want[i]);
     }
 }
 
@@ -325,6 +333,16 @@ static void test_sql_interface_and_bad_input(void)
     pqmq_batch_free(b);
 }
 
+/* Inserts k (unique key "key") in mode: the outcome must be outcome, and
+ * the key's message must then have priority priority. */
+static void insert_key(pqmq_msg *k, pqmq_key_mode mode, int outcome, int priority)
+{
+    pqmq_insert_result res;
+    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, mode, 0, &res));
+    CHECK_INT(res.outcome, outcome);
+    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), priority);
+}
+
 /* Priorities through pqmq_insert_batches and with unique keys ('replace'
  * gives the holder the new priority, 'keep' leaves it). */
 static void test_batches_and_unique_keys(void)
@@ -343,21 +361,12 @@ static void test_batches_and_unique_keys(void)
     pqmq_msg *k = t_msg("pk", NULL, "k1", "{}", 0);
     CHECK_INT(pqmq_msg_set_unique_key(k, "key"), 0);
     CHECK_INT(pqmq_msg_set_priority(k, 2), 0);
-    pqmq_insert_result res;
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_KEEP, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_INSERTED);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 2);
+    insert_key(k, PQMQ_KEY_KEEP, PQMQ_INSERTED, 2);
     CHECK_INT(pqmq_msg_set_priority(k, 8), 0);
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_KEEP, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_KEPT);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 2);
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_REPLACE, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_REPLACED);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 8);
+    insert_key(k, PQMQ_KEY_KEEP, PQMQ_KEPT, 2);
+    insert_key(k, PQMQ_KEY_REPLACE, PQMQ_REPLACED, 8);
     CHECK_INT(pqmq_msg_set_priority(k, 1), 0);
-    CHECK_OK(q, pqmq_insert_unique(q, &k, 1, PQMQ_KEY_REPLACE_PAYLOAD, 0, &res));
-    CHECK_INT(res.outcome, PQMQ_REPLACED);
-    CHECK_INT(t_sql_int(pg, "SELECT priority FROM mq_msgs WHERE unique_key = 'key'"), 8);
+    insert_key(k, PQMQ_KEY_REPLACE_PAYLOAD, PQMQ_REPLACED, 8);
     /* pqmq_insert with a key and a priority. */
     pqmq_msg_free(k);
     k = t_msg("pk", NULL, "k2", "{}", 0);

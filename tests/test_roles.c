@@ -62,6 +62,15 @@ static void insert_as_owner(pqmq_msg **m, size_t n)
     t_msgs_free(m, n);
 }
 
+/* One unordered message, inserted by the owner; its id goes to id. */
+static void insert_one_as_owner(const char *channel, const char *name, const char *json,
+                                uuid_t id)
+{
+    pqmq_msg *m[] = {t_msg(channel, NULL, name, json, 0)};
+    uuid_of(m[0], id);
+    insert_as_owner(m, 1);
+}
+
 static void drop_roles(void)
 {
     const char *all[] = {member, prod, cons, adm, other};
@@ -181,10 +190,8 @@ static void test_each_duty_end_to_end(void)
 static void test_producer_cannot_consume_read_or_administer(void)
 {
     t_truncate();
-    pqmq_msg *m[] = {t_msg("p", NULL, "n", "{\"secret\": 1}", 0)};
     uuid_t id;
-    uuid_of(m[0], id);
-    insert_as_owner(m, 1);
+    insert_one_as_owner("p", "n", "{\"secret\": 1}", id);
     pqmq_client *p;
     PGconn *pc = as_role(prod, &p);
     pqmq_batch *b = NULL;
@@ -356,10 +363,8 @@ static void test_shadowing_functions_in_own_schema_are_not_run(void)
 static void test_temporary_tables_do_not_shadow_the_queue(void)
 {
     t_truncate();
-    pqmq_msg *m[] = {t_msg("tt", NULL, "real", "{}", 0)};
     uuid_t real;
-    uuid_of(m[0], real);
-    insert_as_owner(m, 1);
+    insert_one_as_owner("tt", "real", "{}", real);
     pqmq_client *c;
     PGconn *cc = as_role(cons, &c);
     t_exec(cc, "CREATE TEMP TABLE mq_msgs (id uuid, created_at timestamptz, "

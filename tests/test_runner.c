@@ -33,91 +33,11 @@ static int64_t now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-#define WAIT_UNTIL(cond, ms)                                                                   \
-    do {                                                                                       \
-        int64_t end_ = t_now_ms() + (ms);                                                      \
-        while (!(cond) && t_now_ms() < end_)                                                   \
-            t_sleep_ms(5);                                                                     \
-    } while (0)
-
-/* The runner's conninfo, like t_client's, optionally with an
- * application_name to find its backends by. Caller frees. */
-static char *runner_conninfo(const char *app)
-{
-    char *s = NULL;
-    if (asprintf(&s, "%s options='-c search_path=%s -c client_min_messages=warning'%s%s",
-                 t_dsn(), t_schema(), app ? " application_name=" : "", app ? app : "") < 0)
-        abort();
-    return s;
-}
-
-static pqmq_runner *new_runner(const char *app)
-{
-    char *ci = runner_conninfo(app);
-    pqmq_runner *r = pqmq_runner_new(ci);
-    free(ci);
-    /* Behind a pooler (tests/test_pgbouncer.sh): LISTEN straight to the
-     * server. */
-    const char *listen = getenv("PQMQ_TEST_LISTEN_DSN");
-    if (!r || (listen && pqmq_runner_set_listen_dsn(r, listen) != 0))
-        abort();
-    return r;
-}
-
-static pqmq_runner_stats_t stats(const pqmq_runner *r)
-{
-    pqmq_runner_stats_t s;
-    pqmq_runner_stats(r, &s);
-    return s;
-}
-
-/* A runner running on a thread. */
-typedef struct {
-    pqmq_runner *r;
-    pthread_t th;
-    int rc;
-} bg_t;
-
-static void *bg_main(void *p)
-{
-    bg_t *b = p;
-    b->rc = pqmq_runner_run(b->r);
-    return NULL;
-}
-
-static void bg_start(bg_t *b, pqmq_runner *r)
-{
-    b->r = r;
-    b->rc = 99;
-    if (pthread_create(&b->th, NULL, bg_main, b) != 0)
-        abort();
-}
-
-/* Joins within ms; returns 0, or -1 (a failed check) after stopping and
- * joining it anyway. */
-static int bg_join(bg_t *b, int64_t ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    if (pthread_timedjoin_np(b->th, NULL, &ts) == 0)
-        return 0;
-    t_fail(__FILE__, __LINE__, "pqmq_runner_run did not return within %lld ms", (long long)ms);
-    pqmq_runner_stop(b->r);
-    pthread_join(b->th, NULL);
-    return -1;
-}
-
 /* Stops the runner and checks that run returned 0 in time. */
-static void bg_stop(bg_t *b)
+static void bg_stop(t_bg *b)
 {
     pqmq_runner_stop(b->r);
-    bg_join(b, 15000);
+    t_runner_join(b, 15000);
     CHECK_INT(b->rc, 0);
 }
 
@@ -125,8 +45,8 @@ static void bg_stop(bg_t *b)
  * lets it settle into its idle wait. */
 static void settle(pqmq_runner *r, int64_t ms)
 {
-    WAIT_UNTIL(stats(r).polls >= 1, 10000);
-    CHECK(stats(r).polls >= 1);
+    WAIT_UNTIL(t_stats(r).polls >= 1, 10000);
+    CHECK(t_stats(r).polls >= 1);
     t_sleep_ms(ms);
 }
 
@@ -266,19 +186,19 @@ static void test_dispatch_by_name(void)
 {
     t_truncate();
     log_reset();
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, "a", h_record, "a"), 0);
     CHECK_INT(pqmq_runner_handle(r, "b", h_record, "b"), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
     const char *names[] = {"a", "b", "c", "a", "", "b", "a", "c"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         put("disp", names[i], NULL, 0, NULL);
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(stats(r).processed >= 8, 15000);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).processed >= 8, 15000);
     bg_stop(&b);
-    CHECK_INT(stats(r).processed, 8);
-    CHECK_INT(stats(r).failed, 0);
+    CHECK_INT(t_stats(r).processed, 8);
+    CHECK_INT(t_stats(r).failed, 0);
     CHECK_INT(log_count(), 8);
     int na = 0, nb = 0, nf = 0;
     for (int i = 0; i < log_count(); i++) {
@@ -303,15 +223,15 @@ static void test_dispatch_by_name(void)
     /* Without a fallback, an unknown name fails with "no handler". */
     t_truncate();
     log_reset();
-    r = new_runner(NULL);
+    r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, "a", h_record, "a"), 0);
     uuid_t id;
     put("disp", "zzz", NULL, 60000, id);
-    bg_start(&b, r);
-    WAIT_UNTIL(stats(r).failed >= 1, 15000);
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).failed >= 1, 15000);
     bg_stop(&b);
-    CHECK_INT(stats(r).failed, 1);
-    CHECK_INT(stats(r).processed, 0);
+    CHECK_INT(t_stats(r).failed, 1);
+    CHECK_INT(t_stats(r).processed, 0);
     CHECK_INT(log_count(), 0);
     char err[256];
     last_error_of(id, err, sizeof err);
@@ -342,19 +262,19 @@ static void test_concurrency_limit(void)
     t_truncate();
     atomic_store(&conc_now, 0);
     atomic_store(&conc_max, 0);
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_set_concurrency(r, 3), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_concurrent, NULL), 0);
     put_n("conc", "w", 30, 10000, NULL);
-    bg_t b;
+    t_bg b;
     int64_t t0 = t_now_ms();
-    bg_start(&b, r);
-    WAIT_UNTIL(stats(r).processed >= 30, 30000);
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).processed >= 30, 30000);
     int64_t took = t_now_ms() - t0;
     bg_stop(&b);
     printf("    30 jobs of 50 ms at concurrency 3: %lld ms, max in flight %d\n",
            (long long)took, atomic_load(&conc_max));
-    CHECK_INT(stats(r).processed, 30);
+    CHECK_INT(t_stats(r).processed, 30);
     CHECK_INT(atomic_load(&conc_max), 3);
     CHECK_INT(msgs_left(), 0);
     pqmq_runner_free(r);
@@ -381,17 +301,17 @@ static void test_wakeup_latency_and_idle(void)
 {
     t_truncate();
     const char *ch = own_channel("lat");
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_latency, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     settle(r, 300);
 
     /* Idle: no queries, no wake-ups. */
-    pqmq_runner_stats_t s0 = stats(r);
+    pqmq_runner_stats_t s0 = t_stats(r);
     t_sleep_ms(1000);
-    pqmq_runner_stats_t s1 = stats(r);
+    pqmq_runner_stats_t s1 = t_stats(r);
     printf("    idle for 1 s: %llu polls, %llu wake-ups (before: %llu, %llu)\n",
            (unsigned long long)s1.polls, (unsigned long long)s1.wakeups,
            (unsigned long long)s0.polls, (unsigned long long)s0.wakeups);
@@ -403,16 +323,16 @@ static void test_wakeup_latency_and_idle(void)
     long long lat[N];
     for (int i = 0; i < N; i++) {
         atomic_store(&lat_start_us, 0);
-        uint64_t done = stats(r).processed;
+        uint64_t done = t_stats(r).processed;
         put(ch, "ping", NULL, 0, NULL);
         int64_t inserted = now_us();
         WAIT_UNTIL(atomic_load(&lat_start_us) != 0, 10000);
         CHECK(atomic_load(&lat_start_us) != 0);
         lat[i] = atomic_load(&lat_start_us) - inserted;
-        WAIT_UNTIL(stats(r).processed > done, 10000);
+        WAIT_UNTIL(t_stats(r).processed > done, 10000);
         t_sleep_ms(200); /* idle again */
     }
-    pqmq_runner_stats_t s2 = stats(r);
+    pqmq_runner_stats_t s2 = t_stats(r);
     printf("    wake-up latency (handler start - insert return), us:");
     for (int i = 0; i < N; i++)
         printf(" %lld", lat[i]);
@@ -445,11 +365,11 @@ static void test_keep_alive(void)
     t_truncate();
     atomic_store(&ka_calls, 0);
     atomic_store(&ka_attempt, 0);
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_long, NULL), 0);
     put("ka", "long", NULL, 1000, NULL); /* a 1 s lease for 3 s of work */
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(atomic_load(&ka_calls) >= 1, 10000);
     CHECK_INT(atomic_load(&ka_calls), 1);
 
@@ -464,14 +384,14 @@ static void test_keep_alive(void)
         pqmq_batch_free(batch);
     }
     pqmq_client_free(other);
-    WAIT_UNTIL(stats(r).processed >= 1, 10000);
+    WAIT_UNTIL(t_stats(r).processed >= 1, 10000);
     bg_stop(&b);
     printf("    a second consumer polled %d times during the job, claimed %d\n", polls, stolen);
     CHECK_INT(stolen, 0);
     CHECK_INT(atomic_load(&ka_calls), 1);
     CHECK_INT(atomic_load(&ka_attempt), 1);
-    CHECK_INT(stats(r).processed, 1);
-    CHECK_INT(stats(r).failed, 0);
+    CHECK_INT(t_stats(r).processed, 1);
+    CHECK_INT(t_stats(r).failed, 0);
     CHECK_INT(msgs_left(), 0);
     pqmq_runner_free(r);
 }
@@ -541,10 +461,10 @@ static void test_transactional_completion(void)
     t_exec(pg, "CREATE TRIGGER rt_log_delete AFTER DELETE ON mq_msgs "
                "FOR EACH ROW EXECUTE FUNCTION rt_log_delete()");
 
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_tx, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     settle(r, 0);
 
     /* A failing handler: its write is rolled back, the message stays. */
@@ -553,15 +473,15 @@ static void test_transactional_completion(void)
     atomic_store(&txh.started, 0);
     uuid_t failed_id;
     put("tx", "t", NULL, 60000, failed_id);
-    WAIT_UNTIL(stats(r).failed >= 1, 10000);
-    CHECK_INT(stats(r).failed, 1);
+    WAIT_UNTIL(t_stats(r).failed >= 1, 10000);
+    CHECK_INT(t_stats(r).failed, 1);
     CHECK_INT(atomic_load(&txh.ok), 1);
     CHECK_INT(effects_of(failed_id), 0);
     CHECK_INT(msg_exists(failed_id), 1);
     char err[256];
     last_error_of(failed_id, err, sizeof err);
     CHECK_STR(err, "rolled back on purpose");
-    CHECK_INT(stats(r).processed, 0);
+    CHECK_INT(t_stats(r).processed, 0);
 
     /* A succeeding handler: nothing is visible until the one commit that
      * holds both the write and the completion. */
@@ -574,8 +494,8 @@ static void test_transactional_completion(void)
     CHECK(atomic_load(&txh.started));
     CHECK_INT(effects_of(ok_id), 0); /* not committed yet */
     CHECK_INT(msg_exists(ok_id), 1);
-    WAIT_UNTIL(stats(r).processed >= 1, 10000);
-    CHECK_INT(stats(r).processed, 1);
+    WAIT_UNTIL(t_stats(r).processed >= 1, 10000);
+    CHECK_INT(t_stats(r).processed, 1);
     CHECK_INT(effects_of(ok_id), 1);
     CHECK_INT(msg_exists(ok_id), 0);
     char text[37];
@@ -591,16 +511,16 @@ static void test_transactional_completion(void)
     atomic_store(&txh.result, 0);
     atomic_store(&txh.sleep_ms, 1000); /* room to delete it meanwhile */
     atomic_store(&txh.started, 0);
-    uint64_t failed_before = stats(r).failed;
+    uint64_t failed_before = t_stats(r).failed;
     uuid_t lost_id;
     put("tx", "t", NULL, 60000, lost_id);
     WAIT_UNTIL(atomic_load(&txh.started), 10000);
     CHECK(atomic_load(&txh.started));
     uuid_unparse_lower(lost_id, text);
     t_exec(pg, "SELECT mq_delete(ARRAY['%s'::uuid])", text);
-    WAIT_UNTIL(stats(r).failed > failed_before, 10000);
-    CHECK_INT(stats(r).failed, failed_before + 1);
-    CHECK_INT(stats(r).processed, 1);
+    WAIT_UNTIL(t_stats(r).failed > failed_before, 10000);
+    CHECK_INT(t_stats(r).failed, failed_before + 1);
+    CHECK_INT(t_stats(r).processed, 1);
     CHECK_INT(effects_of(lost_id), 0);
 
     bg_stop(&b);
@@ -643,24 +563,24 @@ static void test_failure_is_retried(void)
     /* Its own channel: no other program's inserts wake this runner, so
      * only the runner itself can bring the retry about. */
     const char *ch = own_channel("fail");
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_boom, "boom"), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     settle(r, 300); /* idle: only the insert's notification wakes it */
     uuid_t id;
     put(ch, "f", NULL, 1000, id);
-    WAIT_UNTIL(stats(r).failed >= 1, 10000);
-    CHECK_INT(stats(r).failed, 1);
+    WAIT_UNTIL(t_stats(r).failed >= 1, 10000);
+    CHECK_INT(t_stats(r).failed, 1);
     char err[256];
     last_error_of(id, err, sizeof err);
     if (err[0]) /* else the retry already completed it */
         CHECK_STR(err, "boom 7");
     /* Retried after its 1 s backoff (not only after some later wake-up). */
-    WAIT_UNTIL(stats(r).processed >= 1, 10000);
+    WAIT_UNTIL(t_stats(r).processed >= 1, 10000);
     bg_stop(&b);
-    CHECK_INT(stats(r).processed, 1);
+    CHECK_INT(t_stats(r).processed, 1);
     CHECK_INT(log_count(), 2);
     if (log_count() == 2) {
         CHECK_INT(calls[0].attempt, 1);
@@ -704,25 +624,25 @@ static void test_graceful_stop(void)
     atomic_store(&gs_started, 0);
     atomic_store(&gs_finished, 0);
     atomic_store(&gs_stopping, 0);
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_set_concurrency(r, 4), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_graceful, "g"), 0);
     put_n("stop", "g", 4, 10000, NULL);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(atomic_load(&gs_started) == 4, 10000);
     CHECK_INT(atomic_load(&gs_started), 4);
-    CHECK_INT(stats(r).in_flight, 4);
+    CHECK_INT(t_stats(r).in_flight, 4);
     pqmq_runner_stop(r);
     put_n("stop", "g", 2, 10000, NULL); /* after the stop: not picked up */
-    bg_join(&b, 15000);
+    t_runner_join(&b, 15000);
     int finished_at_return = atomic_load(&gs_finished);
     CHECK_INT(b.rc, 0);
     CHECK_INT(finished_at_return, 4);
     CHECK_INT(atomic_load(&gs_stopping), 4);
     CHECK_INT(log_count(), 4);
-    CHECK_INT(stats(r).processed, 4);
-    CHECK_INT(stats(r).in_flight, 0);
+    CHECK_INT(t_stats(r).processed, 4);
+    CHECK_INT(t_stats(r).in_flight, 0);
     CHECK_INT(msgs_left(), 2); /* only the two inserted after the stop */
     pqmq_runner_free(r);
 
@@ -734,16 +654,16 @@ static void test_graceful_stop(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGUSR1, &sa, &old);
     for (int to_runner = 1; to_runner >= 0; to_runner--) {
-        r = new_runner(NULL);
+        r = t_runner();
         CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "s"), 0);
         g_runner = r;
-        bg_start(&b, r);
+        t_runner_start(&b, r);
         settle(r, 200);
         if (to_runner)
-            pthread_kill(b.th, SIGUSR1);
+            pthread_kill(b.thread, SIGUSR1);
         else
             raise(SIGUSR1);
-        if (bg_join(&b, 10000) == 0)
+        if (t_runner_join(&b, 10000) == 0)
             CHECK_INT(b.rc, 0);
         g_runner = NULL;
         pqmq_runner_free(r);
@@ -756,24 +676,24 @@ static void test_graceful_stop(void)
 static void test_stop_notification(void)
 {
     t_truncate();
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "n"), 0);
     /* Notification channels are per database: a name of its own, so that a
      * test program running beside this one cannot stop it. */
     const char *stop = own_channel("stop_here");
     CHECK_INT(pqmq_runner_set_stop_channel(r, stop), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     settle(r, 200);
     PGconn *other = t_pg();
     int64_t t0 = t_now_ms();
     t_exec(other, "SELECT pg_notify('%s', '')", stop);
     PQfinish(other);
-    if (bg_join(&b, 10000) == 0) {
+    if (t_runner_join(&b, 10000) == 0) {
         printf("    stopped %lld ms after the notification\n", (long long)(t_now_ms() - t0));
         CHECK_INT(b.rc, 0);
     }
-    CHECK(stats(r).wakeups >= 1);
+    CHECK(t_stats(r).wakeups >= 1);
     pqmq_runner_free(r);
 }
 
@@ -850,13 +770,13 @@ static void test_reconnect(void)
     t_exec(pg, "CREATE TABLE rt_once (msg_id uuid PRIMARY KEY)");
     char app[64];
     snprintf(app, sizeof app, "pqmq_trun_%ld", (long)getpid());
-    pqmq_runner *r = new_runner(app);
+    pqmq_runner *r = t_runner_app(app);
     CHECK_INT(pqmq_runner_set_concurrency(r, 4), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_reconn, "r"), 0);
     atomic_store(&rc_sleep_ms, 0);
     atomic_store(&rc_tx, 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     settle(r, 300);
 
     /* Every backend dies while the runner is idle. */
@@ -867,12 +787,12 @@ static void test_reconnect(void)
     enum { N = 20 };
     uuid_t ids[N];
     put_n("re", "r", N, 0, ids);
-    WAIT_UNTIL(stats(r).processed >= N, 20000);
-    CHECK_INT(stats(r).processed, N);
+    WAIT_UNTIL(t_stats(r).processed >= N, 20000);
+    CHECK_INT(t_stats(r).processed, N);
     for (int i = 0; i < N; i++)
         CHECK_INT(calls_for(ids[i]), 1);
     CHECK_INT(msgs_left(), 0);
-    pqmq_runner_stats_t s = stats(r);
+    pqmq_runner_stats_t s = t_stats(r);
     printf("    after the idle kill: %llu reconnects\n", (unsigned long long)s.reconnects);
     CHECK(s.reconnects > 0);
     CHECK_INT(s.failed, 0);
@@ -886,8 +806,8 @@ static void test_reconnect(void)
     CHECK(killed >= 1);
     t_sleep_ms(300);
     put_n("re", "r", N, 0, ids);
-    WAIT_UNTIL(stats(r).processed >= 2 * N, 20000);
-    s = stats(r);
+    WAIT_UNTIL(t_stats(r).processed >= 2 * N, 20000);
+    s = t_stats(r);
     printf("    transactional after the idle kill: processed %llu, failed %llu\n",
            (unsigned long long)s.processed - N, (unsigned long long)s.failed);
     CHECK_INT(s.processed, 2 * N);
@@ -904,14 +824,14 @@ static void test_reconnect(void)
         atomic_store(&rc_tx, tx);
         atomic_store(&rc_sleep_ms, 200);
         atomic_store(&rc_started, 0);
-        uint64_t reconnects = stats(r).reconnects;
+        uint64_t reconnects = t_stats(r).reconnects;
         put_n("re", "r", N, 0, ids);
         WAIT_UNTIL(atomic_load(&rc_started) >= 1, 10000);
         t_sleep_ms(50);
         killed = terminate_app(app);
         int dups = 0;
         int lost = wait_all_handled(ids, N, &dups);
-        s = stats(r);
+        s = t_stats(r);
         printf("    %s handlers, killed %lld busy backends: %d lost, %d redelivered, "
                "%llu reconnects\n",
                tx ? "transactional" : "plain", killed, lost, dups,
@@ -924,7 +844,7 @@ static void test_reconnect(void)
             CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rt_once"), N);
     }
     bg_stop(&b);
-    CHECK_INT(stats(r).in_flight, 0);
+    CHECK_INT(t_stats(r).in_flight, 0);
     pqmq_runner_free(r);
     t_exec(pg, "DROP TABLE rt_once");
 }
@@ -943,29 +863,29 @@ static void test_stats(void)
 {
     t_truncate();
     const char *ch = own_channel("stats");
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_stats, NULL), 0);
-    pqmq_runner_stats_t s = stats(r);
+    pqmq_runner_stats_t s = t_stats(r);
     CHECK(s.processed == 0 && s.failed == 0 && s.in_flight == 0 && s.polls == 0 &&
           s.wakeups == 0 && s.reconnects == 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     settle(r, 200);
-    s = stats(r);
+    s = t_stats(r);
     CHECK_INT(s.wakeups, 0);
     CHECK_INT(s.processed, 0);
     uint64_t polls0 = s.polls;
 
     put(ch, "slow", NULL, 60000, NULL);
-    WAIT_UNTIL(stats(r).in_flight == 1, 10000);
-    CHECK_INT(stats(r).in_flight, 1);
-    WAIT_UNTIL(stats(r).processed == 1, 10000);
+    WAIT_UNTIL(t_stats(r).in_flight == 1, 10000);
+    CHECK_INT(t_stats(r).in_flight, 1);
+    WAIT_UNTIL(t_stats(r).processed == 1, 10000);
     put_n(ch, "good", 5, 60000, NULL);
     put_n(ch, "bad", 2, 60000, NULL);
-    WAIT_UNTIL(stats(r).processed == 6 && stats(r).failed == 2, 10000);
+    WAIT_UNTIL(t_stats(r).processed == 6 && t_stats(r).failed == 2, 10000);
     bg_stop(&b);
-    s = stats(r);
+    s = t_stats(r);
     printf("    processed %llu, failed %llu, polls %llu, wake-ups %llu, reconnects %llu\n",
            (unsigned long long)s.processed, (unsigned long long)s.failed,
            (unsigned long long)s.polls, (unsigned long long)s.wakeups,
@@ -984,7 +904,7 @@ static void test_stats(void)
 
 static void test_bad_arguments(void)
 {
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_run(r), PQMQ_EINVAL);
     if (!strstr(pqmq_runner_errmsg(r), "no handler"))
         t_fail(__FILE__, __LINE__, "errmsg \"%s\" lacks \"no handler\"", pqmq_runner_errmsg(r));
@@ -1053,12 +973,12 @@ static void test_checkpoint_from_handler(void)
     pqmq_msg_set_backoff(m, 200);
     CHECK_OK(q, pqmq_insert(q, &m, 1));
     pqmq_msg_free(m);
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, "cp", h_checkpoint, NULL), 0);
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(stats(r).processed >= 1, 15000);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).processed >= 1, 15000);
     bg_stop(&b);
     CHECK_INT(atomic_load(&cp_calls), 2);
     CHECK_STR(cp_second_json, "{\"step\": 1}");
@@ -1071,18 +991,18 @@ static void test_batch_size_bounds_claims(void)
     t_truncate();
     const char *ch = own_channel("batch");
     put_n(ch, "n", 24, 60000, NULL);
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, 8), 0);
     CHECK_INT(pqmq_runner_set_batch(r, 2), 0);
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(stats(r).processed >= 24, 15000);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).processed >= 24, 15000);
     bg_stop(&b);
-    CHECK_INT(stats(r).processed, 24);
+    CHECK_INT(t_stats(r).processed, 24);
     /* At most two claimed per poll: at least twelve polls. */
-    CHECK(stats(r).polls >= 12);
+    CHECK(t_stats(r).polls >= 12);
     pqmq_runner_free(r);
 }
 
@@ -1104,13 +1024,13 @@ static void test_stop_releases_queued_jobs(void)
     atomic_store(&rel_started, 0);
     const char *ch = own_channel("rel");
     put_n(ch, "n", 5, 60000, NULL); /* leases far longer than the test */
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_slow_one, NULL), 0);
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
     CHECK_INT(pqmq_runner_set_batch(r, 10), 0); /* claims all 5, runs one */
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(atomic_load(&rel_started) >= 1, 10000);
     bg_stop(&b);
     CHECK_INT(atomic_load(&rel_started), 1);
@@ -1166,11 +1086,11 @@ static void test_completions_are_batched(void)
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     long long before = function_calls("mq_complete"); /* earlier tests' sessions */
     long long before_cp = function_calls("mq_complete_claim");
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(stats(r).processed >= JOBS, 15000);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).processed >= JOBS, 15000);
     bg_stop(&b); /* its sessions end and flush their counters */
-    CHECK_INT(stats(r).processed, JOBS);
+    CHECK_INT(t_stats(r).processed, JOBS);
     long long calls = 0, with_poll = 0;
     for (int64_t end = t_now_ms() + 5000; t_now_ms() < end && calls == 0; t_sleep_ms(50)) {
         calls = function_calls("mq_complete") - before;
@@ -1204,19 +1124,19 @@ static void test_completion_waits_briefly_for_a_claim(void)
     put(ch, "fast", NULL, 60000, fast);
     for (int i = 0; i < 3; i++)
         put(ch, "slow", NULL, 60000, NULL);
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_fast_or_slow, NULL), 0);
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
     CHECK_INT(pqmq_runner_set_batch(r, 2), 0); /* room for 4: all claimed, none free */
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     char id[37];
     uuid_unparse_lower(fast, id);
     int64_t t0 = t_now_ms();
-    WAIT_UNTIL(stats(r).processed >= 1, 2500);
+    WAIT_UNTIL(t_stats(r).processed >= 1, 2500);
     int64_t took = t_now_ms() - t0;
-    CHECK_INT(stats(r).processed, 1);
+    CHECK_INT(t_stats(r).processed, 1);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = '%s'", id), 0);
     printf("    the fast job was completed after %lld ms, the slow ones still run\n",
            (long long)took);
@@ -1245,7 +1165,7 @@ static void test_non_utf8_client_is_woken(void)
     }
     utf8[n] = latin1[m] = '\0';
     CHECK(m <= 60);
-    char *ci = runner_conninfo(NULL), *latin = NULL;
+    char *ci = t_conninfo(NULL, NULL, NULL), *latin = NULL;
     if (asprintf(&latin, "%s client_encoding=LATIN1", ci) < 0)
         abort();
     free(ci);
@@ -1264,13 +1184,13 @@ static void test_non_utf8_client_is_woken(void)
     const char *filter = latin1;
     CHECK_INT(pqmq_runner_set_channels(r, &filter, 1), 0);
     CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "*"), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     settle(r, 300);
     put(utf8, "n", NULL, 0, NULL); /* inserted by a UTF-8 client */
-    WAIT_UNTIL(stats(r).processed >= 1, 5000);
-    CHECK_INT(stats(r).processed, 1);
-    CHECK(stats(r).wakeups >= 1);
+    WAIT_UNTIL(t_stats(r).processed >= 1, 5000);
+    CHECK_INT(t_stats(r).processed, 1);
+    CHECK(t_stats(r).wakeups >= 1);
     bg_stop(&b);
     pqmq_runner_free(r);
     CHECK_INT(msgs_left(), 0);
@@ -1285,15 +1205,15 @@ static void test_keep_alive_covers_queued_jobs(void)
     t_truncate();
     atomic_store(&ka_calls, 0);
     atomic_store(&ka_attempt, 0);
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_long, NULL), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, 1), 0);
     put("kq", "long", NULL, 1000, NULL);
     put("kq", "long", NULL, 1000, NULL);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(atomic_load(&ka_calls) >= 1, 10000);
-    CHECK_INT(stats(r).in_flight, 2); /* one running, one queued */
+    CHECK_INT(t_stats(r).in_flight, 2); /* one running, one queued */
     pqmq_client *other = t_client();
     int stolen = 0;
     for (int64_t end = t_now_ms() + 2500; t_now_ms() < end; t_sleep_ms(100)) {
@@ -1303,12 +1223,12 @@ static void test_keep_alive_covers_queued_jobs(void)
         pqmq_batch_free(batch);
     }
     pqmq_client_free(other);
-    WAIT_UNTIL(stats(r).processed >= 2, 10000);
+    WAIT_UNTIL(t_stats(r).processed >= 2, 10000);
     bg_stop(&b);
     CHECK_INT(stolen, 0);
     CHECK_INT(atomic_load(&ka_calls), 2);
     CHECK_INT(atomic_load(&ka_attempt), 1); /* the queued one: first delivery */
-    CHECK_INT(stats(r).processed, 2);
+    CHECK_INT(t_stats(r).processed, 2);
     CHECK_INT(msgs_left(), 0);
     pqmq_runner_free(r);
 }
@@ -1322,15 +1242,15 @@ static void test_keep_alive_covers_queued_jobs(void)
 static void test_notification_behind_a_result_is_not_slept_on(void)
 {
     t_truncate();
-    pqmq_runner *r = new_runner(NULL);
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_record, "n"), 0);
     const char *stop = own_channel("stop_behind");
     CHECK_INT(pqmq_runner_set_stop_channel(r, stop), 0);
     PGconn *locker = t_pg();
     t_exec(locker, "BEGIN");
     t_exec(locker, "LOCK TABLE mq_msgs IN ACCESS EXCLUSIVE MODE");
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     const char *waiting = "SELECT count(*) FROM pg_locks "
                           "WHERE NOT granted AND relation = 'mq_msgs'::regclass";
     WAIT_UNTIL(t_sql_int(pg, "%s", waiting) > 0, 10000);
@@ -1338,7 +1258,7 @@ static void test_notification_behind_a_result_is_not_slept_on(void)
     t_exec(pg, "SELECT pg_notify('%s', '')", stop);
     int64_t t0 = t_now_ms();
     t_exec(locker, "COMMIT"); /* the poll ends; the notification rides with it */
-    if (bg_join(&b, 10000) == 0) {
+    if (t_runner_join(&b, 10000) == 0) {
         printf("    stopped %lld ms after its poll returned\n", (long long)(t_now_ms() - t0));
         CHECK_INT(b.rc, 0);
     }

@@ -6,10 +6,6 @@
  * handler's writes are undone alone and its attempt counted; retries come
  * back through the lease lane; two runners never run a message twice.
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -18,63 +14,33 @@
 static pqmq_client *q;
 static PGconn *pg;
 
-#define WAIT_UNTIL(cond, ms)                                                                   \
-    do {                                                                                       \
-        int64_t end_ = t_now_ms() + (ms);                                                      \
-        while (!(cond) && t_now_ms() < end_)                                                   \
-            t_sleep_ms(5);                                                                     \
-    } while (0)
-
 static pqmq_runner *new_runner(int threads, int batch)
 {
-    char *ci = NULL;
-    if (asprintf(&ci, "%s options='-c search_path=%s -c client_min_messages=warning'", t_dsn(),
-                 t_schema()) < 0)
-        abort();
-    pqmq_runner *r = pqmq_runner_new(ci);
-    free(ci);
-    const char *listen = getenv("PQMQ_TEST_LISTEN_DSN");
-    if (!r || (listen && pqmq_runner_set_listen_dsn(r, listen) != 0))
-        abort();
+    pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_set_locked(r, 1), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, threads), 0);
     CHECK_INT(pqmq_runner_set_batch(r, batch), 0);
     return r;
 }
 
-typedef struct {
-    pqmq_runner *r;
-    pthread_t th;
-    int rc;
-} bg_t;
-
-static void *bg_main(void *p)
-{
-    bg_t *b = p;
-    b->rc = pqmq_runner_run(b->r);
-    return NULL;
-}
-
-static void bg_start(bg_t *b, pqmq_runner *r)
-{
-    b->r = r;
-    b->rc = 99;
-    if (pthread_create(&b->th, NULL, bg_main, b) != 0)
-        abort();
-}
-
-static void bg_stop(bg_t *b)
-{
-    pqmq_runner_stop(b->r);
-    pthread_join(b->th, NULL);
-    CHECK_INT(b->rc, 0);
-}
-
 static uint64_t processed(pqmq_runner *r)
 {
-    pqmq_runner_stats_t s;
-    pqmq_runner_stats(r, &s);
-    return s.processed;
+    return t_stats(r).processed;
+}
+
+/* A locked runner (threads, batch) running fn (with arg) on a thread of its
+ * own until it has processed n jobs (waiting at most ms), then stopped.
+ * Caller frees. */
+static pqmq_runner *run_locked(int threads, int batch, pqmq_handler fn, void *arg, int n,
+                               int64_t ms)
+{
+    pqmq_runner *r = new_runner(threads, batch);
+    CHECK_INT(pqmq_runner_handle(r, NULL, fn, arg), 0);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(processed(r) >= (uint64_t)n, ms);
+    t_runner_stop(&b);
+    return r;
 }
 
 static void insert_n(int n, const char *json, int retries, int64_t backoff_ms)
@@ -139,12 +105,7 @@ static void test_effects_commit_once_per_batch(void)
 {
     reset();
     insert_n(400, "{\"x\": 1}", 3, 60000);
-    pqmq_runner *r = new_runner(4, 100);
-    CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 400, 30000);
-    bg_stop(&b);
+    pqmq_runner *r = run_locked(4, 100, record, NULL, 400, 30000);
     CHECK_INT(processed(r), 400);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger"), 400);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger WHERE attempt <> 1"), 0);
@@ -162,12 +123,7 @@ static void test_a_failed_handler_is_undone_alone(void)
     reset();
     insert_n(30, "{\"x\": 1}", 3, 50);
     insert_n(10, "{\"fail\": 1}", 3, 50);
-    pqmq_runner *r = new_runner(2, 40);
-    CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 40, 30000);
-    bg_stop(&b);
+    pqmq_runner *r = run_locked(2, 40, record, NULL, 40, 30000);
     pqmq_runner_stats_t s;
     pqmq_runner_stats(r, &s);
     CHECK_INT(s.processed, 40);
@@ -191,12 +147,7 @@ static void test_plain_handlers_complete(void)
     reset();
     insert_n(50, "{\"x\": 1}", 3, 60000);
     atomic_int runs = 0;
-    pqmq_runner *r = new_runner(3, 20);
-    CHECK_INT(pqmq_runner_handle(r, NULL, plain, &runs), 0);
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 50, 30000);
-    bg_stop(&b);
+    pqmq_runner *r = run_locked(3, 20, plain, &runs, 50, 30000);
     CHECK_INT(atomic_load(&runs), 50);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
     pqmq_runner_free(r);
@@ -216,8 +167,8 @@ static void test_a_notification_wakes_the_workers(void)
     atomic_int runs = 0;
     pqmq_runner *r = new_runner(2, 10);
     CHECK_INT(pqmq_runner_handle(r, NULL, plain, &runs), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     enum { N = 5 };
     long long took[N];
     for (int i = 0; i < N; i++) {
@@ -228,7 +179,7 @@ static void test_a_notification_wakes_the_workers(void)
         WAIT_UNTIL(processed(r) > before, 10000);
         took[i] = t_now_ms() - t0;
     }
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(processed(r), N);
     qsort(took, N, sizeof *took, cmp_ll);
     printf("    picked up after a notification in %lld ms (median)\n", took[N / 2]);
@@ -270,8 +221,8 @@ static void test_lease_claims_back_off_while_first_deliveries_wait(void)
     hold_t h = {0, 0};
     pqmq_runner *r = new_runner(1, 10);
     CHECK_INT(pqmq_runner_handle(r, NULL, held, &h), 0);
-    bg_t b;
-    bg_start(&b, r);
+    t_bg b;
+    t_runner_start(&b, r);
     WAIT_UNTIL(atomic_load(&h.entered) > 0, 30000);
     CHECK(atomic_load(&h.entered) > 0);
     uint64_t before = polls(r);
@@ -289,7 +240,7 @@ static void test_lease_claims_back_off_while_first_deliveries_wait(void)
     int64_t t0 = t_now_ms();
     atomic_store(&h.go, 1);
     WAIT_UNTIL(processed(r) >= 200, 30000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(processed(r), 200);
     printf("    all 200 run %lld ms after the handlers were let go\n",
            (long long)(t_now_ms() - t0));
@@ -307,12 +258,7 @@ static void test_what_a_dead_delivery_left_is_run(void)
     CHECK_INT(pqmq_batch_count(b0), 5);
     t_exec(pqmq_conn(q), "ROLLBACK");
     pqmq_batch_free(b0);
-    pqmq_runner *r = new_runner(2, 10);
-    CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    bg_t b;
-    bg_start(&b, r);
-    WAIT_UNTIL(processed(r) >= 5, 10000);
-    bg_stop(&b);
+    pqmq_runner *r = run_locked(2, 10, record, NULL, 5, 10000);
     CHECK_INT(processed(r), 5);
     /* Leased: one delivery counted each. */
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger WHERE attempt = 1"), 5);
@@ -328,12 +274,12 @@ static void test_two_runners_never_share_a_message(void)
     pqmq_runner *r1 = new_runner(4, 40), *r2 = new_runner(4, 40);
     CHECK_INT(pqmq_runner_handle(r1, NULL, record, NULL), 0);
     CHECK_INT(pqmq_runner_handle(r2, NULL, record, NULL), 0);
-    bg_t b1, b2;
-    bg_start(&b1, r1);
-    bg_start(&b2, r2);
+    t_bg b1, b2;
+    t_runner_start(&b1, r1);
+    t_runner_start(&b2, r2);
     WAIT_UNTIL(processed(r1) + processed(r2) >= 2000, 60000);
-    bg_stop(&b1);
-    bg_stop(&b2);
+    t_runner_stop(&b1);
+    t_runner_stop(&b2);
     CHECK_INT(processed(r1) + processed(r2), 2000);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rl_ledger"), 2000);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);

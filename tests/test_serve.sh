@@ -23,6 +23,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq}
 # shellcheck source=tests/webdriver.sh
 . "$here/webdriver.sh"
+# shellcheck source=tests/lib.sh
+. "$here/lib.sh"
 
 skip() {
     if [[ -n ${CI:-} ]]; then
@@ -33,19 +35,17 @@ skip() {
     exit 77
 }
 
-[[ -n ${PQMQ_TEST_DSN:-} ]] || { echo "SKIP: PQMQ_TEST_DSN is not set"; exit 77; }
-[[ -x $pqmq_bin ]] || { echo "FAIL: no pqmq command at $pqmq_bin"; exit 1; }
-for tool in psql curl jq; do
-    command -v "$tool" >/dev/null 2>&1 || { echo "FAIL: $tool not found"; exit 1; }
-done
+t_need_dsn
+t_need_program "$pqmq_bin" "pqmq command"
+t_need_tools psql curl jq
 if ! "$pqmq_bin" serve --help >/dev/null 2>&1; then
     skip "pqmq was built without libmicrohttpd (configure --with-microhttpd)"
 fi
 
 schema=serve_$$
 work=$(mktemp -d)
-shot=${PQMQ_SCREENSHOT:-${PQMQ_TEST_BUILDDIR:-.}/tests/dashboard.png}
 failed=0
+shot=${PQMQ_SCREENSHOT:-${PQMQ_TEST_BUILDDIR:-.}/tests/dashboard.png}
 pids=()
 role=
 
@@ -60,16 +60,6 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*"
-    failed=$((failed + 1))
-}
-
-sql() {
-    PGOPTIONS="-c search_path=$schema -c client_min_messages=warning" \
-        psql -X -q -At -v ON_ERROR_STOP=1 -d "$PQMQ_TEST_DSN" -c "$1"
-}
 
 pqmq() {
     "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" "$@"

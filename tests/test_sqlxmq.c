@@ -146,6 +146,15 @@ static int crate_prepare(PGconn *c)
     return ok;
 }
 
+/* An empty queue and a crate connection on the test schema, prepared. */
+static PGconn *fresh_crate(void)
+{
+    t_truncate();
+    PGconn *c = crate_connect(NULL);
+    CHECK(crate_prepare(c));
+    return c;
+}
+
 /* sqlxmq::should_retry: the codes the crate treats as transient. */
 static int transient(const PGresult *r)
 {
@@ -487,18 +496,27 @@ static int complete_via_view(PGconn *c, const polled_t *rows, int n)
     }
 }
 
+/* A session's crate connection on schema, prepared; NULL (the failure
+ * recorded) when it could not prepare. Caller owns; PQfinish. */
+static PGconn *session_crate(const char *schema)
+{
+    PGconn *c = crate_connect(schema);
+    if (crate_prepare(c))
+        return c;
+    seen_error("prepare", "");
+    PQfinish(c);
+    return NULL;
+}
+
 /* The crate's runner: poll, delete what is uncommitted, keep each job alive
  * once (as its loop does after half a lease, with twice the lease), complete
  * it inside the handler's own transaction, which also records the work. */
 static void *crate_consumer(void *p)
 {
     const consumer_arg *a = p;
-    PGconn *c = crate_connect(a->schema);
-    if (!crate_prepare(c)) {
-        seen_error("prepare", "");
-        PQfinish(c);
+    PGconn *c = session_crate(a->schema);
+    if (!c)
         return NULL;
-    }
     polled_t rows[8];
     while (!stopping()) {
         int n = crate_poll(c, a->channels, 8, rows, 8);
@@ -642,12 +660,9 @@ static struct {
 static void *payload_writer(void *p)
 {
     const consumer_arg *a = p;
-    PGconn *c = crate_connect(a->schema);
-    if (!crate_prepare(c)) {
-        seen_error("prepare", "");
-        PQfinish(c);
+    PGconn *c = session_crate(a->schema);
+    if (!c)
         return NULL;
-    }
     for (int round = 0; !stopping(); round++) {
         spawn_t s = job("scratch");
         s.channel = "scratch";
@@ -765,9 +780,7 @@ static void check_deliveries(int want)
 
 static void test_default_channel_and_listen(void)
 {
-    t_truncate();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_crate();
     PGconn *l = crate_connect(NULL);
     t_exec(l, "LISTEN \"mq_\"");
     t_exec(l, "LISTEN mq");
@@ -830,9 +843,7 @@ static void test_default_channel_and_listen(void)
  * to another consumer meanwhile. */
 static void test_zero_backoff(void)
 {
-    t_truncate();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_crate();
     spawn_t s = job("zero");
     s.backoff_us = 0;
     s.retries = 3;
@@ -874,9 +885,7 @@ static void test_zero_backoff(void)
  * a timestamp out of PostgreSQL's range is refused. */
 static void test_long_durations(void)
 {
-    t_truncate();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_crate();
     spawn_t s = job("long");
     s.channel = "long";
     s.delay_us = 5000LL * 86400000000LL;   /* 5000 days */
@@ -945,9 +954,7 @@ static void test_long_durations(void)
 
 static void test_clear(void)
 {
-    t_truncate();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_crate();
     const char *chans[] = {"foo", "foo", "bar", "bar", "baz", "baz"};
     char ids[6][37];
     for (int i = 0; i < 6; i++) {
@@ -1033,9 +1040,7 @@ static void test_clear(void)
 
 static void test_life_cycle(void)
 {
-    t_truncate();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_crate();
     polled_t rows[8];
 
     /* Two-phase: invisible until committed, then ready. */
@@ -1132,9 +1137,7 @@ static void test_payload_statements(void)
     if (t_citus_skip("a Citus coordinator refuses writes through views (0A000: cannot modify "
                      "views when the query contains citus tables)"))
         return;
-    t_truncate();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
+    PGconn *c = fresh_crate();
     char st[6], arr[200];
     /* A chain of four of (pay, k) and an unordered message of pay. */
     char chain[4][37], loose[37];
@@ -1265,25 +1268,34 @@ static void test_payload_statements(void)
 
 /* ---- both kinds of consumer at once ------------------------------------- */
 
-static void test_shared_channels(void)
+/* An empty queue, ledger (app_done) and record of deliveries, and a crate
+ * connection, prepared. Caller owns; PQfinish. */
+static PGconn *fresh_shared(void)
 {
     t_truncate();
     t_exec(pg, "TRUNCATE app_done");
     seen_reset();
     PGconn *c = crate_connect(NULL);
     CHECK(crate_prepare(c));
-    const char *channels[] = {"", "alpha", "beta"};
+    return c;
+}
+
+/* Sends rounds rounds of jobs on the first nch of "", alpha, beta, jobs:
+ * ordered jobs on the chains of args "", x and y, from the crate's SQL and
+ * the C API by turns (the turn also alternates by channel when
+ * by_channel), and one unordered crate job a channel. Returns how many. */
+static int produce_shared(PGconn *c, int nch, int rounds, int by_channel)
+{
+    const char *channels[] = {"", "alpha", "beta", "jobs"};
     const char *chain_args[] = {"", "x", "y"};
-    int want = 0, seq[3][3] = {{0}};
-    /* Producers alternate: the crate's SQL and the C API, on the same
-     * chains, while nothing consumes yet (then all at once). */
-    for (int round = 0; round < 20; round++) {
-        for (int ch = 0; ch < 3; ch++) {
+    int want = 0, seq[4][3] = {{0}};
+    for (int round = 0; round < rounds; round++) {
+        for (int ch = 0; ch < nch; ch++) {
             for (int a = 0; a < 3; a++) {
                 char json[96], tmp[37];
                 snprintf(json, sizeof json, "{\"seq\": %d, \"chain\": \"%s/%s\"}", seq[ch][a]++,
                          channels[ch][0] ? channels[ch] : "-", chain_args[a]);
-                if ((round + a) % 2) {
+                if ((round + a + (by_channel ? ch : 0)) % 2) {
                     spawn_t s = job("shared");
                     s.channel = channels[ch];
                     s.args = chain_args[a];
@@ -1307,6 +1319,15 @@ static void test_shared_channels(void)
             want++;
         }
     }
+    return want;
+}
+
+static void test_shared_channels(void)
+{
+    PGconn *c = fresh_shared();
+    /* Producers alternate: the crate's SQL and the C API, on the same
+     * chains, while nothing consumes yet (then all at once). */
+    int want = produce_shared(c, 3, 20, 0);
     int got = run_consumers(NULL, want);
     CHECK_INT(got, want);
     check_deliveries(want);
@@ -1329,44 +1350,8 @@ static void test_payload_writes_concurrently(void)
     if (t_citus_skip("a Citus coordinator refuses writes through views (0A000: cannot modify "
                      "views when the query contains citus tables)"))
         return;
-    t_truncate();
-    t_exec(pg, "TRUNCATE app_done");
-    seen_reset();
-    PGconn *c = crate_connect(NULL);
-    CHECK(crate_prepare(c));
-    const char *channels[] = {"", "alpha", "beta", "jobs"};
-    const char *chain_args[] = {"", "x", "y"};
-    int want = 0, seq[4][3] = {{0}};
-    for (int round = 0; round < 12; round++) {
-        for (int ch = 0; ch < 4; ch++) {
-            for (int a = 0; a < 3; a++) {
-                char json[96], tmp[37];
-                snprintf(json, sizeof json, "{\"seq\": %d, \"chain\": \"%s/%s\"}", seq[ch][a]++,
-                         channels[ch][0] ? channels[ch] : "-", chain_args[a]);
-                if ((round + a + ch) % 2) {
-                    spawn_t s = job("shared");
-                    s.channel = channels[ch];
-                    s.args = chain_args[a];
-                    s.ordered = 1;
-                    s.json = json;
-                    s.backoff_us = 60000000;
-                    spawn(c, &s, tmp);
-                } else {
-                    pqmq_msg *m = t_msg(channels[ch], chain_args[a], "shared", json, 1);
-                    pqmq_msg_set_backoff(m, 60000);
-                    CHECK_OK(q, pqmq_insert(q, &m, 1));
-                    pqmq_msg_free(m);
-                }
-                want++;
-            }
-            spawn_t u = job("unordered");
-            u.channel = channels[ch];
-            u.backoff_us = 60000000;
-            char tmp[37];
-            spawn(c, &u, tmp);
-            want++;
-        }
-    }
+    PGconn *c = fresh_shared();
+    int want = produce_shared(c, 4, 12, 1);
     const char *named = "{\"\",alpha,beta,jobs}";
     session_t ss[6] = {{CRATE, {NULL, named, 0, 1}}, {CRATE, {NULL, named, 1, 1}},
                        {CRATE, {NULL, named, 2, 0}}, {C_API, {NULL, named, 3, 0}},

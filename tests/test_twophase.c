@@ -1,9 +1,4 @@
 /* test_twophase.c: two-phase commit (semantic 9). */
-#ifndef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 200809L /* poll */
-#endif
-#include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 
 #include "harness.h"
@@ -164,15 +159,6 @@ static void test_keep_alive_postpones_commit_deadline(void)
 
 /* ---- notifications ---- */
 
-static void listen_on(PGconn *l, const char *chan)
-{
-    char *ident = PQescapeIdentifier(l, chan, strlen(chan));
-    CHECK(ident != NULL);
-    if (ident)
-        t_exec(l, "LISTEN %s", ident);
-    PQfreemem(ident);
-}
-
 /* The marker channel collect() ends at. */
 static const char *marker_of(PGconn *l)
 {
@@ -185,9 +171,9 @@ static const char *marker_of(PGconn *l)
 static PGconn *listener(const char *const *chans, int n)
 {
     PGconn *l = t_pg();
-    listen_on(l, marker_of(l));
+    t_listen(l, marker_of(l));
     for (int i = 0; i < n; i++)
-        listen_on(l, chans[i]);
+        t_listen(l, chans[i]);
     return l;
 }
 
@@ -199,39 +185,31 @@ static PGconn *listener(const char *const *chans, int n)
  * count, or -1 when the marker did not arrive within 2 s. Notes that came
  * on channel chan are counted in *on_chan, on "mq" in *on_mq.
  */
+typedef struct {
+    const char *chan;
+    int n, on_chan, on_mq, nonempty_payloads;
+} tally;
+
+static void count_note(const PGnotify *nt, void *arg)
+{
+    tally *t = arg;
+    t->n++;
+    t->on_chan += !strcmp(nt->relname, t->chan);
+    t->on_mq += !strcmp(nt->relname, "mq");
+    t->nonempty_payloads += nt->extra && *nt->extra;
+}
+
 static int collect(PGconn *l, PGconn *sender, const char *chan, int *on_chan, int *on_mq,
                    int *nonempty_payloads)
 {
     const char *marker = marker_of(l);
     t_exec(sender, "NOTIFY %s", marker);
-    int pid = PQbackendPID(sender), n = 0;
-    *on_chan = *on_mq = *nonempty_payloads = 0;
-    int64_t end = t_now_ms() + 2000;
-    for (;;) {
-        if (!PQconsumeInput(l)) {
-            t_fail(__FILE__, __LINE__, "listener: %s", PQerrorMessage(l));
-            return -1;
-        }
-        PGnotify *nt;
-        while ((nt = PQnotifies(l)) != NULL) {
-            int done = !strcmp(nt->relname, marker);
-            if (!done && nt->be_pid == pid) {
-                n++;
-                *on_chan += !strcmp(nt->relname, chan);
-                *on_mq += !strcmp(nt->relname, "mq");
-                *nonempty_payloads += nt->extra && *nt->extra;
-            }
-            PQfreemem(nt);
-            if (done)
-                return n;
-        }
-        int64_t left = end - t_now_ms();
-        if (left <= 0)
-            return -1;
-        struct pollfd p = {PQsocket(l), POLLIN, 0};
-        if (poll(&p, 1, (int)left) < 0 && errno != EINTR)
-            return -1;
-    }
+    tally t = {chan, 0, 0, 0, 0};
+    int rc = t_collect_notes(l, PQbackendPID(sender), marker, 2000, count_note, &t);
+    *on_chan = t.on_chan;
+    *on_mq = t.on_mq;
+    *nonempty_payloads = t.nonempty_payloads;
+    return rc ? -1 : t.n;
 }
 
 static void test_commit_wakes_listeners(void)

@@ -22,6 +22,8 @@
 
 #include <pqmq.h>
 
+#include "fault.h"
+
 static volatile sig_atomic_t stopping;
 
 static void on_signal(int sig)
@@ -81,24 +83,13 @@ static long one_batch(pqmq_client *c, int locked, int max)
     return n;
 }
 
-static void nap_ms(long ms)
-{
-    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 2) {
         fprintf(stderr, "usage: %s CONNINFO\n", argv[0]);
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    fault_on_stop_signals(on_signal);
 
     pqmq_client *c = NULL;
     if (pqmq_connect(argv[1], &c) != PQMQ_OK) {
@@ -121,7 +112,7 @@ int main(int argc, char **argv)
             }
         }
         if (a <= 0 && b <= 0)
-            nap_ms(20);
+            fault_sleep_ms(20);
     }
     fprintf(stderr, "locked_worker: stopped: %ld locked, %ld leased, %ld errors\n", locked,
             leased, errors);

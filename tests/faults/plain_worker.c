@@ -32,6 +32,8 @@
 
 #include <pqmq.h>
 
+#include "fault.h"
+
 static const char *const effects_sql =
     "CREATE TABLE IF NOT EXISTS fault_effects ("
     " n bigserial PRIMARY KEY," /* allocation order = effect order */
@@ -140,12 +142,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "plain_worker: cannot set up the runner\n");
         return 1;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    fault_on_stop_signals(on_signal);
 
     int rc = pqmq_runner_run(runner);
     if (rc != PQMQ_OK) {

@@ -60,19 +60,14 @@
 
 #include <pqmq.h>
 
+#include "fault.h"
+
 static volatile sig_atomic_t stop_requested;
 
 static void on_signal(int sig)
 {
     (void)sig;
     stop_requested = 1;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    /* A signal cuts the pause short: we want to stop promptly. */
-    nanosleep(&ts, NULL);
 }
 
 static double now_s(void)
@@ -221,12 +216,7 @@ int main(int argc, char **argv)
     if (batch < 1 || batch > 1000 || chains < 1 || unordered < 0 || unordered > 100)
         usage();
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
+    fault_on_stop_signals(on_signal);
 
     FILE *acked = open_out(acked_path);
     FILE *doubt = open_out(doubt_path);
@@ -242,7 +232,7 @@ int main(int argc, char **argv)
         }
         pqmq_client_free(c);
         c = NULL;
-        sleep_ms(100);
+        fault_sleep_ms(100);
     }
 
     int total = batch + (hot ? 1 : 0);
@@ -314,7 +304,7 @@ int main(int argc, char **argv)
                     status = 1;
                     goto done;
                 }
-                sleep_ms(delay);
+                fault_sleep_ms(delay);
                 delay = delay < 500 ? delay * 2 : 500;
             }
             reconnects++;
@@ -333,7 +323,7 @@ int main(int argc, char **argv)
             break;
         }
         if (interval > 0 && !stop_requested)
-            sleep_ms(interval);
+            fault_sleep_ms(interval);
     }
 done:
     printf("producer %d: acked %ld (%ld batches), doubt %ld (%ld batches), rejected %ld "
