@@ -190,9 +190,10 @@ static int have_pss(PGconn *admin)
 {
     if (S.pss)
         return S.pss > 0;
-    PGresult *r = PQexec(admin, "SELECT quote_ident(n.nspname) || '.pg_stat_statements'"
-                                " FROM pg_extension e JOIN pg_namespace n"
-                                " ON n.oid = e.extnamespace WHERE e.extname = 'pg_stat_statements'");
+    PGresult *r =
+        PQexec(admin, "SELECT quote_ident(n.nspname) || '.pg_stat_statements'"
+                      " FROM pg_extension e JOIN pg_namespace n"
+                      " ON n.oid = e.extnamespace WHERE e.extname = 'pg_stat_statements'");
     S.pss = -1;
     if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
         snprintf(S.pss_view, sizeof S.pss_view, "%s", PQgetvalue(r, 0, 0));

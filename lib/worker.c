@@ -37,9 +37,6 @@ typedef struct {
      * or a commit batch's (since opened_ms, monotonic). */
     int tx_open;
     int64_t opened_ms;
-    /* The savepoint of the batch's last writing handler is still open
-     * (released with the next one's, or by the COMMIT). */
-    int savepoint_held;
     /* Commit batches: the open batch's jobs (room for commit_jobs), and
      * room for their deliveries when it ends. */
     pending *pend;
@@ -111,15 +108,15 @@ static int try_reconnect(slot *s)
 
 /* Opens the job's savepoint in the worker's batch transaction, so that its
  * writes can be undone alone if it fails. A commit batch's transaction
- * opens with its first job's savepoint, and the last job's savepoint is
- * released with this one's: one round trip a job. */
+ * opens with its first job's savepoint. The last job's savepoint is not
+ * released: this one nests inside it, a ROLLBACK TO names the innermost
+ * savepoint of that name (this job's), and the COMMIT releases them all,
+ * so a RELEASE would only cost the server a statement a job. */
 static void open_savepoint(pqmq_ctx *ctx)
 {
     slot *s = ctx->slot;
     PGconn *conn = pqmq_conn(s->client);
-    const char *sql = !s->tx_open         ? "BEGIN; SAVEPOINT pqmq_job"
-                      : s->savepoint_held ? "RELEASE SAVEPOINT pqmq_job; SAVEPOINT pqmq_job"
-                                          : "SAVEPOINT pqmq_job";
+    const char *sql = s->tx_open ? "SAVEPOINT pqmq_job" : "BEGIN; SAVEPOINT pqmq_job";
     PGresult *res = PQexec(conn, sql);
     /* The backend died while no batch was open: nothing is lost, so
      * reconnecting (same PGconn) and retrying is safe. */
@@ -128,7 +125,6 @@ static void open_savepoint(pqmq_ctx *ctx)
         PQclear(res);
         res = PQexec(conn, sql);
     }
-    s->savepoint_held = 0;
     ctx->tx_open = PQresultStatus(res) == PGRES_COMMAND_OK;
     ctx->tx_broken = !ctx->tx_open;
     PQclear(res);
@@ -348,7 +344,6 @@ static int run_in_batch(slot *s, const pqmq__work *w, char *error, size_t errlen
                  pqmq_job_name(w->job));
     int healthy = !s->tx_open || PQtransactionStatus(conn) == PQTRANS_INTRANS;
     if (ctx.tx_open) {
-        s->savepoint_held = 1; /* kept: rolled back to now, or released later */
         if (rc == 0 && !healthy)
             snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
                      PQerrorMessage(conn));
@@ -394,7 +389,6 @@ static void lose_batch(slot *s)
         pqmq__claims_give_back(s->env->claims, s->index, s->pend[i].index);
     s->npend = 0;
     s->tx_open = 0;
-    s->savepoint_held = 0;
 }
 
 /* Ends the open commit batch: completes its successes (fenced by attempt)
@@ -416,7 +410,6 @@ static void end_batch(slot *s, int broken)
     if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
         exec_ok(pqmq_conn(c), "ROLLBACK"); /* not rolled back already */
     s->tx_open = 0;
-    s->savepoint_held = 0;
     if (PQstatus(pqmq_conn(c)) != CONNECTION_OK) {
         lose_batch(s);
         return;
@@ -512,7 +505,6 @@ static int64_t run_locked_batch(slot *s)
     }
     atomic_fetch_add(&env->counters->in_flight, n);
     s->tx_open = 1;
-    s->savepoint_held = 0;
     pqmq__delivery *ok = malloc(n * sizeof *ok);
     size_t nok = 0;
     int failed = 0, broken = !ok;
