@@ -77,6 +77,8 @@ static void usage(FILE *f, const char *argv0)
             "  --latency-samples N   single messages timed per latency figure (200)\n"
             "  --latency-gap-ms N    pause between them (5)\n"
             "  --floor               also measure the SQL floor and print ratios\n"
+            "  --exactly-once        only the exactly-once phases of --floor (poll API,\n"
+            "                        locked lane, runners, their floor), and their ratios\n"
             "  --json                print one JSON object with every figure\n"
             "  --sweep NAME=V,V,...  NAME: consumers, producers, batch or\n"
             "                        runner-threads; writes\n"
@@ -257,6 +259,24 @@ static void run_default(const struct opts *o, PGconn *admin)
         report_text(o, &r);
 }
 
+/* --exactly-once: run_once alone, for comparing the runners' exactly-once
+ * rows quickly; the ratios are to the poll API's and the floor's
+ * exactly-once rates of the same run. */
+static void run_once_only(const struct opts *o, PGconn *admin)
+{
+    struct results r;
+    memset(&r, 0, sizeof r);
+    r.runner_threads = threads_for(o, admin);
+    run_once(o, admin, r.runner_threads, &r);
+    printf("{\"process_exactly_once_per_s\": %.0f, \"process_exactly_once_runner_per_s\": %.0f,"
+           " \"ratio_exactly_once_runner_to_poll\": %.3f,"
+           " \"ratio_exactly_once_runner_locked_to_poll\": %.3f,"
+           " \"ratio_exactly_once_to_its_floor\": %.3f}\n",
+           r.once, r.once_runner, r.once > 0 ? r.once_runner / r.once : 0,
+           r.once > 0 ? r.once_runner_locked / r.once : 0,
+           r.floor_once > 0 ? r.once / r.floor_once : 0);
+}
+
 static void run_sweep(const struct opts *o, PGconn *admin)
 {
     char param[32];
@@ -354,6 +374,7 @@ int main(int argc, char **argv)
         O_SAMPLES,
         O_GAP,
         O_FLOOR,
+        O_ONCE,
         O_JSON,
         O_SWEEP,
         O_SWEEP_OUT,
@@ -381,6 +402,7 @@ int main(int argc, char **argv)
                                           {"latency-samples", required_argument, 0, O_SAMPLES},
                                           {"latency-gap-ms", required_argument, 0, O_GAP},
                                           {"floor", no_argument, 0, O_FLOOR},
+                                          {"exactly-once", no_argument, 0, O_ONCE},
                                           {"json", no_argument, 0, O_JSON},
                                           {"sweep", required_argument, 0, O_SWEEP},
                                           {"sweep-out", required_argument, 0, O_SWEEP_OUT},
@@ -421,6 +443,7 @@ int main(int argc, char **argv)
             break;
         case O_GAP: o.latency_gap_ms = int_arg("latency-gap-ms", optarg, 0, 10000); break;
         case O_FLOOR: o.floor = 1; break;
+        case O_ONCE: o.once_only = o.floor = 1; break;
         case O_JSON: o.json = 1; break;
         case O_SWEEP: o.sweep = optarg; break;
         case O_SWEEP_OUT: o.sweep_out = optarg; break;
@@ -451,7 +474,9 @@ int main(int argc, char **argv)
     } else {
         if (o.floor)
             once_setup(admin);
-        if (o.sweep)
+        if (o.once_only)
+            run_once_only(&o, admin);
+        else if (o.sweep)
             run_sweep(&o, admin);
         else
             run_default(&o, admin);

@@ -39,6 +39,7 @@ struct opts {
     int latency_samples;
     int latency_gap_ms;
     int json, floor, backlog, profile;
+    int once_only;         /* --exactly-once: only the exactly-once phases */
     int split_complete;    /* poll API: pqmq_poll + pqmq_complete_batch */
     const char *sweep;     /* "consumers=1,2,4" or NULL */
     const char *sweep_out; /* file name prefix of the sweep's CSV and PNG */

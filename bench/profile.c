@@ -14,6 +14,11 @@
  * move: WAL records, bytes and full-page images (pg_stat_wal, the whole
  * cluster), heap tuples inserted, updated and deleted in the bench schema,
  * and the fraction of updates that were HOT (they wrote no index entry).
+ * When the bench's database has pg_stat_statements (CREATE EXTENSION, with
+ * the library preloaded), it also prints the statements the server ran per
+ * message (each statement of a multi-statement query counts) and the
+ * commits per message, and the phase's most frequent statements: where
+ * the round trips go.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +29,15 @@
 #include "bench.h"
 
 #define MAX_FUNCS 64
+#define MAX_STMTS 256
+#define TOP_STMTS 8
+
+/* A statement's calls so far (pg_stat_statements), by queryid. */
+struct sstat {
+    char id[24];
+    char text[72];
+    long calls;
+};
 
 struct fstat {
     char name[64];
@@ -45,6 +59,11 @@ static struct {
     double wall, user, sys;
     long postmaster;   /* 0: not looked up yet; -1: not on this machine */
     double server_cpu; /* postmaster's reaped children's CPU at begin */
+    int pss;           /* 0: not looked up yet; 1: pg_stat_statements; -1: none */
+    char pss_view[96]; /* its view, schema-qualified */
+    int ns;
+    struct sstat s[MAX_STMTS];
+    long commits;
 } S;
 
 /* The postmaster's pid if the server runs here: the parent of our
@@ -166,6 +185,79 @@ static void phys_report(const struct phys *a, const struct phys *b, long message
             (double)(b->del - a->del) / m);
 }
 
+/* Whether the database has pg_stat_statements; finds its view. */
+static int have_pss(PGconn *admin)
+{
+    if (S.pss)
+        return S.pss > 0;
+    PGresult *r =
+        PQexec(admin, "SELECT quote_ident(n.nspname) || '.pg_stat_statements'"
+                      " FROM pg_extension e JOIN pg_namespace n"
+                      " ON n.oid = e.extnamespace WHERE e.extname = 'pg_stat_statements'");
+    S.pss = -1;
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
+        snprintf(S.pss_view, sizeof S.pss_view, "%s", PQgetvalue(r, 0, 0));
+        S.pss = 1;
+    }
+    PQclear(r);
+    return S.pss > 0;
+}
+
+/* The statements' calls so far (the most frequent MAX_STMTS, which covers
+ * a phase's), and the database's commits. */
+static void stmt_snapshot(PGconn *admin, struct sstat *st, int *ns, long *commits)
+{
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT queryid::text, left(regexp_replace(query, '\\s+', ' ', 'g'), %d), calls"
+             " FROM %s WHERE dbid = (SELECT oid FROM pg_database"
+             " WHERE datname = current_database()) ORDER BY calls DESC LIMIT %d",
+             (int)sizeof st->text - 1, S.pss_view, MAX_STMTS);
+    PGresult *r = PQexec(admin, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        die("profile: %s", PQerrorMessage(admin));
+    *ns = 0;
+    for (int i = 0; i < PQntuples(r) && i < MAX_STMTS; i++, (*ns)++) {
+        snprintf(st[i].id, sizeof st[i].id, "%s", PQgetvalue(r, i, 0));
+        snprintf(st[i].text, sizeof st[i].text, "%s", PQgetvalue(r, i, 1));
+        st[i].calls = strtol(PQgetvalue(r, i, 2), NULL, 10);
+    }
+    PQclear(r);
+    *commits = bench_scalar(admin, "SELECT xact_commit FROM pg_stat_database"
+                                   " WHERE datname = current_database()");
+}
+
+static int by_calls_desc(const void *a, const void *b)
+{
+    long x = ((const struct sstat *)a)->calls, y = ((const struct sstat *)b)->calls;
+    return (x < y) - (x > y);
+}
+
+/* Statements and commits per message of the phase that just ended, and
+ * its most frequent statements (the admin connection's few included). */
+static void stmt_report(PGconn *admin, long messages)
+{
+    static struct sstat now[MAX_STMTS];
+    int n;
+    long commits;
+    stmt_snapshot(admin, now, &n, &commits);
+    long total = 0;
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < S.ns; k++)
+            if (!strcmp(S.s[k].id, now[i].id)) {
+                now[i].calls -= S.s[k].calls;
+                break;
+            }
+        total += now[i].calls;
+    }
+    qsort(now, (size_t)n, sizeof *now, by_calls_desc);
+    double m = messages > 0 ? (double)messages : 1;
+    fprintf(stderr, "  per message: statements %.3f, commits %.4f\n", (double)total / m,
+            (double)(commits - S.commits) / m);
+    for (int i = 0; i < n && i < TOP_STMTS && now[i].calls > 0; i++)
+        fprintf(stderr, "  %8.3f  %s\n", (double)now[i].calls / m, now[i].text);
+}
+
 void profile_begin(const struct opts *o, PGconn *admin)
 {
     if (!o->profile)
@@ -173,6 +265,8 @@ void profile_begin(const struct opts *o, PGconn *admin)
     sleep_s(0.3); /* backends of the previous phase flush their counters on exit */
     snapshot(admin, S.f, &S.nf);
     phys_snapshot(admin, &S.phys);
+    if (have_pss(admin))
+        stmt_snapshot(admin, S.s, &S.ns, &S.commits);
     if (!S.postmaster)
         S.postmaster = find_postmaster(admin);
     S.server_cpu = reaped_cpu();
@@ -206,6 +300,8 @@ void profile_end(const struct opts *o, PGconn *admin, const char *label, long me
         fprintf(stderr, ", exited backends CPU %.3f s", server - S.server_cpu);
     fputc('\n', stderr);
     phys_report(&S.phys, &phys, messages);
+    if (have_pss(admin))
+        stmt_report(admin, messages);
     int header = 0;
     for (int i = 0; i < n; i++) {
         struct fstat d = now[i];

@@ -153,12 +153,12 @@ static _Thread_local int prepared_on;
 
 /* The exactly-once handler's effect (see once.c): its row, in the job's
  * transaction, which the runner commits with the completion. Prepared
- * once per connection, as the poll API's consumers do in once.c. */
+ * once per connection, as the poll API's consumers do in once.c, and sent
+ * with pqmq_ctx_exec_prepared: the job's savepoint (or BEGIN) goes out in
+ * the same round trip. */
 static int record_effect(pqmq_ctx *ctx, const pqmq_job *job)
 {
-    PGconn *conn = pqmq_ctx_begin(ctx);
-    if (!conn)
-        return -1;
+    PGconn *conn = pqmq_ctx_conn(ctx);
     if (prepared_on != PQbackendPID(conn)) {
         PGresult *p =
             PQprepare(conn, "record_one",
@@ -174,7 +174,7 @@ static int record_effect(pqmq_ctx *ctx, const pqmq_job *job)
     pqmq_job_id(job, id);
     uuid_unparse_lower(id, text);
     const char *v[2] = {text, pqmq_job_args(job)};
-    PGresult *r = PQexecPrepared(conn, "record_one", 2, v, NULL, NULL, 0);
+    PGresult *r = pqmq_ctx_exec_prepared(ctx, "record_one", 2, v);
     int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
     PQclear(r);
     return ok ? 0 : -1;

@@ -580,6 +580,22 @@ PQMQ_EXPORT void pqmq_runner_stats(const pqmq_runner *runner, pqmq_runner_stats_
  * handler returns. NULL if the connection is unusable.
  */
 PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx);
+/*
+ * Runs one statement in the job's transaction, as PQexecParams would on
+ * pqmq_ctx_begin's connection (text parameters, text results), or
+ * PQexecPrepared with a statement prepared on pqmq_ctx_conn. If the job's
+ * transaction is not open yet, what opens it (BEGIN; in a commit batch or
+ * the locked lane, the job's savepoint) goes out with the statement, in one
+ * round trip instead of two: a handler whose first statement is this pays
+ * no round trip of its own for exactly-once. A failed statement aborts the
+ * job's transaction (its savepoint) as usual: the handler should fail.
+ * Returns the statement's result, owned by the caller (PQclear), or NULL
+ * when the job's transaction could not be opened or an argument is NULL.
+ */
+PQMQ_EXPORT PGresult *pqmq_ctx_exec_params(pqmq_ctx *ctx, const char *sql, int nparams,
+                                           const char *const *values);
+PQMQ_EXPORT PGresult *pqmq_ctx_exec_prepared(pqmq_ctx *ctx, const char *name, int nparams,
+                                             const char *const *values);
 /* The worker's connection for reads or writes outside the job's
  * transaction. Borrowed; valid until the handler returns. */
 PQMQ_EXPORT PGconn *pqmq_ctx_conn(pqmq_ctx *ctx);

@@ -37,9 +37,6 @@ typedef struct {
      * or a commit batch's (since opened_ms, monotonic). */
     int tx_open;
     int64_t opened_ms;
-    /* The savepoint of the batch's last writing handler is still open
-     * (released with the next one's, or by the COMMIT). */
-    int savepoint_held;
     /* Commit batches: the open batch's jobs (room for commit_jobs), and
      * room for their deliveries when it ends. */
     pending *pend;
@@ -109,17 +106,31 @@ static int try_reconnect(slot *s)
 
 /* ---- pqmq_ctx ---------------------------------------------------------- */
 
+/* Records whether the job's transaction (in a batch: its savepoint) opened,
+ * and whether that opened the worker's batch transaction. */
+static void note_opened(pqmq_ctx *ctx, int ok)
+{
+    slot *s = ctx->slot;
+    ctx->tx_open = ok;
+    ctx->tx_broken = !ok;
+    if (ctx->batched && !s->tx_open &&
+        PQtransactionStatus(pqmq_conn(s->client)) != PQTRANS_IDLE) {
+        s->tx_open = 1; /* even half open: the batch's end rolls it back */
+        s->opened_ms = pqmq__now_ms();
+    }
+}
+
 /* Opens the job's savepoint in the worker's batch transaction, so that its
  * writes can be undone alone if it fails. A commit batch's transaction
- * opens with its first job's savepoint, and the last job's savepoint is
- * released with this one's: one round trip a job. */
+ * opens with its first job's savepoint. The last job's savepoint is not
+ * released: this one nests inside it, a ROLLBACK TO names the innermost
+ * savepoint of that name (this job's), and the COMMIT releases them all,
+ * so a RELEASE would only cost the server a statement a job. */
 static void open_savepoint(pqmq_ctx *ctx)
 {
     slot *s = ctx->slot;
     PGconn *conn = pqmq_conn(s->client);
-    const char *sql = !s->tx_open         ? "BEGIN; SAVEPOINT pqmq_job"
-                      : s->savepoint_held ? "RELEASE SAVEPOINT pqmq_job; SAVEPOINT pqmq_job"
-                                          : "SAVEPOINT pqmq_job";
+    const char *sql = s->tx_open ? "SAVEPOINT pqmq_job" : "BEGIN; SAVEPOINT pqmq_job";
     PGresult *res = PQexec(conn, sql);
     /* The backend died while no batch was open: nothing is lost, so
      * reconnecting (same PGconn) and retrying is safe. */
@@ -128,14 +139,8 @@ static void open_savepoint(pqmq_ctx *ctx)
         PQclear(res);
         res = PQexec(conn, sql);
     }
-    s->savepoint_held = 0;
-    ctx->tx_open = PQresultStatus(res) == PGRES_COMMAND_OK;
-    ctx->tx_broken = !ctx->tx_open;
+    note_opened(ctx, PQresultStatus(res) == PGRES_COMMAND_OK);
     PQclear(res);
-    if (!s->tx_open && PQtransactionStatus(conn) != PQTRANS_IDLE) {
-        s->tx_open = 1; /* even half open: the batch's end rolls it back */
-        s->opened_ms = pqmq__now_ms();
-    }
 }
 
 PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
@@ -164,6 +169,111 @@ PQMQ_EXPORT PGconn *pqmq_ctx_begin(pqmq_ctx *ctx)
         PQclear(res);
     }
     return ctx->tx_open ? conn : NULL;
+}
+
+/* A handler's statement for pqmq_ctx_exec_*: prepared (name) or not (sql),
+ * with text parameters and results. */
+typedef struct {
+    const char *name, *sql;
+    int n;
+    const char *const *values;
+} ctx_stmt;
+
+static int send_stmt(PGconn *conn, const ctx_stmt *st)
+{
+    return st->name ? PQsendQueryPrepared(conn, st->name, st->n, st->values, NULL, NULL, 0)
+                    : PQsendQueryParams(conn, st->sql, st->n, NULL, st->values, NULL, NULL, 0);
+}
+
+static PGresult *exec_stmt(PGconn *conn, const ctx_stmt *st)
+{
+    return st->name ? PQexecPrepared(conn, st->name, st->n, st->values, NULL, NULL, 0)
+                    : PQexecParams(conn, st->sql, st->n, NULL, st->values, NULL, NULL, 0);
+}
+
+/* The last result of the pipeline's next statement; NULL if none came. */
+static PGresult *take_result(PGconn *conn)
+{
+    PGresult *r = NULL, *next;
+    while ((next = PQgetResult(conn)) != NULL) {
+        PQclear(r);
+        r = next;
+    }
+    return r;
+}
+
+/* Sends the nopen statements that open the job's transaction and then st,
+ * in one pipeline: one round trip. Sets *opened when all of the former
+ * succeeded, and then returns st's result (an error result if st failed:
+ * the job's transaction is then aborted, as after any failed statement). */
+static PGresult *exec_opening(PGconn *conn, const char *const *open, int nopen,
+                              const ctx_stmt *st, int *opened)
+{
+    *opened = 0;
+    if (!PQenterPipelineMode(conn))
+        return NULL;
+    int sent = 1;
+    for (int i = 0; i < nopen && sent; i++)
+        sent = PQsendQueryParams(conn, open[i], 0, NULL, NULL, NULL, NULL, 0);
+    if (!sent || !send_stmt(conn, st) || !PQpipelineSync(conn)) {
+        PQexitPipelineMode(conn); /* a broken connection: its reset ends the pipeline */
+        return NULL;
+    }
+    int ok = 1;
+    for (int i = 0; i < nopen; i++) {
+        PGresult *r = take_result(conn);
+        ok = ok && PQresultStatus(r) == PGRES_COMMAND_OK;
+        PQclear(r);
+    }
+    PGresult *res = take_result(conn);
+    PQclear(PQgetResult(conn)); /* the sync; NULL if the connection died */
+    PQexitPipelineMode(conn);
+    *opened = ok;
+    if (!ok) {
+        PQclear(res);
+        return NULL;
+    }
+    return res;
+}
+
+/* pqmq_ctx_exec_*: the first statement of the job's transaction goes out
+ * behind what opens it (BEGIN, and in a batch the job's SAVEPOINT) in the
+ * same round trip; later ones as libpq sends them. */
+static PGresult *ctx_exec(pqmq_ctx *ctx, const ctx_stmt *st)
+{
+    if (!ctx || !(st->name ? st->name : st->sql) || st->n < 0 || (st->n && !st->values))
+        return NULL;
+    slot *s = ctx->slot;
+    PGconn *conn = pqmq_conn(s->client);
+    if (ctx->tx_open || ctx->tx_broken)
+        return ctx->tx_open ? exec_stmt(conn, st) : NULL;
+    /* Nothing of a batch open: a reconnect and a retry lose nothing. */
+    int fresh = !ctx->batched || !s->tx_open;
+    const char *open[2];
+    int nopen = 0, opened;
+    if (fresh)
+        open[nopen++] = "BEGIN";
+    if (ctx->batched)
+        open[nopen++] = "SAVEPOINT pqmq_job";
+    PGresult *res = exec_opening(conn, open, nopen, st, &opened);
+    if (!opened && fresh && PQstatus(conn) == CONNECTION_BAD && try_reconnect(s) == 0)
+        res = exec_opening(conn, open, nopen, st, &opened);
+    note_opened(ctx, opened);
+    return res;
+}
+
+PQMQ_EXPORT PGresult *pqmq_ctx_exec_params(pqmq_ctx *ctx, const char *sql, int nparams,
+                                           const char *const *values)
+{
+    ctx_stmt st = {NULL, sql, nparams, values};
+    return sql ? ctx_exec(ctx, &st) : NULL;
+}
+
+PQMQ_EXPORT PGresult *pqmq_ctx_exec_prepared(pqmq_ctx *ctx, const char *name, int nparams,
+                                             const char *const *values)
+{
+    ctx_stmt st = {name, NULL, nparams, values};
+    return name ? ctx_exec(ctx, &st) : NULL;
 }
 
 PQMQ_EXPORT PGconn *pqmq_ctx_conn(pqmq_ctx *ctx)
@@ -348,7 +458,6 @@ static int run_in_batch(slot *s, const pqmq__work *w, char *error, size_t errlen
                  pqmq_job_name(w->job));
     int healthy = !s->tx_open || PQtransactionStatus(conn) == PQTRANS_INTRANS;
     if (ctx.tx_open) {
-        s->savepoint_held = 1; /* kept: rolled back to now, or released later */
         if (rc == 0 && !healthy)
             snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
                      PQerrorMessage(conn));
@@ -394,7 +503,6 @@ static void lose_batch(slot *s)
         pqmq__claims_give_back(s->env->claims, s->index, s->pend[i].index);
     s->npend = 0;
     s->tx_open = 0;
-    s->savepoint_held = 0;
 }
 
 /* Ends the open commit batch: completes its successes (fenced by attempt)
@@ -416,7 +524,6 @@ static void end_batch(slot *s, int broken)
     if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
         exec_ok(pqmq_conn(c), "ROLLBACK"); /* not rolled back already */
     s->tx_open = 0;
-    s->savepoint_held = 0;
     if (PQstatus(pqmq_conn(c)) != CONNECTION_OK) {
         lose_batch(s);
         return;
@@ -512,7 +619,6 @@ static int64_t run_locked_batch(slot *s)
     }
     atomic_fetch_add(&env->counters->in_flight, n);
     s->tx_open = 1;
-    s->savepoint_held = 0;
     pqmq__delivery *ok = malloc(n * sizeof *ok);
     size_t nok = 0;
     int failed = 0, broken = !ok;

@@ -6,7 +6,9 @@
  * alone; a batch holding a job that is no longer the runner's, broken by a
  * handler, or cut off with its connection, commits nothing and runs again;
  * a stop commits the batch in hand; leases of a batch's jobs are kept
- * alive; the settings are checked.
+ * alive; the settings are checked. Handlers that write with
+ * pqmq_ctx_exec_params (the savepoint pipelined with their first
+ * statement) keep the same guarantees, a failing first statement included.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -132,11 +134,39 @@ static void kill_backend(PGconn *conn)
     PQfinish(other);
 }
 
+/* Handlers write their effect with pqmq_ctx_exec_params (set: the job's
+ * transaction or savepoint opens in the same round trip) rather than
+ * pqmq_ctx_begin and PQexecParams; calls counts the handlers run. */
+static atomic_int piped, calls;
+
+/* write_effect through pqmq_ctx_exec_params, the job's first statement;
+ * "badfirst" makes that statement fail on the first attempt. */
+static int write_effect_piped(pqmq_ctx *ctx, const pqmq_job *job)
+{
+    uuid_t id;
+    char text[37], attempt[16];
+    pqmq_job_id(job, id);
+    uuid_unparse_lower(id, text);
+    snprintf(attempt, sizeof attempt, "%d", pqmq_job_attempt(job));
+    const char *v[3] = {text, attempt, pqmq_job_json(job)};
+    int bad = strstr(pqmq_job_json(job), "badfirst") && pqmq_job_attempt(job) == 1;
+    PGresult *r = pqmq_ctx_exec_params(ctx,
+                                       bad ? "INSERT INTO rc_ledger (id, attempt, seq)"
+                                             " VALUES ($1, $2, 1 / (length($3) * 0))"
+                                           : "INSERT INTO rc_ledger (id, attempt, seq)"
+                                             " VALUES ($1, $2, ($3::jsonb ->> 'seq')::int)",
+                                       3, v);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    return ok ? 0 : -1;
+}
+
 static int record(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
 {
     (void)arg;
     const char *json = pqmq_job_json(job);
     int first = pqmq_job_attempt(job) == 1;
+    atomic_fetch_add(&calls, 1);
     if (strstr(json, "break") && first) {
         /* Outside the job's savepoint: the batch's transaction fails. */
         PGconn *conn = pqmq_ctx_conn(ctx);
@@ -145,8 +175,10 @@ static int record(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
         PQclear(PQexec(conn, "SELECT 1/0"));
         return -1;
     }
-    PGconn *conn = pqmq_ctx_begin(ctx);
-    if (!conn || write_effect(conn, job) != 0)
+    if (atomic_load(&piped) && write_effect_piped(ctx, job) != 0)
+        return -1;
+    PGconn *conn = pqmq_ctx_begin(ctx); /* piped: the transaction is open already */
+    if (!conn || (!atomic_load(&piped) && write_effect(conn, job) != 0))
         return -1;
     if (strstr(json, "fail") && first) {
         pqmq_ctx_error(ctx, "first attempts fail");
@@ -168,6 +200,7 @@ static void reset(void)
 {
     t_truncate();
     memset(&hold, 0, sizeof hold);
+    atomic_store(&calls, 0);
     t_exec(pg,
            "CREATE TABLE IF NOT EXISTS rc_ledger (id uuid PRIMARY KEY, attempt int NOT NULL,"
            " seq int, tx bigint NOT NULL DEFAULT txid_current(), n bigserial)");
@@ -391,6 +424,43 @@ static void test_chains_keep_their_order(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rc_ledger WHERE seq IS NOT NULL"), 30);
 }
 
+/* pqmq_ctx_exec_params sends the job's SAVEPOINT (or BEGIN and SAVEPOINT)
+ * with its statement. A first statement that fails is undone alone: its
+ * batch-mates, before and after it in the batch, commit and run once each
+ * (a batch broken by the failure would run them again), it fails and its
+ * retry succeeds. */
+static void test_a_failing_first_statement_is_undone_alone(void)
+{
+    reset();
+    atomic_store(&piped, 1);
+    for (int i = 0; i < 10; i++) {
+        insert_on("p", 3, "{\"x\": 1}", 0, 1000);
+        insert_on("p", 1, "{\"badfirst\": 1}", 0, 1000);
+    }
+    pqmq_runner_stats_t s = run_all(1, 0, 40);
+    atomic_store(&piped, 0);
+    CHECK_INT(s.processed, 40);
+    CHECK_INT(s.failed, 10);
+    CHECK_INT(atomic_load(&calls), 50);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rc_ledger WHERE attempt = 1"), 30);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rc_ledger WHERE attempt = 2"), 10);
+    CHECK(t_sql_int(pg, "SELECT count(DISTINCT tx) FROM rc_ledger WHERE attempt = 1") < 30);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+}
+
+/* The guarantees of the tests above, with the effect written through
+ * pqmq_ctx_exec_params: a handler failing after its write, the fence, a
+ * lost connection, and without batches a transaction per job. */
+static void test_piped_effects_keep_the_guarantees(void)
+{
+    atomic_store(&piped, 1);
+    test_one_job_a_batch_commits_each_alone();
+    test_a_failed_handler_is_undone_alone();
+    test_a_stale_job_rolls_its_batch_back();
+    test_a_lost_connection_runs_the_batch_again();
+    atomic_store(&piped, 0);
+}
+
 /* Bad settings are refused, naming the value and its range. */
 static void test_settings_are_checked(void)
 {
@@ -432,6 +502,8 @@ int main(void)
     T_RUN(test_a_stop_commits_the_batch_in_hand);
     T_RUN(test_leases_of_a_batch_are_kept_alive);
     T_RUN(test_chains_keep_their_order);
+    T_RUN(test_a_failing_first_statement_is_undone_alone);
+    T_RUN(test_piped_effects_keep_the_guarantees);
     PQfinish(pg);
     pqmq_client_free(q);
     return t_done();
