@@ -354,36 +354,57 @@ BEGIN
 END;
 $$;
 
+-- The heads of the chains whose key lies in [lo, hi] (only_name's, when not
+-- NULL), in key order: the first entry of each chain key in mq_msgs_chain,
+-- at most `most` keys visited (NULL: all). A loose index scan, one probe a
+-- statement: on Citus each probe is a router query, where a recursive scan
+-- is not one it can ship ("column ... does not exist"). mq_next_head_at,
+-- mq_metrics, mq_oldest_ready and mq_peek read the heads here; run it in a
+-- statement of its own (on Citus a statement that reads the queue's tables
+-- runs on the worker, where this function cannot).
+CREATE OR REPLACE FUNCTION mq_chain_heads(lo bigint, hi bigint, only_name text, most int)
+RETURNS TABLE(head_id uuid, head_key bigint, head_name text, head_at timestamptz,
+              head_ready_at timestamptz, head_attempts int, head_deliveries int,
+              head_dead boolean, head_uncommitted boolean)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    from_k bigint := lo;
+    seen   int := 0;
+BEGIN
+    LOOP
+        SELECT m.id, m.channel_key, m.channel_name, m.attempt_at, m.ready_at, m.attempts,
+               m.deliveries, m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL
+        INTO head_id, head_key, head_name, head_at, head_ready_at, head_attempts,
+             head_deliveries, head_dead, head_uncommitted
+        FROM mq_msgs m
+        WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+          AND m.channel_key >= from_k AND m.channel_key <= hi
+        ORDER BY m.channel_key, m.chain_seq LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        IF only_name IS NULL OR head_name = only_name THEN
+            RETURN NEXT;
+        END IF;
+        seen := seen + 1;
+        EXIT WHEN head_key = hi OR seen >= most;
+        from_k := head_key + 1;
+    END LOOP;
+END;
+$$;
+
 -- When the earliest head of the chains whose key lies in [lo, hi] (and of
 -- only_name's, when not NULL) comes due: its lease or delay ends (a time
--- past: ready now, but held by another transaction). A loose index scan of
--- mq_msgs_chain, one probe per chain, at most 1000 chains: a queue with
--- more may answer later than its earliest head (a poll still finds it).
+-- past: ready now, but held by another transaction). At most 1000 chains
+-- (mq_chain_heads): a queue with more may answer later than its earliest
+-- head (a poll still finds it).
 CREATE OR REPLACE FUNCTION mq_next_head_at(lo bigint, hi bigint, only_name text)
 RETURNS timestamptz
 LANGUAGE sql
 SET search_path FROM CURRENT
 AS $$
-    WITH RECURSIVE heads(k, at, live, nm, n) AS (
-        SELECT f.k, f.at, f.live, f.nm, 1 FROM (
-            SELECT m.channel_key AS k, m.attempt_at AS at,
-                   m.dead_since IS NULL AND m.attempts > 0 AS live, m.channel_name AS nm
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= lo AND m.channel_key <= hi
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        UNION ALL
-        SELECT f.k, f.at, f.live, f.nm, heads.n + 1 FROM heads, LATERAL (
-            SELECT m.channel_key AS k, m.attempt_at AS at,
-                   m.dead_since IS NULL AND m.attempts > 0 AS live, m.channel_name AS nm
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL
-              AND m.channel_key > heads.k AND m.channel_key <= hi
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        WHERE heads.n < 1000
-    )
-    SELECT min(h.at) FROM heads h
-    WHERE h.live AND (only_name IS NULL OR h.nm = only_name)
+    SELECT min(h.head_at) FROM mq_chain_heads(lo, hi, only_name, 1000) h
+    WHERE NOT h.head_dead AND h.head_attempts > 0
 $$;
 
 -- How long until the earliest candidate of these channels (NULL: all)
