@@ -354,36 +354,57 @@ BEGIN
 END;
 $$;
 
+-- The heads of the chains whose key lies in [lo, hi] (only_name's, when not
+-- NULL), in key order: the first entry of each chain key in mq_msgs_chain,
+-- at most `most` keys visited (NULL: all). A loose index scan, one probe a
+-- statement: on Citus each probe is a router query, where a recursive scan
+-- is not one it can ship ("column ... does not exist"). mq_next_head_at,
+-- mq_metrics, mq_oldest_ready and mq_peek read the heads here; run it in a
+-- statement of its own (on Citus a statement that reads the queue's tables
+-- runs on the worker, where this function cannot).
+CREATE OR REPLACE FUNCTION mq_chain_heads(lo bigint, hi bigint, only_name text, most int)
+RETURNS TABLE(head_id uuid, head_key bigint, head_name text, head_at timestamptz,
+              head_ready_at timestamptz, head_attempts int, head_deliveries int,
+              head_dead boolean, head_uncommitted boolean)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    from_k bigint := lo;
+    seen   int := 0;
+BEGIN
+    LOOP
+        SELECT m.id, m.channel_key, m.channel_name, m.attempt_at, m.ready_at, m.attempts,
+               m.deliveries, m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL
+        INTO head_id, head_key, head_name, head_at, head_ready_at, head_attempts,
+             head_deliveries, head_dead, head_uncommitted
+        FROM mq_msgs m
+        WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+          AND m.channel_key >= from_k AND m.channel_key <= hi
+        ORDER BY m.channel_key, m.chain_seq LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        IF only_name IS NULL OR head_name = only_name THEN
+            RETURN NEXT;
+        END IF;
+        seen := seen + 1;
+        EXIT WHEN head_key = hi OR seen >= most;
+        from_k := head_key + 1;
+    END LOOP;
+END;
+$$;
+
 -- When the earliest head of the chains whose key lies in [lo, hi] (and of
 -- only_name's, when not NULL) comes due: its lease or delay ends (a time
--- past: ready now, but held by another transaction). A loose index scan of
--- mq_msgs_chain, one probe per chain, at most 1000 chains: a queue with
--- more may answer later than its earliest head (a poll still finds it).
+-- past: ready now, but held by another transaction). At most 1000 chains
+-- (mq_chain_heads): a queue with more may answer later than its earliest
+-- head (a poll still finds it).
 CREATE OR REPLACE FUNCTION mq_next_head_at(lo bigint, hi bigint, only_name text)
 RETURNS timestamptz
 LANGUAGE sql
 SET search_path FROM CURRENT
 AS $$
-    WITH RECURSIVE heads(k, at, live, nm, n) AS (
-        SELECT f.k, f.at, f.live, f.nm, 1 FROM (
-            SELECT m.channel_key AS k, m.attempt_at AS at,
-                   m.dead_since IS NULL AND m.attempts > 0 AS live, m.channel_name AS nm
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= lo AND m.channel_key <= hi
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        UNION ALL
-        SELECT f.k, f.at, f.live, f.nm, heads.n + 1 FROM heads, LATERAL (
-            SELECT m.channel_key AS k, m.attempt_at AS at,
-                   m.dead_since IS NULL AND m.attempts > 0 AS live, m.channel_name AS nm
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL
-              AND m.channel_key > heads.k AND m.channel_key <= hi
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        WHERE heads.n < 1000
-    )
-    SELECT min(h.at) FROM heads h
-    WHERE h.live AND (only_name IS NULL OR h.nm = only_name)
+    SELECT min(h.head_at) FROM mq_chain_heads(lo, hi, only_name, 1000) h
+    WHERE NOT h.head_dead AND h.head_attempts > 0
 $$;
 
 -- How long until the earliest candidate of these channels (NULL: all)
@@ -689,8 +710,19 @@ BEGIN
     -- key's scan starts at it. A key with nothing claimable is passed by.
     SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), min(j.at)
     INTO got, got_tid, got_key, got_at FROM (
-        WITH RECURSIVE up(k, at, n) AS (
-            SELECT f.k, f.at, 1 FROM (
+        -- The walk: from start up to hi (phase 0), then from lo up to
+        -- start (phase 1), at most budget keys each; a step is one probe
+        -- from the key after the last found, and a probe that finds nothing
+        -- turns to the next phase (mq_pick_chains and mq_pick_urgent walk
+        -- the same way).
+        WITH RECURSIVE walk(k, at, n, nxt, upto, phase) AS (
+            SELECT NULL::bigint, NULL::timestamptz, 0, start, hi, 0
+            UNION ALL
+            SELECT f.k, f.at, CASE WHEN f.k IS NULL THEN 0 ELSE w.n + 1 END,
+                   CASE WHEN f.k IS NULL THEN lo WHEN f.k < w.upto THEN f.k + 1 END,
+                   CASE WHEN f.k IS NOT NULL THEN w.upto WHEN start > lo THEN start - 1 END,
+                   w.phase + (f.k IS NULL)::int
+            FROM walk w LEFT JOIN LATERAL (
                 SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
                   AND m.after_message_id IS NULL
@@ -699,56 +731,17 @@ BEGIN
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
                   AND m.id <> ALL (ids)
-                  AND m.channel_key >= start AND m.channel_key <= hi
-                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
-            UNION ALL
-            SELECT f.k, f.at, up.n + 1 FROM up, LATERAL (
-                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority <= 0
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key > up.k AND m.channel_key <= hi
-                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
-            WHERE up.n < budget
-        ),
-        around(k, at, n) AS (
-            SELECT f.k, f.at, 1 FROM (
-                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority <= 0
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key >= lo AND m.channel_key < start
-                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
-            UNION ALL
-            SELECT f.k, f.at, around.n + 1 FROM around, LATERAL (
-                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority <= 0
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key > around.k AND m.channel_key < start
-                ORDER BY m.channel_key, m.ready_at LIMIT 1) f
-            WHERE around.n < budget
+                  AND m.channel_key >= w.nxt AND m.channel_key <= w.upto
+                  AND w.n < budget
+                ORDER BY m.channel_key, m.ready_at LIMIT 1) f ON true
+            WHERE w.phase < 2
         )
         SELECT r.id, r.ctid, ks.k, ks.at
         FROM (SELECT u.k, u.at,
                      CASE WHEN cardinality(keys) = 0 THEN per_key
                           ELSE GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
                                                       WHERE x = u.k)::int) END AS lim
-              FROM (SELECT up.k, up.at FROM up
-                    UNION ALL
-                    SELECT around.k, around.at FROM around) u) ks,
+              FROM walk u WHERE u.k IS NOT NULL) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
@@ -832,38 +825,23 @@ BEGIN
     END IF;
     SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k)
     INTO got, got_tid, got_key FROM (
-        WITH RECURSIVE up(k, at, n) AS (
-            SELECT f.k, f.at, 1 FROM (
+        WITH RECURSIVE walk(k, at, n, nxt, upto, phase) AS ( -- (as mq_pick_keys)
+            SELECT NULL::bigint, NULL::tid, 0, start, hi, 0
+            UNION ALL
+            SELECT f.k, f.at, CASE WHEN f.k IS NULL THEN 0 ELSE w.n + 1 END,
+                   CASE WHEN f.k IS NULL THEN lo WHEN f.k < w.upto THEN f.k + 1 END,
+                   CASE WHEN f.k IS NOT NULL THEN w.upto WHEN start > lo THEN start - 1 END,
+                   w.phase + (f.k IS NULL)::int
+            FROM walk w LEFT JOIN LATERAL (
                 SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
                 WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                  AND m.channel_key >= start AND m.channel_key <= hi
-                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-            UNION ALL
-            SELECT f.k, f.at, up.n + 1 FROM up, LATERAL (
-                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
-                WHERE m.chain_seq IS NOT NULL
-                  AND m.channel_key > up.k AND m.channel_key <= hi
-                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-            WHERE up.n < budget
-        ),
-        around(k, at, n) AS (
-            SELECT f.k, f.at, 1 FROM (
-                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
-                WHERE m.chain_seq IS NOT NULL
-                  AND m.channel_key >= lo AND m.channel_key < start
-                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-            UNION ALL
-            SELECT f.k, f.at, around.n + 1 FROM around, LATERAL (
-                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
-                WHERE m.chain_seq IS NOT NULL
-                  AND m.channel_key > around.k AND m.channel_key < start
-                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-            WHERE around.n < budget
+                  AND m.channel_key >= w.nxt AND m.channel_key <= w.upto
+                  AND w.n < budget
+                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f ON true
+            WHERE w.phase < 2
         )
         SELECT r.id, r.ctid, ks.k
-        FROM (SELECT up.k, up.at FROM up
-              UNION ALL
-              SELECT around.k, around.at FROM around) ks,
+        FROM (SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL) ks,
         LATERAL (
             -- The head's row version as this statement sees it, by TID.
             SELECT m.id, m.ctid FROM mq_msgs m
@@ -946,8 +924,14 @@ BEGIN
     -- ready yet in the index, without visiting the heap.
     SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), array_agg(j.lim), min(j.at)
     INTO got, got_tid, got_key, got_lim, got_at FROM (
-        WITH RECURSIVE up(k, np, at, n) AS (
-            SELECT f.k, f.np, f.at, 1 FROM (
+        WITH RECURSIVE walk(k, np, at, n, nxt, upto, phase) AS ( -- (as mq_pick_keys)
+            SELECT NULL::bigint, NULL::smallint, NULL::timestamptz, 0, start, hi, 0
+            UNION ALL
+            SELECT f.k, f.np, f.at, CASE WHEN f.k IS NULL THEN 0 ELSE w.n + 1 END,
+                   CASE WHEN f.k IS NULL THEN lo WHEN f.k < w.upto THEN f.k + 1 END,
+                   CASE WHEN f.k IS NOT NULL THEN w.upto WHEN start > lo THEN start - 1 END,
+                   w.phase + (f.k IS NULL)::int
+            FROM walk w LEFT JOIN LATERAL (
                 SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
                 WHERE m.dead_since IS NULL
                   AND m.after_message_id IS NULL
@@ -956,55 +940,16 @@ BEGIN
                   AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
                   AND (only_name IS NULL OR m.channel_name = only_name)
                   AND m.id <> ALL (ids)
-                  AND m.channel_key >= start AND m.channel_key <= hi
-                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
-            UNION ALL
-            SELECT f.k, f.np, f.at, up.n + 1 FROM up, LATERAL (
-                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority > 0
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key > up.k AND m.channel_key <= hi
-                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
-            WHERE up.n < budget
-        ),
-        around(k, np, at, n) AS (
-            SELECT f.k, f.np, f.at, 1 FROM (
-                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority > 0
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key >= lo AND m.channel_key < start
-                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
-            UNION ALL
-            SELECT f.k, f.np, f.at, around.n + 1 FROM around, LATERAL (
-                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority > 0
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key > around.k AND m.channel_key < start
-                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
-            WHERE around.n < budget
+                  AND m.channel_key >= w.nxt AND m.channel_key <= w.upto
+                  AND w.n < budget
+                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f ON true
+            WHERE w.phase < 2
         )
         SELECT r.id, r.ctid, ks.k, ks.lim, ks.at
         FROM (SELECT u.k, u.np, u.at,
                      GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
                                             WHERE x = u.k)::int) AS lim
-              FROM (SELECT up.k, up.np, up.at FROM up
-                    UNION ALL
-                    SELECT around.k, around.np, around.at FROM around) u) ks,
+              FROM walk u WHERE u.k IS NOT NULL) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k

@@ -202,15 +202,6 @@ AS $$
 DECLARE
     ts     timestamptz := pg_catalog.clock_timestamp();
     r      record;
-    rg     record;
-    lo_k   bigint;
-    hk     bigint;
-    hat    timestamptz;
-    hdl    int;
-    hdead  boolean;
-    hci    boolean;
-    hra    timestamptz;
-    hcn    text;
     h_cn   text[] := '{}';
     h_at   timestamptz[] := '{}';
     h_dl   int[] := '{}';
@@ -219,42 +210,21 @@ DECLARE
     h_ra   timestamptz[] := '{}';
 BEGIN
     PERFORM mq_count_fold();
-    -- The chains' heads (of the named channels' key ranges, or of all): a
-    -- loose index scan of mq_msgs_chain, one probe per chain, each probe a
-    -- statement of its own (on Citus a router query: a recursive scan
-    -- inside the statement below is not one it can ship).
-    FOR rg IN
-        SELECT '-9223372036854775808'::bigint AS lo, 9223372036854775807::bigint AS hi,
-               NULL::text AS nm
-        WHERE channel_names IS NULL
-        UNION ALL
-        SELECT pg_catalog.hashtext(c.n)::bigint << 32,
-               (pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295, c.n
-        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c
-        WHERE channel_names IS NOT NULL
-    LOOP
-        lo_k := rg.lo;
-        LOOP
-            SELECT m.channel_key, m.attempt_at, m.deliveries, m.dead_since IS NOT NULL,
-                   m.commit_interval IS NOT NULL, m.ready_at, m.channel_name
-            INTO hk, hat, hdl, hdead, hci, hra, hcn
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= lo_k AND m.channel_key <= rg.hi
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1;
-            EXIT WHEN NOT FOUND;
-            IF rg.nm IS NULL OR hcn = rg.nm THEN
-                h_cn := h_cn || hcn;
-                h_at := h_at || hat;
-                h_dl := h_dl || hdl;
-                h_dead := h_dead || hdead;
-                h_ci := h_ci || hci;
-                h_ra := h_ra || hra;
-            END IF;
-            EXIT WHEN hk = rg.hi;
-            lo_k := hk + 1;
-        END LOOP;
-    END LOOP;
+    -- The chains' heads (of the named channels' key ranges, or of all), in
+    -- a statement that reads no table (mq_chain_heads).
+    SELECT pg_catalog.array_agg(h.head_name), pg_catalog.array_agg(h.head_at),
+           pg_catalog.array_agg(h.head_deliveries), pg_catalog.array_agg(h.head_dead),
+           pg_catalog.array_agg(h.head_uncommitted), pg_catalog.array_agg(h.head_ready_at)
+    INTO h_cn, h_at, h_dl, h_dead, h_ci, h_ra
+    FROM (SELECT '-9223372036854775808'::bigint AS lo, 9223372036854775807::bigint AS hi,
+                 NULL::text AS nm
+          WHERE channel_names IS NULL
+          UNION ALL
+          SELECT pg_catalog.hashtext(c.n)::bigint << 32,
+                 (pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295, c.n
+          FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c
+          WHERE channel_names IS NOT NULL) rg,
+         LATERAL mq_chain_heads(rg.lo, rg.hi, rg.nm, NULL) h;
     FOR r IN
     WITH counts AS (
         SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
@@ -397,12 +367,21 @@ $$;
 -- When the oldest ready message of a channel became ready (NULL: none is
 -- ready): a loose index scan over the channel's chain keys, one probe each,
 -- in mq_msgs_ready_plain; the channel's urgent messages are read whole; and
--- the heads of its chains, one probe each in mq_msgs_chain.
+-- the heads of its chains (mq_chain_heads, in a statement of its own).
 CREATE OR REPLACE FUNCTION mq_oldest_ready(channel text, ts timestamptz)
 RETURNS timestamptz
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    head_at timestamptz := (
+        SELECT pg_catalog.min(h.head_at)
+        FROM mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
+                            (pg_catalog.hashtext(channel)::bigint << 32) | 4294967295,
+                            channel, NULL) h
+        WHERE NOT h.head_dead AND h.head_attempts > 0 AND h.head_at <= ts);
+BEGIN
+    RETURN LEAST(head_at, (
     WITH RECURSIVE keys(k) AS (
         SELECT (SELECT m.channel_key FROM mq_msgs m
                 WHERE m.dead_since IS NULL
@@ -422,27 +401,6 @@ AS $$
                                         | 4294967295)
                 ORDER BY m.channel_key LIMIT 1)
         FROM keys WHERE keys.k IS NOT NULL
-    ),
-    hd(id, k, seq, at, attempts, dead, cn) AS (
-        -- The heads of the channel's chains: the first entry of each chain
-        -- key of its name's range (a loose index scan of mq_msgs_chain).
-        SELECT f.* FROM (
-            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
-                   m.dead_since IS NOT NULL, m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        UNION ALL
-        SELECT f.* FROM hd, LATERAL (
-            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
-                   m.dead_since IS NOT NULL, m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL
-              AND m.channel_key > hd.k
-              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
     )
     SELECT LEAST(
         (SELECT pg_catalog.min(f.at)
@@ -471,10 +429,8 @@ AS $$
            AND m.ready_at <= ts
            AND m.attempt_at <= ts
            AND m.attempts > 0
-           AND m.channel_name = channel),
-        -- The chains' heads that are ready.
-        (SELECT pg_catalog.min(h.at) FROM hd h
-         WHERE h.cn = channel AND NOT h.dead AND h.attempts > 0 AND h.at <= ts))
+           AND m.channel_name = channel))));
+END;
 $$;
 
 -- The next max_rows messages of a channel (and of one chain when
@@ -494,35 +450,22 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     ts timestamptz := pg_catalog.clock_timestamp();
+    head_ids uuid[];
 BEGIN
     IF max_rows IS NULL OR max_rows < 1 OR max_rows > (mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_peek: max_rows % is outside 1..%',
             max_rows, (mq_limits()).max_batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- The live heads of the channel's chains, in a statement of its own
+    -- (mq_chain_heads).
+    SELECT pg_catalog.array_agg(h.head_id) INTO head_ids
+    FROM mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
+                        (pg_catalog.hashtext(channel)::bigint << 32) | 4294967295,
+                        channel, NULL) h
+    WHERE NOT h.head_dead AND h.head_attempts > 0;
     RETURN QUERY
-    WITH RECURSIVE hd(id, k, seq, at, attempts, dead, cn) AS (
-        -- The heads of the channel's chains: the first entry of each chain
-        -- key of its name's range (a loose index scan of mq_msgs_chain).
-        SELECT f.* FROM (
-            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
-                   m.dead_since IS NOT NULL, m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-              AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-        UNION ALL
-        SELECT f.* FROM hd, LATERAL (
-            SELECT m.id, m.channel_key, m.chain_seq, m.attempt_at, m.attempts,
-                   m.dead_since IS NOT NULL, m.channel_name
-            FROM mq_msgs m
-            WHERE m.chain_seq IS NOT NULL
-              AND m.channel_key > hd.k
-              AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-            ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
-    ),
-    heads AS (
+    WITH heads AS (
         -- Candidates: the channel indexes (plain and urgent), one key range,
         -- and the live heads of the channel's chains.
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
@@ -557,10 +500,9 @@ BEGIN
         UNION ALL
         SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                m.commit_interval, m.chain_seq, m.channel_key, m.priority
-        FROM hd h
+        FROM unnest(head_ids) AS h(id) -- (ROWS FROM: unqualified)
         JOIN LATERAL (SELECT q.* FROM mq_msgs q WHERE q.id = h.id LIMIT 1) m ON true
-        WHERE h.cn = channel AND NOT h.dead AND h.attempts > 0
-          AND (args IS NULL OR m.channel_args = args)
+        WHERE args IS NULL OR m.channel_args = args
     ),
     -- Followers: each chain's next members in chain order, at most max_rows.
     picked AS (

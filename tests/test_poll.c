@@ -1,4 +1,5 @@
 /* test_poll.c: claiming (semantic 3), cost (6), fairness (7), wait_time (8). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -751,6 +752,72 @@ static void test_new_head_is_placed_now(void)
     PQfinish(c);
 }
 
+/* A poll visits every channel whatever key it starts at: from its start up
+ * to the end of the key range, then around from the beginning. Each pass
+ * of the visit (priority 0, urgent, chain heads) on twelve channels, from
+ * each channel's key and the key after it, and from random keys (a poll
+ * of the name), in both lanes: the locked lane first, committed (a rolled-back locker would
+ * leave its rows to lane 2), then the lease lane, rolled back. */
+static void test_visit_wraps_around_from_any_start(void)
+{
+    const char *rows = "ARRAY(SELECT ROW(gen_random_uuid(), NULL, 3, interval '1 second', %s,"
+                       " NULL, %s, 'n', '{}', NULL)::mq_new_t FROM generate_series(1, 12) g)";
+    const char *names[] = {"w", "u", "wc"};
+    const char *polls[] = {
+        "SELECT count(*) FROM mq_claim_locked(NULL, 12) WHERE id IS NOT NULL",
+        "SELECT count(*) FROM mq_poll_jobs(NULL, 12) WHERE id IS NOT NULL"};
+    const char *ends[] = {"COMMIT", "ROLLBACK"};
+    for (int pass = 0; pass < 3; pass++) {
+        t_truncate();
+        char ins[512];
+        char chan[32];
+        snprintf(chan, sizeof chan, "'%s', 'a' || g", names[pass]);
+        snprintf(ins, sizeof ins, rows, chan, pass == 2 ? "true" : "false");
+        if (pass == 1)
+            t_exec(
+                pg,
+                "SELECT mq_insert(%s, ARRAY(SELECT 1 + g %% 3 FROM generate_series(1, 12) g))",
+                ins);
+        else
+            t_exec(pg, "SELECT mq_insert(%s)", ins);
+        PGresult *r = t_sql(pg, "SELECT to_hex(channel_key), to_hex(CASE WHEN channel_key < "
+                                "9223372036854775807 THEN channel_key + 1 ELSE channel_key END)"
+                                " FROM mq_msgs");
+        CHECK_INT(PQntuples(r), 12);
+        PGconn *c = t_pg();
+        for (int lane = 0; lane < 2; lane++) {
+            /* A poll of the name starts at a random key of its range (and
+             * has no top-up from the time index, which would hide a visit
+             * that does not wrap around). */
+            for (int i = 0; i < 20; i++) {
+                t_exec(c, "BEGIN");
+                if (t_sql_int(c,
+                              "SELECT count(*) FROM %s(ARRAY['%s'], 12) WHERE id IS NOT NULL",
+                              lane ? "mq_poll_jobs" : "mq_claim_locked", names[pass]) != 12)
+                    t_fail(__FILE__, __LINE__,
+                           "pass %d, %s, a poll of the name: not every channel", pass,
+                           lane ? "lease lane" : "locked lane");
+                t_exec(c, "%s", ends[lane]);
+            }
+            for (int i = 0; i < PQntuples(r); i++)
+                for (int col = 0; col < 2; col++) {
+                    t_exec(c, "BEGIN");
+                    t_exec(c,
+                           "SELECT set_config('pqmq.next_' || 'mq_msgs'::regclass::oid, '%s',"
+                           " false)",
+                           PQgetvalue(r, i, col));
+                    if (t_sql_int(c, "%s", polls[lane]) != 12)
+                        t_fail(__FILE__, __LINE__, "pass %d, %s, start %s: not every channel",
+                               pass, lane ? "lease lane" : "locked lane",
+                               PQgetvalue(r, i, col));
+                    t_exec(c, "%s", ends[lane]);
+                }
+        }
+        PQclear(r);
+        PQfinish(c);
+    }
+}
+
 int main(void)
 {
     t_init("poll");
@@ -779,6 +846,7 @@ int main(void)
     T_RUN(test_mark_set_by_hand);
     T_RUN(test_commit_places_the_message_now);
     T_RUN(test_new_head_is_placed_now);
+    T_RUN(test_visit_wraps_around_from_any_start);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
