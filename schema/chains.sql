@@ -10,11 +10,6 @@ CREATE OR REPLACE FUNCTION mq_lock_new_chains(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(k.a, k.b)

@@ -11,14 +11,6 @@ CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAUL
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
--- Custom plans (a new session's first five calls) pick hash joins over the
--- whole table for arrays of ids; the generic plan probes the indexes.
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     n       int;
@@ -172,11 +164,6 @@ CREATE OR REPLACE FUNCTION mq_release(msg_ids uuid[], msg_attempts int[])
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();

@@ -7,11 +7,6 @@ CREATE OR REPLACE FUNCTION mq_reap_dead()
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
@@ -124,11 +119,6 @@ CREATE OR REPLACE FUNCTION mq_skip(msg_ids uuid[])
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();

@@ -36,14 +36,6 @@ CREATE OR REPLACE FUNCTION mq_insert_rows(new_messages mq_new_t[], unique_keys t
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
--- Custom plans (a new session's first five calls) pick hash joins over the
--- whole table for arrays of ids; the generic plan probes the indexes.
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ts      timestamptz := clock_timestamp();
@@ -211,11 +203,6 @@ CREATE OR REPLACE FUNCTION mq_commit(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     chans text[];

@@ -48,12 +48,6 @@ CREATE OR REPLACE FUNCTION mq_insert_keyed(new_messages mq_new_t[], unique_keys 
 RETURNS TABLE(id uuid, outcome text)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();
@@ -339,11 +333,6 @@ CREATE OR REPLACE FUNCTION mq_lock_keys(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     cn text[];

@@ -19,11 +19,6 @@ CREATE OR REPLACE FUNCTION mq_keep_alive_count(msg_ids uuid[], duration interval
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();
@@ -86,11 +81,6 @@ CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();
@@ -138,11 +128,6 @@ CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFA
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     ts   timestamptz := clock_timestamp();

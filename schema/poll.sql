@@ -32,12 +32,6 @@ CREATE OR REPLACE FUNCTION mq_pick_set(channel_names text[], batch_size int,
                                        OUT ids uuid[], OUT tids tid[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     got     uuid[];
@@ -259,12 +253,6 @@ CREATE OR REPLACE FUNCTION mq_random_start(mark timestamptz)
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET enable_bitmapscan = off
 AS $$
 DECLARE
     start bigint := LEAST(9223372036854775807, -9223372036854775808
@@ -416,11 +404,6 @@ CREATE OR REPLACE FUNCTION mq_wait_time(channel_names text[], ts timestamptz)
 RETURNS interval
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
 AS $$
 DECLARE
     next_at timestamptz;
@@ -518,14 +501,6 @@ CREATE OR REPLACE FUNCTION mq_claim_lane(channel_names text[], batch_size int, l
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
--- Custom plans (a new session's first five calls) pick hash joins over the
--- whole table for arrays of ids; the generic plan probes the indexes.
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ts      timestamptz := clock_timestamp();
@@ -625,12 +600,6 @@ CREATE OR REPLACE FUNCTION mq_claim_locked(channel_names text[], batch_size int)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     ts     timestamptz := clock_timestamp();
@@ -686,14 +655,6 @@ CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
                                         INOUT keys bigint[], INOUT low timestamptz)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
--- (version 2) Without bitmap scans the ordered index scan, which stops after
--- per_key rows, is the only fit; the bitmap plan read and sorted whole channels.
-SET enable_bitmapscan = off
 AS $$
 DECLARE
     got   uuid[];
@@ -805,12 +766,6 @@ CREATE OR REPLACE FUNCTION mq_pick_chains(only_name text, lo bigint, hi bigint,
                                           INOUT tids tid[], INOUT keys bigint[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET enable_bitmapscan = off
 AS $$
 DECLARE
     got     uuid[];
@@ -899,12 +854,6 @@ CREATE OR REPLACE FUNCTION mq_pick_urgent(only_name text, lo bigint, hi bigint,
                                           INOUT full_keys bigint[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
--- Index probes whatever ANALYZE last saw, and no JIT (DESIGN.md, Plans).
-SET enable_seqscan = off
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET jit = off
-SET enable_bitmapscan = off
 AS $$
 DECLARE
     got   uuid[];

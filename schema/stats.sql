@@ -140,8 +140,14 @@ $$;
 -- Inserts are counted by the functions that write them (mq_insert_rows),
 -- and rows written by hand by the table's own trigger (mq_fill_row):
 -- a statement trigger here copied every inserted row into a transition table.
-DROP TRIGGER IF EXISTS mq_count_inserted ON mq_msgs;
-DROP FUNCTION IF EXISTS mq_count_inserted();
+DO $$
+BEGIN
+    IF pg_catalog.to_regprocedure('mq_count_inserted()') IS NOT NULL THEN
+        DROP TRIGGER IF EXISTS mq_count_inserted ON mq_msgs;
+        DROP FUNCTION mq_count_inserted();
+    END IF;
+END
+$$;
 
 -- Created once, with the counts of what is already queued: CREATE TRIGGER
 -- locks out writers until this migration commits, so none is missed.

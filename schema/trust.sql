@@ -50,3 +50,47 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- The functions on the hot path run with the planner settings that keep
+-- their plans to index probes, whatever ANALYZE last saw of a table that
+-- swings between empty and huge, and without JIT (DESIGN.md, Plans); set
+-- here, once for all of them, rather than in each header. Those that take
+-- arrays of ids use the generic plan (a new session's first five calls made
+-- custom plans that hash-joined the whole table); the picks have no bitmap
+-- scans (the ordered index scan stops after a channel's share; a bitmap
+-- plan read and sorted whole channels).
+DO $$
+DECLARE
+    nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
+    f   record;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure AS fn,
+               p.proname = ANY (ARRAY['mq_complete', 'mq_insert_rows', 'mq_insert_keyed',
+                                      'mq_pick_set', 'mq_claim_lane', 'mq_claim_locked'])
+                   AS generic,
+               p.proname = ANY (ARRAY['mq_random_start', 'mq_pick_keys', 'mq_pick_chains',
+                                      'mq_pick_urgent']) AS no_bitmap
+        FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = nsp
+          AND p.proname = ANY (ARRAY[
+              'mq_lock_new_chains', 'mq_complete', 'mq_release', 'mq_reap_dead', 'mq_skip',
+              'mq_insert_rows', 'mq_commit', 'mq_insert_keyed', 'mq_lock_keys',
+              'mq_keep_alive_count', 'mq_checkpoint_found', 'mq_fail', 'mq_pick_set',
+              'mq_random_start', 'mq_wait_time', 'mq_claim_lane', 'mq_claim_locked',
+              'mq_pick_keys', 'mq_pick_chains', 'mq_pick_urgent'])
+    LOOP
+        EXECUTE pg_catalog.format(
+            'ALTER FUNCTION %s SET enable_seqscan = off SET enable_hashjoin = off '
+            'SET enable_mergejoin = off SET jit = off', f.fn);
+        IF f.generic THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %s SET plan_cache_mode = force_generic_plan',
+                                      f.fn);
+        END IF;
+        IF f.no_bitmap THEN
+            EXECUTE pg_catalog.format('ALTER FUNCTION %s SET enable_bitmapscan = off', f.fn);
+        END IF;
+    END LOOP;
+END
+$$;
