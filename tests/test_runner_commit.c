@@ -21,13 +21,6 @@
 static pqmq_client *q;
 static PGconn *pg;
 
-#define WAIT_UNTIL(cond, ms)                                                                   \
-    do {                                                                                       \
-        int64_t end_ = t_now_ms() + (ms);                                                      \
-        while (!(cond) && t_now_ms() < end_)                                                   \
-            t_sleep_ms(5);                                                                     \
-    } while (0)
-
 /* A runner with commit batches of at most jobs (0: the default). */
 static pqmq_runner *new_runner(int threads, int jobs)
 {
@@ -37,16 +30,9 @@ static pqmq_runner *new_runner(int threads, int jobs)
     return r;
 }
 
-static pqmq_runner_stats_t stats(pqmq_runner *r)
-{
-    pqmq_runner_stats_t s;
-    pqmq_runner_stats(r, &s);
-    return s;
-}
-
 static uint64_t processed(pqmq_runner *r)
 {
-    return stats(r).processed;
+    return t_stats(r).processed;
 }
 
 /* n messages on channel (NULL: five channels), ordered on one chain if
@@ -217,7 +203,7 @@ static pqmq_runner_stats_t run_all(int threads, int jobs, uint64_t n)
     t_runner_start(&b, r);
     WAIT_UNTIL(processed(r) >= n, 30000);
     t_runner_stop(&b);
-    pqmq_runner_stats_t s = stats(r);
+    pqmq_runner_stats_t s = t_stats(r);
     pqmq_runner_free(r);
     return s;
 }
@@ -387,7 +373,7 @@ static void test_leases_of_a_batch_are_kept_alive(void)
     CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
     t_bg b;
     t_runner_start(&b, r);
-    WAIT_UNTIL(stats(r).in_flight == 5, 10000);
+    WAIT_UNTIL(t_stats(r).in_flight == 5, 10000);
     int taken = 0;
     for (int64_t end = t_now_ms() + 2500; t_now_ms() < end && processed(r) < 5;) {
         pqmq_batch *got = NULL;
