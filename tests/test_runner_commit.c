@@ -64,14 +64,27 @@ static void insert_n(int n, const char *json, int64_t backoff_ms)
 /* The effect of a message: a ledger row (id primary key: a second effect
  * of a message is an error) with the attempt it saw, its transaction and
  * a sequence number (the order effects were written in). */
-static int write_effect(PGconn *conn, const pqmq_job *job)
+typedef struct {
+    char id[37], attempt[16];
+    const char *v[3]; /* $1 id, $2 attempt, $3 the payload */
+} effect_params;
+
+static void effect_params_of(const pqmq_job *job, effect_params *p)
 {
     uuid_t id;
-    char text[37], attempt[16];
     pqmq_job_id(job, id);
-    uuid_unparse_lower(id, text);
-    snprintf(attempt, sizeof attempt, "%d", pqmq_job_attempt(job));
-    const char *v[3] = {text, attempt, pqmq_job_json(job)};
+    uuid_unparse_lower(id, p->id);
+    snprintf(p->attempt, sizeof p->attempt, "%d", pqmq_job_attempt(job));
+    p->v[0] = p->id;
+    p->v[1] = p->attempt;
+    p->v[2] = pqmq_job_json(job);
+}
+
+static int write_effect(PGconn *conn, const pqmq_job *job)
+{
+    effect_params p;
+    effect_params_of(job, &p);
+    const char *const *v = p.v;
     PGresult *r = PQexecParams(conn,
                                "INSERT INTO rc_ledger (id, attempt, seq)"
                                " VALUES ($1, $2, ($3::jsonb ->> 'seq')::int)",
@@ -129,12 +142,9 @@ static atomic_int piped, calls;
  * "badfirst" makes that statement fail on the first attempt. */
 static int write_effect_piped(pqmq_ctx *ctx, const pqmq_job *job)
 {
-    uuid_t id;
-    char text[37], attempt[16];
-    pqmq_job_id(job, id);
-    uuid_unparse_lower(id, text);
-    snprintf(attempt, sizeof attempt, "%d", pqmq_job_attempt(job));
-    const char *v[3] = {text, attempt, pqmq_job_json(job)};
+    effect_params p;
+    effect_params_of(job, &p);
+    const char *const *v = p.v;
     int bad = strstr(pqmq_job_json(job), "badfirst") && pqmq_job_attempt(job) == 1;
     PGresult *r = pqmq_ctx_exec_params(ctx,
                                        bad ? "INSERT INTO rc_ledger (id, attempt, seq)"
