@@ -216,14 +216,36 @@ BEGIN
         END LOOP;
     END LOOP;
 
-    -- Forget a few keys whose window has passed (those who keep keys pay):
-    -- after this batch's own keys, so that no key is held out of order.
-    DELETE FROM mq_keys k WHERE k.ctid = ANY (ARRAY(
-        SELECT e.ctid FROM mq_keys e WHERE e.expires_at <= ts
-        ORDER BY e.expires_at LIMIT 2 * n + 16 FOR UPDATE SKIP LOCKED));
+    -- Forget a few keys whose window has passed (those who keep keys pay).
+    IF EXISTS (SELECT 1 FROM mq_keys e WHERE e.expires_at <= ts) THEN
+        PERFORM mq_sweep_keys(ts, 2 * n + 16);
+    END IF;
 
     PERFORM mq_insert_rows(eff, unique_keys, retention, take, prio);
     RETURN QUERY SELECT ids[i], outs[i] FROM generate_series(1, n) AS i ORDER BY i;
+END;
+$$;
+
+-- Deletes up to most keys whose window ended by ts, oldest first, if it can
+-- do so without waiting. It runs after a producer's own keys, out of key
+-- order, so it must never wait: SKIP LOCKED skips a locked row, but a row
+-- whose updater has just committed is followed to its newest version and
+-- that lock is waited for, whatever the wait policy (PostgreSQL's
+-- heap_lock_updated_tuple). Such a wait could close a circle with a
+-- producer waiting for a key swept here; a lock_timeout far below
+-- deadlock_timeout ends it first, and the sweep is left to a later batch.
+CREATE OR REPLACE FUNCTION mq_sweep_keys(ts timestamptz, most int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET lock_timeout = '5ms'
+AS $$
+BEGIN
+    DELETE FROM mq_keys k WHERE k.ctid = ANY (ARRAY(
+        SELECT e.ctid FROM mq_keys e WHERE e.expires_at <= ts
+        ORDER BY e.expires_at LIMIT most FOR UPDATE SKIP LOCKED));
+EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    NULL;
 END;
 $$;
 
