@@ -45,7 +45,21 @@ wd_call() {
     jq -c '.value' <<<"$out"
 }
 
+# wd_start DIR: chromedriver and a browser session. A session start that
+# fails (chromedriver or the browser gone, as on a loaded machine) is tried
+# again with a fresh driver, three times in all.
 wd_start() {
+    local attempt rc=77
+    for attempt in 1 2 3; do
+        wd_start_once "$1"
+        rc=$?
+        [[ $rc == 77 && -n $WD_BROWSER && $WD_WHY == "chromium did not start"* ]] || break
+        echo "webdriver: attempt $attempt: $WD_WHY" >&2
+    done
+    return "$rc"
+}
+
+wd_start_once() {
     local dir=$1 try
     for try in chromium chromium-browser; do
         [[ -z $WD_BROWSER ]] && WD_BROWSER=$(command -v "$try" || true)
@@ -57,7 +71,7 @@ wd_start() {
     for tool in curl jq; do
         command -v "$tool" >/dev/null 2>&1 || { WD_WHY="$tool not found"; return 1; }
     done
-    mkdir -p "$dir/profile"
+    rm -rf "$dir/profile" && mkdir -p "$dir/profile" # a crashed try leaves its lock
     # A random port; another one when chromedriver cannot bind it.
     for try in 1 2 3 4 5; do
         WD_PORT=$((20000 + RANDOM % 30000))
@@ -85,10 +99,10 @@ wd_start() {
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,1200",
             ("--user-data-dir=" + $profile)]}}}}')
-    if ! session=$(wd_call POST /session "$caps"); then
+    if ! session=$(wd_call POST /session "$caps" 2>"$dir/session.err"); then
         # The browser itself would not start (no display libraries, a
         # container that forbids it, ...): nothing here can drive a page.
-        WD_WHY="chromium did not start: $WD_WHY"
+        WD_WHY="chromium did not start: $(cat "$dir/session.err")"
         wd_stop
         return 77
     fi
