@@ -334,17 +334,23 @@ void run_once(const struct opts *o, PGconn *admin, int threads, struct results *
     profile_end(o, admin, label, o->messages);
     check(o, admin, label, "SELECT count(*) FROM mq_msgs");
 
-    /* Runners whose handlers write the row in the job's transaction, which
-     * commits with a batch of the worker's jobs: commit batches
-     * (pqmq_runner_set_commit_batch) on the lease lane, or the locked lane. */
+    /* Runners whose handlers write the rows in the jobs' transaction, which
+     * commits with a batch of the worker's jobs: on the lease lane, commit
+     * batches (pqmq_runner_set_commit_batch) with a group handler, which
+     * writes a claim's worth of rows in one statement; or the locked lane,
+     * a row per job. A group handler's worker takes a whole claim, so two
+     * workers a runner keep one group running while the next claim comes
+     * (unless --runner-threads says otherwise): more only add concurrent
+     * transactions on the same cores. */
     for (int locked = 0; locked < 2; locked++) {
+        int workers = locked || o->runner_threads ? threads : 2;
         label = locked ? "exactly-once: runner, locked lane" : "exactly-once: runner";
         queue_reset(admin);
         queue_enqueue(o, &s, "exactly-once: enqueue");
         bench_sql(admin, "ANALYZE mq_msgs");
         bench_sql(admin, "TRUNCATE bench_results");
         profile_begin(o, admin);
-        double rate = o->messages / queue_drain_runner_with(o, threads, label, locked, 1);
+        double rate = o->messages / queue_drain_runner_with(o, workers, label, locked, 1);
         *(locked ? &res->once_runner_locked : &res->once_runner) = rate;
         profile_end(o, admin, label, o->messages);
         check(o, admin, label, "SELECT count(*) FROM mq_msgs");

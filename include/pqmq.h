@@ -432,6 +432,19 @@ typedef struct pqmq_ctx pqmq_ctx;
 typedef int (*pqmq_handler)(pqmq_ctx *ctx, const pqmq_job *job, void *arg);
 
 /*
+ * A group handler runs several jobs of one message name at once, so that
+ * one statement can do the work of them all (an INSERT of n rows through
+ * pqmq_ctx_exec_params, say). With commit batches a worker hands it every
+ * job of that name queued for it, up to the batch's room, under one
+ * savepoint; otherwise n is 1. Return 0 to complete them all (with the
+ * batch), anything else to fail them all, their writes undone; each is
+ * retried after its own backoff. jobs (n entries) and ctx are borrowed;
+ * valid until the handler returns.
+ */
+typedef int (*pqmq_group_handler)(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n,
+                                  void *arg);
+
+/*
  * A worker that polls, runs handlers on a pool of threads (each with its own
  * connection), sleeps on LISTEN/NOTIFY between polls, keeps in-flight jobs
  * alive, batches completions, reconnects after a lost connection, and stops
@@ -447,6 +460,9 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *runner);
  * arg is passed through. Returns 0, PQMQ_EINVAL or PQMQ_ENOMEM. */
 PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *runner, const char *name, pqmq_handler fn,
                                    void *arg);
+/* As pqmq_runner_handle, with a group handler (see pqmq_group_handler). */
+PQMQ_EXPORT int pqmq_runner_handle_group(pqmq_runner *runner, const char *name,
+                                         pqmq_group_handler fn, void *arg);
 /* Serves only these channels (copied; default: all channels). */
 PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *runner, const char *const *channels,
                                          size_t n);
@@ -603,7 +619,8 @@ PQMQ_EXPORT PGconn *pqmq_ctx_conn(pqmq_ctx *ctx);
 PQMQ_EXPORT void pqmq_ctx_error(pqmq_ctx *ctx, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Saves progress (see pqmq_checkpoint); the lease is extended by the job's
- * lease length. Returns 0, PQMQ_ENOTHELD or a negative code. */
+ * lease length. Returns 0, PQMQ_ENOTHELD or a negative code; PQMQ_EINVAL
+ * in a group handler given several jobs (whose progress would it be?). */
 PQMQ_EXPORT int pqmq_ctx_checkpoint(pqmq_ctx *ctx, const char *json, const void *bytes,
                                     size_t len, int extra_retries);
 /* Non-zero once the runner has been asked to stop: a long handler may

@@ -160,7 +160,9 @@ void pqmq__claims_add(pqmq__claims *q, pqmq_batch *b)
         e->seq = q->next_seq++;
         atomic_fetch_add(q->in_flight, 1);
     }
-    pthread_cond_broadcast(&q->work);
+    /* One worker: it passes the word on if it leaves jobs queued (a group
+     * handler's worker takes them all, and the others need not wake). */
+    pthread_cond_signal(&q->work);
     pthread_mutex_unlock(&q->lock);
 }
 
@@ -310,6 +312,14 @@ static entry *next_queued(pqmq__claims *q)
     return best;
 }
 
+/* A worker took jobs (under the lock): if it left some queued, it wakes
+ * one more worker for them (pqmq__claims_add wakes only one). */
+static void pass_on(pqmq__claims *q)
+{
+    if (next_queued(q))
+        pthread_cond_signal(&q->work);
+}
+
 int pqmq__claims_next(pqmq__claims *q, int worker, pqmq__work *w)
 {
     (void)worker;
@@ -321,6 +331,7 @@ int pqmq__claims_next(pqmq__claims *q, int worker, pqmq__work *w)
         e->running = 1;
         w->job = e->job;
         w->delivery = e->delivery;
+        pass_on(q);
     }
     pthread_mutex_unlock(&q->lock);
     /* At shutdown, queued jobs are left for the loop to hand back. */
@@ -345,6 +356,7 @@ int pqmq__claims_next_or_kick(pqmq__claims *q, int worker, pqmq__work *w, uint64
             w->job = e->job;
             w->delivery = e->delivery;
             rc = (int)(e - q->entries);
+            pass_on(q);
             break;
         }
         if (q->kicks != *seen || pqmq__now_ms() >= at_ms ||
@@ -354,6 +366,58 @@ int pqmq__claims_next_or_kick(pqmq__claims *q, int worker, pqmq__work *w, uint64
     *seen = q->kicks;
     pthread_mutex_unlock(&q->lock);
     return rc;
+}
+
+/* Marks up to max queued jobs named name running, the oldest first, into
+ * w and index (under the lock); returns how many. One pass, keeping the
+ * oldest matches in claim order (max is at most a commit batch: 64). */
+static size_t take_named(pqmq__claims *q, const char *name, pqmq__work *w, int *index,
+                         size_t max)
+{
+    size_t n = 0;
+    for (int i = 0; i < q->capacity; i++) {
+        entry *e = &q->entries[i];
+        if (!e->job || e->running || strcmp(pqmq_job_name(e->job), name) != 0)
+            continue;
+        size_t at = n < max ? n++ : max;
+        while (at > 0 && q->entries[index[at - 1]].seq > e->seq) {
+            if (at < max)
+                index[at] = index[at - 1];
+            at--;
+        }
+        if (at < max)
+            index[at] = i;
+    }
+    for (size_t k = 0; k < n; k++) {
+        entry *e = &q->entries[index[k]];
+        e->running = 1;
+        w[k].job = e->job;
+        w[k].delivery = e->delivery;
+    }
+    return n;
+}
+
+int pqmq__claims_next_group(pqmq__claims *q, int worker, int wait,
+                            int (*grouped)(const pqmq_job *job, void *arg), void *arg,
+                            size_t max, pqmq__work *w, int *index)
+{
+    (void)worker;
+    entry *e;
+    pthread_mutex_lock(&q->lock);
+    while (!(e = next_queued(q)) && !q->shutdown && wait)
+        pthread_cond_wait(&q->work, &q->lock);
+    int n = q->shutdown ? -1 : !e ? -2 : 1;
+    if (n == 1) {
+        e->running = 1;
+        w[0].job = e->job;
+        w[0].delivery = e->delivery;
+        index[0] = (int)(e - q->entries);
+        if (max > 1 && grouped(e->job, arg))
+            n += (int)take_named(q, pqmq_job_name(e->job), w + 1, index + 1, max - 1);
+        pass_on(q);
+    }
+    pthread_mutex_unlock(&q->lock);
+    return n;
 }
 
 void pqmq__claims_kick(pqmq__claims *q)

@@ -83,6 +83,15 @@ int pqmq__claims_next(pqmq__claims *q, int worker, pqmq__work *w);
  * comes first: time to poll. */
 int pqmq__claims_next_or_kick(pqmq__claims *q, int worker, pqmq__work *w, uint64_t *seen,
                               int64_t at_ms);
+/* For a worker with commit batches: the oldest queued job, waiting for one
+ * if wait (else -2 when none is queued now); -1 at shutdown. If
+ * grouped(its job, arg), a group handler's, up to max - 1 more queued jobs
+ * of its name come with it, oldest first, in the same step (workers woken
+ * together would split the group). Describes them in w[0..n) and their
+ * indexes in index[0..n); returns n. */
+int pqmq__claims_next_group(pqmq__claims *q, int worker, int wait,
+                            int (*grouped)(const pqmq_job *job, void *arg), void *arg,
+                            size_t max, pqmq__work *w, int *index);
 /* Wakes the locked workers to poll (a notification said messages came). */
 void pqmq__claims_kick(pqmq__claims *q);
 /* The job at index is settled; complete: the loop must complete it. */

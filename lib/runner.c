@@ -112,9 +112,11 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
     free(r);
 }
 
-PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *r, const char *name, pqmq_handler fn, void *arg)
+/* Registers fn or group for name. */
+static int add_route(pqmq_runner *r, const char *name, pqmq_handler fn,
+                     pqmq_group_handler group, void *arg)
 {
-    if (!r || !fn)
+    if (!r || (!fn && !group))
         return PQMQ_EINVAL;
     char *copy = NULL;
     if (name && !(copy = strdup(name)))
@@ -125,8 +127,19 @@ PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *r, const char *name, pqmq_handle
         return PQMQ_ENOMEM;
     }
     r->routes = grown;
-    r->routes[r->nroutes++] = (pqmq__route){copy, fn, arg};
+    r->routes[r->nroutes++] = (pqmq__route){copy, fn, group, arg};
     return 0;
+}
+
+PQMQ_EXPORT int pqmq_runner_handle(pqmq_runner *r, const char *name, pqmq_handler fn, void *arg)
+{
+    return add_route(r, name, fn, NULL, arg);
+}
+
+PQMQ_EXPORT int pqmq_runner_handle_group(pqmq_runner *r, const char *name,
+                                         pqmq_group_handler fn, void *arg)
+{
+    return add_route(r, name, NULL, fn, arg);
 }
 
 PQMQ_EXPORT int pqmq_runner_set_channels(pqmq_runner *r, const char *const *channels, size_t n)
@@ -726,9 +739,11 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
     /* Room for two batches: the next full batch is claimed (with the
      * completions of the last) while the workers still run this one. */
     int capacity = 2 * r->batch > r->threads ? 2 * r->batch : r->threads;
-    /* Commit batches hold their jobs until they commit: room for those too. */
+    /* Commit batches hold their jobs until they commit: room for those too
+     * (a group handler's take up to a claim's worth, in one savepoint). */
+    int group_most = r->commit_jobs > r->batch ? r->commit_jobs : r->batch;
     if (!r->locked && r->commit_jobs > 1)
-        capacity += r->threads * r->commit_jobs;
+        capacity += r->threads * group_most;
     L.q = pqmq__claims_new(capacity, r->threads, wake, r, &r->counters.in_flight);
     /* Each locked worker's batch: the batch size, at most 64, the
      * subtransactions (savepoints of handlers that write) a transaction
@@ -746,7 +761,8 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
                             (const char *const *)r->channels,
                             r->nchannels,
                             r->locked ? 1 : r->commit_jobs,
-                            r->commit_open_ms};
+                            r->commit_open_ms,
+                            group_most};
     char why[256] = "out of memory";
     pqmq__workers *workers = NULL;
     rc = L.q ? pqmq__workers_start(&env, r->threads, &workers, why, sizeof why) : PQMQ_ENOMEM;

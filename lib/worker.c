@@ -42,6 +42,10 @@ typedef struct {
     pending *pend;
     pqmq__delivery *ok;
     size_t npend;
+    /* A group handler's jobs (room for commit_jobs). */
+    pqmq__work *group;
+    int *group_index;
+    const pqmq_job **group_jobs;
 } slot;
 
 struct pqmq__workers {
@@ -53,7 +57,8 @@ struct pqmq__workers {
 
 struct pqmq_ctx {
     slot *slot;
-    const pqmq__work *work;
+    const pqmq__work *work; /* a group handler's: the first of njobs */
+    size_t njobs;
     int tx_open;   /* the job's transaction (in a batch: its savepoint) is open */
     int tx_broken; /* BEGIN failed: the job cannot complete transactionally */
     int batched;   /* the job runs in the worker's batch transaction */
@@ -294,7 +299,7 @@ PQMQ_EXPORT void pqmq_ctx_error(pqmq_ctx *ctx, const char *fmt, ...)
 PQMQ_EXPORT int pqmq_ctx_checkpoint(pqmq_ctx *ctx, const char *json, const void *bytes,
                                     size_t len, int extra_retries)
 {
-    if (!ctx)
+    if (!ctx || ctx->njobs != 1)
         return PQMQ_EINVAL;
     return pqmq_checkpoint(ctx->slot->client, ctx->work->delivery.id,
                            pqmq_job_lease_ms(ctx->work->job), json, bytes, len, extra_retries);
@@ -306,6 +311,25 @@ PQMQ_EXPORT int pqmq_ctx_stopping(const pqmq_ctx *ctx)
 }
 
 /* ---- running one job --------------------------------------------------- */
+
+/* Calls the handler of w[0..n) (a group handler's when n > 1), or names
+ * the missing one in ctx's error and fails. */
+static int call_handler(slot *s, pqmq_ctx *ctx, const pqmq__work *w, size_t n)
+{
+    const char *name = pqmq_job_name(w[0].job);
+    const pqmq__route *route = route_for(s->env, name);
+    if (!route) {
+        snprintf(ctx->error, sizeof ctx->error, "no handler for message name \"%s\"", name);
+        return -1;
+    }
+    if (!route->group)
+        return route->fn(ctx, w[0].job, route->arg);
+    const pqmq_job *one = w[0].job;
+    const pqmq_job **jobs = n == 1 ? &one : s->group_jobs;
+    for (size_t i = 0; i < n; i++)
+        jobs[i] = w[i].job;
+    return route->group(ctx, jobs, n, route->arg);
+}
 
 static int exec_ok(PGconn *conn, const char *sql)
 {
@@ -378,17 +402,8 @@ static void record_failure(slot *s, const pqmq__delivery *d, char *error)
 static int run_job(slot *s, const pqmq__work *w)
 {
     const pqmq__worker_env *env = s->env;
-    const pqmq_job *job = w->job;
-    pqmq_ctx ctx = {s, w, 0, 0, 0, ""};
-    const char *name = pqmq_job_name(job);
-    const pqmq__route *route = route_for(env, name);
-    int rc;
-    if (route) {
-        rc = route->fn(&ctx, job, route->arg);
-    } else {
-        snprintf(ctx.error, sizeof ctx.error, "no handler for message name \"%s\"", name);
-        rc = -1;
-    }
+    pqmq_ctx ctx = {s, w, 1, 0, 0, 0, ""};
+    int rc = call_handler(s, &ctx, w, 1);
     if (ctx.tx_open) {
         if (rc == 0 && PQtransactionStatus(pqmq_conn(s->client)) != PQTRANS_INTRANS) {
             snprintf(ctx.error, sizeof ctx.error, "the handler's transaction failed: %s",
@@ -439,23 +454,17 @@ static int connected(slot *s)
 
 /* ---- batch transactions ------------------------------------------------ */
 
-/* Runs w's handler in the worker's batch transaction: the locked lane's, or
- * a commit batch's, which the handler's pqmq_ctx_begin opens if none is.
- * Returns 1 (succeeded: complete it with the batch), 0 (failed: its writes
- * were undone to its savepoint) or -1 (a statement failed outside a
- * savepoint: the transaction, and so the batch, is lost); why it did not
- * succeed in error. */
-static int run_in_batch(slot *s, const pqmq__work *w, char *error, size_t errlen)
+/* Runs the handler of w[0..n) (n > 1: a group handler's) in the worker's
+ * batch transaction: the locked lane's, or a commit batch's, which the
+ * handler's pqmq_ctx_begin opens if none is. Returns 1 (succeeded: complete
+ * them with the batch), 0 (failed: the writes were undone to the savepoint)
+ * or -1 (a statement failed outside a savepoint: the transaction, and so
+ * the batch, is lost); why it did not succeed in error. */
+static int run_in_batch(slot *s, const pqmq__work *w, size_t n, char *error, size_t errlen)
 {
     PGconn *conn = pqmq_conn(s->client);
-    pqmq_ctx ctx = {s, w, 0, 0, 1, ""};
-    const pqmq__route *route = route_for(s->env, pqmq_job_name(w->job));
-    int rc = -1, result;
-    if (route)
-        rc = route->fn(&ctx, w->job, route->arg);
-    else
-        snprintf(ctx.error, sizeof ctx.error, "no handler for message name \"%s\"",
-                 pqmq_job_name(w->job));
+    pqmq_ctx ctx = {s, w, n, 0, 0, 1, ""};
+    int rc = call_handler(s, &ctx, w, n), result;
     int healthy = !s->tx_open || PQtransactionStatus(conn) == PQTRANS_INTRANS;
     if (ctx.tx_open) {
         if (rc == 0 && !healthy)
@@ -545,36 +554,56 @@ static void end_batch(slot *s, int broken)
     atomic_fetch_add(&env->counters->failed, failed);
 }
 
-/* Runs the job at index of the claim queue with commit batches: in the open
- * batch (or the one its pqmq_ctx_begin opens) it is settled with the
- * batch; a job that opened none is settled now, as in the default mode. */
-static void run_batched(slot *s, int index, const pqmq__work *w)
+/* Runs the n jobs of s->group with commit batches (n > 1: a group
+ * handler's): in the open batch (or the one the handler's pqmq_ctx_begin
+ * opens) they are settled with the batch; jobs whose handler opened none
+ * are settled now, as in the default mode. */
+static void run_batched(slot *s, size_t n)
 {
-    pending *p = &s->pend[s->npend];
-    int r = run_in_batch(s, w, p->error, sizeof p->error);
-    if (s->tx_open) {
-        p->index = index;
-        p->delivery = w->delivery;
-        p->ok = r == 1;
-        s->npend++;
-        if (r < 0)
-            end_batch(s, 1);
-        return;
+    const pqmq__worker_env *env = s->env;
+    char error[512];
+    int r = run_in_batch(s, s->group, n, error, sizeof error);
+    for (size_t i = 0; i < n; i++) {
+        const pqmq__work *w = &s->group[i];
+        if (s->tx_open) {
+            pending *p = &s->pend[s->npend++];
+            p->index = s->group_index[i];
+            p->delivery = w->delivery;
+            p->ok = r == 1;
+            snprintf(p->error, sizeof p->error, "%s", error);
+            continue;
+        }
+        if (r != 1) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", error);
+            record_failure(s, &w->delivery, why);
+            atomic_fetch_add(&env->counters->failed, 1);
+        }
+        pqmq__claims_finish(env->claims, s->group_index[i], r == 1);
     }
-    if (r != 1) {
-        record_failure(s, &w->delivery, p->error);
-        atomic_fetch_add(&s->env->counters->failed, 1);
-    }
-    pqmq__claims_finish(s->env->claims, index, r == 1);
+    if (s->tx_open && r < 0)
+        end_batch(s, 1);
 }
 
-/* The next job for a worker with commit batches: with a batch open, one
- * only if queued now (-2: none; the batch ends rather than waits). */
-static int next_batched(slot *s, pqmq__work *w, uint64_t *seen)
+/* Whether a group handler takes job (pqmq__claims_next_group). */
+static int is_grouped(const pqmq_job *job, void *env)
 {
-    if (!s->npend)
-        return pqmq__claims_next(s->env->claims, s->index, w);
-    return pqmq__claims_next_or_kick(s->env->claims, s->index, w, seen, 0);
+    const pqmq__route *route = route_for(env, pqmq_job_name(job));
+    return route && route->group;
+}
+
+/* The next jobs for a worker with commit batches, into s->group: with a
+ * batch open, only if queued now (-2: none; the batch ends rather than
+ * waits). A group handler's come together, up to group_most in the batch:
+ * one savepoint for them all, so they need not share max_jobs' 64 (and
+ * other workers woken by the same claim would only split it into more
+ * commits). Returns how many, or -1 at shutdown. */
+static int next_batched(slot *s)
+{
+    const pqmq__worker_env *env = s->env;
+    return pqmq__claims_next_group(env->claims, s->index, s->npend == 0, is_grouped,
+                                   (void *)env, (size_t)env->group_most - s->npend, s->group,
+                                   s->group_index);
 }
 
 /* ---- the locked lane --------------------------------------------------- */
@@ -585,7 +614,7 @@ static int next_batched(slot *s, pqmq__work *w, uint64_t *seen)
 static int run_locked_job(slot *s, const pqmq__work *w, int *failed)
 {
     char error[512];
-    int r = run_in_batch(s, w, error, sizeof error);
+    int r = run_in_batch(s, w, 1, error, sizeof error);
     if (r != 0)
         return r;
     if (pqmq__fail(s->client, w->delivery.id, w->delivery.attempt, error) != 0 &&
@@ -687,6 +716,13 @@ static void locked_worker(slot *s)
     }
 }
 
+/* Hands the n jobs at index back to the queue, untouched. */
+static void give_back(slot *s, const int *index, int n)
+{
+    for (int i = 0; i < n; i++)
+        pqmq__claims_give_back(s->env->claims, s->index, index[i]);
+}
+
 static void *worker_main(void *arg)
 {
     slot *s = arg;
@@ -696,7 +732,6 @@ static void *worker_main(void *arg)
         return NULL;
     }
     int batched = s->env->commit_jobs > 1;
-    uint64_t seen = 0;
     for (;;) {
         /* A worker that cannot reach the server takes no job (another
          * worker, or itself once reconnected, runs it): it waits out its
@@ -712,29 +747,36 @@ static void *worker_main(void *arg)
             continue;
         }
         pqmq__work w;
-        int index = batched ? next_batched(s, &w, &seen) : pqmq__claims_next(q, s->index, &w);
+        int index, n = 1;
+        if (batched) {
+            n = next_batched(s);
+            index = n > 0 ? s->group_index[0] : n;
+        } else {
+            index = pqmq__claims_next(q, s->index, &w);
+        }
         if (index == -2 || (index == -1 && s->npend)) {
             end_batch(s, 0); /* nothing waiting (or shutdown): no batch stays open idle */
             continue;
         }
         if (index < 0)
             break;
+        const int *taken = batched ? s->group_index : &index;
         if (s->npend) {
             notice_hangup(pqmq_conn(s->client)); /* before a reconnect hides it */
             if (PQstatus(pqmq_conn(s->client)) != CONNECTION_OK) {
                 lose_batch(s); /* down: reconnected above, with its backoff */
-                pqmq__claims_give_back(q, s->index, index);
+                give_back(s, taken, n);
                 continue;
             }
         }
         if (!connected(s)) {
             /* Back to the queue, untouched; the main loop hands queued
              * jobs back to the server if no worker is up. */
-            pqmq__claims_give_back(q, s->index, index);
+            give_back(s, taken, n);
             continue;
         }
         if (batched)
-            run_batched(s, index, &w);
+            run_batched(s, (size_t)n);
         else
             pqmq__claims_finish(q, index, run_job(s, &w));
     }
@@ -758,9 +800,12 @@ int pqmq__workers_start(const pqmq__worker_env *env, int n, pqmq__workers **out,
         slot *s = &w->slots[i];
         s->env = &w->env;
         s->index = i;
-        if (env->commit_jobs > 1 &&
-            (!(s->pend = calloc((size_t)env->commit_jobs, sizeof *s->pend)) ||
-             !(s->ok = calloc((size_t)env->commit_jobs, sizeof *s->ok)))) {
+        size_t room = (size_t)env->group_most;
+        if (env->commit_jobs > 1 && (!(s->pend = calloc(room, sizeof *s->pend)) ||
+                                     !(s->ok = calloc(room, sizeof *s->ok)) ||
+                                     !(s->group = calloc(room, sizeof *s->group)) ||
+                                     !(s->group_index = calloc(room, sizeof *s->group_index)) ||
+                                     !(s->group_jobs = calloc(room, sizeof *s->group_jobs)))) {
             snprintf(err, errlen, "out of memory"); /* freed by pqmq__workers_join */
             rc = PQMQ_ENOMEM;
             break;
@@ -797,6 +842,9 @@ void pqmq__workers_join(pqmq__workers *w)
     for (int i = 0; i < w->total; i++) {
         free(w->slots[i].pend);
         free(w->slots[i].ok);
+        free(w->slots[i].group);
+        free(w->slots[i].group_index);
+        free(w->slots[i].group_jobs);
     }
     free(w->slots);
     free(w);

@@ -10,10 +10,11 @@
 
 #include "claims.h"
 
-/* A handler registered by name (NULL: the fallback). */
+/* A handler registered by name (NULL: the fallback): fn, or group. */
 typedef struct {
     char *name;
     pqmq_handler fn;
+    pqmq_group_handler group;
     void *arg;
 } pqmq__route;
 
@@ -40,6 +41,10 @@ typedef struct {
      * (commit_jobs 1: each job commits alone). */
     int commit_jobs;
     int64_t commit_open_ms;
+    /* Most jobs a group handler takes at once (in one savepoint), and so
+     * most jobs a commit batch holds: commit_jobs, or the claim size if
+     * larger. */
+    int group_most;
 } pqmq__worker_env;
 
 typedef struct pqmq__workers pqmq__workers;

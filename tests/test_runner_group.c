@@ -1,0 +1,243 @@
+/*
+ * test_runner_group.c: group handlers (pqmq_runner_handle_group). With
+ * commit batches a worker hands a group handler the queued jobs of its
+ * name together, in one savepoint, so one statement writes the effects of
+ * them all, and they commit with their completions; a group that fails is
+ * undone whole and each of its jobs fails and is retried alone; a group
+ * holds one name only; checkpoints need a group of one; without commit
+ * batches a group is one job.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "harness.h"
+
+static pqmq_client *q;
+static PGconn *pg;
+
+/* What the group handler saw: calls, jobs, the largest group, a group
+ * with two names in it, checkpoint's answer in a group of several. */
+static atomic_int calls, jobs_seen, largest, mixed, checkpoint_rc;
+
+static void reset(void)
+{
+    t_truncate();
+    atomic_store(&calls, 0);
+    atomic_store(&jobs_seen, 0);
+    atomic_store(&largest, 0);
+    atomic_store(&mixed, 0);
+    atomic_store(&checkpoint_rc, 1);
+    t_exec(pg,
+           "CREATE TABLE IF NOT EXISTS rg_ledger (id uuid PRIMARY KEY, attempt int NOT NULL,"
+           " tx bigint NOT NULL DEFAULT txid_current())");
+    t_exec(pg, "TRUNCATE rg_ledger");
+}
+
+/* n messages named name on five channels, retried after backoff_ms. */
+static void insert_named(const char *name, int n, const char *json, int64_t backoff_ms)
+{
+    for (int i = 0; i < n; i += 100) {
+        pqmq_msg *msgs[100];
+        int k = n - i < 100 ? n - i : 100;
+        for (int j = 0; j < k; j++) {
+            char ch[16];
+            snprintf(ch, sizeof ch, "c%d", (i + j) % 5);
+            msgs[j] = t_msg(ch, NULL, name, json, 0);
+            pqmq_msg_set_retries(msgs[j], 3);
+            pqmq_msg_set_backoff(msgs[j], backoff_ms);
+        }
+        CHECK_OK(q, pqmq_insert(q, msgs, (size_t)k));
+        t_msgs_free(msgs, (size_t)k);
+    }
+}
+
+/* "{id,id,...}" and "{attempt,...}" of jobs[0..n), malloc'd. */
+static void arrays_of(const pqmq_job *const *jobs, size_t n, char **ids, char **attempts)
+{
+    *ids = malloc(n * 38 + 3);
+    *attempts = malloc(n * 12 + 3);
+    size_t ni = 0, na = 0;
+    for (size_t i = 0; i < n; i++) {
+        uuid_t id;
+        char text[37];
+        pqmq_job_id(jobs[i], id);
+        uuid_unparse_lower(id, text);
+        ni += (size_t)sprintf(*ids + ni, "%s%s", i ? "," : "{", text);
+        na += (size_t)sprintf(*attempts + na, "%s%d", i ? "," : "{", pqmq_job_attempt(jobs[i]));
+    }
+    strcpy(*ids + ni, "}");
+    strcpy(*attempts + na, "}");
+}
+
+/* Writes every job's ledger row in one statement; a group holding a "fail"
+ * job on its first attempt fails after writing. */
+static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&calls, 1);
+    atomic_fetch_add(&jobs_seen, (int)n);
+    int seen = atomic_load(&largest);
+    while ((int)n > seen && !atomic_compare_exchange_weak(&largest, &seen, (int)n))
+        ;
+    int fail = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(pqmq_job_name(jobs[i]), pqmq_job_name(jobs[0])) != 0)
+            atomic_store(&mixed, 1);
+        fail |= strstr(pqmq_job_json(jobs[i]), "fail") && pqmq_job_attempt(jobs[i]) == 1;
+    }
+    if (n > 1)
+        atomic_store(&checkpoint_rc, pqmq_ctx_checkpoint(ctx, "{}", NULL, 0, 0));
+    char *ids, *attempts;
+    arrays_of(jobs, n, &ids, &attempts);
+    const char *v[2] = {ids, attempts};
+    PGresult *r = pqmq_ctx_exec_params(ctx,
+                                       "INSERT INTO rg_ledger (id, attempt)"
+                                       " SELECT * FROM unnest($1::uuid[], $2::int[])",
+                                       2, v);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    free(ids);
+    free(attempts);
+    if (ok && fail)
+        pqmq_ctx_error(ctx, "a first attempt of its group fails");
+    return ok && !fail ? 0 : -1;
+}
+
+static atomic_int others;
+
+/* The handler of the other name: its own effect, one job at a time. */
+static int record_one(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
+{
+    (void)arg;
+    atomic_fetch_add(&others, 1);
+    const pqmq_job *one[1] = {job};
+    char *ids, *attempts;
+    arrays_of(one, 1, &ids, &attempts);
+    const char *v[2] = {ids, attempts};
+    PGresult *r = pqmq_ctx_exec_params(ctx,
+                                       "INSERT INTO rg_ledger (id, attempt)"
+                                       " SELECT * FROM unnest($1::uuid[], $2::int[])",
+                                       2, v);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    free(ids);
+    free(attempts);
+    return ok ? 0 : -1;
+}
+
+/* Runs a runner of threads workers (commit batches of jobs jobs; -1: none)
+ * until n jobs are processed; returns its stats. */
+static pqmq_runner_stats_t run_all(int threads, int jobs, uint64_t n)
+{
+    pqmq_runner *r = t_runner();
+    CHECK_INT(pqmq_runner_set_concurrency(r, threads), 0);
+    if (jobs >= 0)
+        CHECK_INT(pqmq_runner_set_commit_batch(r, jobs, 0), 0);
+    CHECK_INT(pqmq_runner_handle_group(r, "job", record_group, NULL), 0);
+    CHECK_INT(pqmq_runner_handle(r, "other", record_one, NULL), 0);
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).processed >= n, 30000);
+    t_runner_stop(&b);
+    pqmq_runner_stats_t s = t_stats(r);
+    pqmq_runner_free(r);
+    return s;
+}
+
+/* 600 jobs reach the group handler in groups (far fewer calls than jobs,
+ * none over the claim size of 100); every effect commits once, in the
+ * transaction that completed its job; checkpoint refuses a group of
+ * several. */
+static void test_a_group_writes_its_jobs_in_one_statement(void)
+{
+    reset();
+    insert_named("job", 600, "{\"x\": 1}", 60000);
+    pqmq_runner_stats_t s = run_all(2, 0, 600);
+    CHECK_INT(s.processed, 600);
+    CHECK_INT(s.failed, 0);
+    CHECK_INT(atomic_load(&jobs_seen), 600);
+    printf("    600 jobs in %d calls, the largest group %d\n", atomic_load(&calls),
+           atomic_load(&largest));
+    CHECK(atomic_load(&calls) <= 60);
+    CHECK(atomic_load(&largest) > 1 && atomic_load(&largest) <= 100);
+    CHECK_INT(atomic_load(&checkpoint_rc), PQMQ_EINVAL);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rg_ledger WHERE attempt = 1"), 600);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+    CHECK(t_sql_int(pg, "SELECT count(DISTINCT tx) FROM rg_ledger") <= 60);
+}
+
+/* A group whose handler fails is undone whole: none of its first attempts
+ * left an effect, each of its jobs failed (the failure recorded) and ran
+ * again, and the other groups' effects committed once. */
+static void test_a_failing_group_is_undone_whole(void)
+{
+    reset();
+    insert_named("job", 150, "{\"x\": 1}", 500);
+    insert_named("job", 1, "{\"fail\": 1}", 500);
+    insert_named("job", 149, "{\"x\": 1}", 500);
+    pqmq_runner_stats_t s = run_all(1, 0, 300);
+    CHECK_INT(s.processed, 300);
+    CHECK(s.failed >= 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rg_ledger"), 300);
+    /* The group that failed is what ran a second time, all of it. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rg_ledger WHERE attempt = 2"),
+              (long)s.failed);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rg_ledger r JOIN mq_msgs m USING (id)"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+}
+
+/* Jobs of another name go to their own handler, never into a group. */
+static void test_a_group_holds_one_name(void)
+{
+    reset();
+    atomic_store(&others, 0);
+    for (int i = 0; i < 4; i++) {
+        insert_named("job", 50, "{\"x\": 1}", 60000);
+        insert_named("other", 25, "{\"x\": 1}", 60000);
+    }
+    pqmq_runner_stats_t s = run_all(2, 0, 300);
+    CHECK_INT(s.processed, 300);
+    CHECK_INT(atomic_load(&mixed), 0);
+    CHECK_INT(atomic_load(&jobs_seen), 200);
+    CHECK_INT(atomic_load(&others), 100);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rg_ledger"), 300);
+}
+
+/* Without commit batches a group is one job, in a transaction of its own. */
+static void test_without_commit_batches_a_group_is_one_job(void)
+{
+    reset();
+    insert_named("job", 40, "{\"x\": 1}", 60000);
+    pqmq_runner_stats_t s = run_all(2, -1, 40);
+    CHECK_INT(s.processed, 40);
+    CHECK_INT(atomic_load(&largest), 1);
+    CHECK_INT(atomic_load(&calls), 40);
+    CHECK_INT(t_sql_int(pg, "SELECT count(DISTINCT tx) FROM rg_ledger"), 40);
+}
+
+static void test_bad_arguments_are_refused(void)
+{
+    pqmq_runner *r = pqmq_runner_new("dbname=unused");
+    CHECK(r != NULL);
+    CHECK_INT(pqmq_runner_handle_group(NULL, "job", record_group, NULL), PQMQ_EINVAL);
+    CHECK_INT(pqmq_runner_handle_group(r, "job", NULL, NULL), PQMQ_EINVAL);
+    pqmq_runner_free(r);
+}
+
+int main(void)
+{
+    t_init("test_runner_group");
+    q = t_client();
+    pg = t_pg();
+    T_RUN(test_bad_arguments_are_refused);
+    T_RUN(test_a_group_writes_its_jobs_in_one_statement);
+    T_RUN(test_a_failing_group_is_undone_whole);
+    T_RUN(test_a_group_holds_one_name);
+    T_RUN(test_without_commit_batches_a_group_is_one_job);
+    PQfinish(pg);
+    pqmq_client_free(q);
+    return t_done();
+}
