@@ -2,7 +2,7 @@
  * exactly_once.c: a runner whose effects happen exactly once, even if the
  * process is killed at any moment.
  *
- *   exactly_once CONNINFO [--locked | --batched]
+ *   exactly_once CONNINFO [--locked | --batched | --grouped]
  *
  * For every message on every channel it writes one row into a ledger table
  * and completes the message in the same transaction (pqmq_ctx_begin): either
@@ -12,7 +12,9 @@
  * batch's effects and completions together, one commit per batch instead of
  * one per message. --batched keeps the lease lane and commits each worker's
  * jobs in batches (pqmq_runner_set_commit_batch): each handler in a
- * savepoint, one commit for a batch's effects and completions. SIGINT or
+ * savepoint, one commit for a batch's effects and completions. --grouped
+ * is --batched with a group handler (pqmq_runner_handle_group): the queued
+ * jobs a worker takes together are recorded by one INSERT. SIGINT or
  * SIGTERM stops it gracefully (in-flight handlers finish first, the batch
  * in hand commits); it then prints its counters and exits 0. Copy freely.
  */
@@ -20,6 +22,7 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <pqmq.h>
@@ -77,6 +80,78 @@ static int record(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
     return ok ? 0 : -1;
 }
 
+/* Appends value to the array literal at *buf (len used, cap allocated) as
+ * a quoted element (NULL: unquoted NULL); 0, or -1 out of memory. */
+static int append_element(char **buf, size_t *len, size_t *cap, const char *value)
+{
+    size_t need = *len + 2 * (value ? strlen(value) : 4) + 5;
+    if (need > *cap) {
+        size_t grown = need * 2;
+        char *p = realloc(*buf, grown);
+        if (!p)
+            return -1;
+        *buf = p;
+        *cap = grown;
+    }
+    char *out = *buf + *len;
+    *out++ = *len ? ',' : '{';
+    if (!value) {
+        memcpy(out, "NULL", 4);
+        out += 4;
+    } else {
+        *out++ = '"';
+        for (const char *v = value; *v; v++) {
+            if (*v == '"' || *v == '\\')
+                *out++ = '\\';
+            *out++ = *v;
+        }
+        *out++ = '"';
+    }
+    *len = (size_t)(out - *buf);
+    return 0;
+}
+
+/* The group handler (--grouped): the ledger rows of all n jobs in one
+ * statement, three arrays as parameters, in the jobs' savepoint of the
+ * worker's batch; they commit with the batch's completions. */
+static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, void *arg)
+{
+    (void)arg;
+    char *lists[3] = {NULL, NULL, NULL};
+    size_t len[3] = {0, 0, 0}, cap[3] = {0, 0, 0};
+    int ok = 1;
+    for (size_t i = 0; i < n && ok; i++) {
+        uuid_t id;
+        char id_text[37];
+        pqmq_job_id(jobs[i], id);
+        uuid_unparse_lower(id, id_text);
+        const char *values[3] = {id_text, pqmq_job_channel(jobs[i]), pqmq_job_json(jobs[i])};
+        for (int k = 0; k < 3 && ok; k++)
+            ok = append_element(&lists[k], &len[k], &cap[k], values[k]) == 0;
+    }
+    for (int k = 0; k < 3 && ok; k++)
+        lists[k][len[k]++] = '}', lists[k][len[k]] = 0;
+    PGresult *res = NULL;
+    if (ok) {
+        const char *params[3] = {lists[0], lists[1], lists[2]};
+        res = pqmq_ctx_exec_params(ctx,
+                                   "INSERT INTO example_ledger (msg_id, channel, seq, payload) "
+                                   "SELECT i, c, (p::jsonb ->> 'seq')::bigint, p::jsonb "
+                                   "FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(i, c, p)",
+                                   3, params);
+        ok = PQresultStatus(res) == PGRES_COMMAND_OK;
+        if (!ok)
+            pqmq_ctx_error(ctx, "ledger insert: %s",
+                           res ? PQresultErrorMessage(res) : "no connection");
+    } else {
+        pqmq_ctx_error(ctx, "out of memory");
+    }
+    PQclear(res);
+    for (int k = 0; k < 3; k++)
+        free(lists[k]);
+    return ok ? 0 : -1;
+}
+
 /* Creates the queue's schema and the ledger; 0 on success. */
 static int setup(const char *conninfo)
 {
@@ -101,9 +176,10 @@ static int setup(const char *conninfo)
 int main(int argc, char **argv)
 {
     int locked = argc == 3 && !strcmp(argv[2], "--locked");
-    int batched = argc == 3 && !strcmp(argv[2], "--batched");
+    int grouped = argc == 3 && !strcmp(argv[2], "--grouped");
+    int batched = grouped || (argc == 3 && !strcmp(argv[2], "--batched"));
     if (argc != 2 && !locked && !batched) {
-        fprintf(stderr, "usage: %s CONNINFO [--locked | --batched]\n", argv[0]);
+        fprintf(stderr, "usage: %s CONNINFO [--locked | --batched | --grouped]\n", argv[0]);
         return 2;
     }
     if (setup(argv[1]) != 0)
@@ -117,7 +193,10 @@ int main(int argc, char **argv)
     }
     /* name NULL: the fallback handler, for messages of every name. No
      * pqmq_runner_set_channels: all channels. */
-    pqmq_runner_handle(runner, NULL, record, NULL);
+    if (grouped)
+        pqmq_runner_handle_group(runner, NULL, record_group, NULL);
+    else
+        pqmq_runner_handle(runner, NULL, record, NULL);
     /* The same handler, one commit per batch of each worker. */
     if (locked)
         pqmq_runner_set_locked(runner, 1);

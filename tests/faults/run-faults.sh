@@ -24,6 +24,9 @@
 #                       batches: a worker's jobs in one transaction, so a kill
 #                       lands inside open batches): nothing lost, chains in
 #                       order, no duplicate effect at all.
+#   kill9-grouped-runner the same with examples/exactly_once --grouped (a group
+#                       handler: a worker's queued jobs in one savepoint and
+#                       one INSERT).
 #   restart             pg_ctl restart -m immediate (PQMQ_FAULTS_RESTARTS,
 #                       default 6) while 3 producers insert and 2
 #                       exactly_once runners poll and complete: every
@@ -90,7 +93,7 @@ restarts_wanted=${PQMQ_FAULTS_RESTARTS:-6}
 terms_wanted=${PQMQ_FAULTS_TERMINATIONS:-40}
 drain_limit=${PQMQ_FAULTS_DRAIN_SECONDS:-90}
 
-all_scenarios=(kill9-exactly-once kill9-plain kill9-locked kill9-locked-runner kill9-batched-runner restart restart-locked terminate timeouts worker-reconnect-refused)
+all_scenarios=(kill9-exactly-once kill9-plain kill9-locked kill9-locked-runner kill9-batched-runner kill9-grouped-runner restart restart-locked terminate timeouts worker-reconnect-refused)
 if (( $# )); then scenarios=("$@"); else scenarios=("${all_scenarios[@]}"); fi
 
 logdir=$build/tests/faults-logs
@@ -314,7 +317,8 @@ stop_producers() {
 }
 
 # start_runner KIND CONNINFO_EXTRA: KIND eo (examples/exactly_once),
-# eolocked (the same, --locked), eobatched (the same, --batched), locked
+# eolocked (the same, --locked), eobatched (the same, --batched), eogrouped
+# (the same, --grouped), locked
 # (tests/faults/locked_worker) or plain.
 start_runner() {
     local kind=$1 extra=$2
@@ -326,6 +330,8 @@ start_runner() {
         start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra" --locked
     elif [[ $kind == eobatched ]]; then
         start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra" --batched
+    elif [[ $kind == eogrouped ]]; then
+        start_bg "$logdir/$scenario.eo.log" "$eo_bin" "$conninfo $extra" --grouped
     else
         start_bg "$logdir/$scenario.plain.log" "$plain_bin" "$conninfo $extra" \
             --worker-name fault_worker
@@ -855,6 +861,7 @@ for scenario in "${scenarios[@]}"; do
         kill9-locked) scenario_kill9 locked ;;
         kill9-locked-runner) scenario_kill9 eolocked ;;
         kill9-batched-runner) scenario_kill9 eobatched ;;
+        kill9-grouped-runner) scenario_kill9 eogrouped ;;
         restart-locked) scenario_restart eolocked ;;
         restart) scenario_restart eo ;;
         terminate) scenario_terminate ;;
