@@ -134,11 +134,12 @@ static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, vo
     PGresult *res = NULL;
     if (ok) {
         const char *params[3] = {lists[0], lists[1], lists[2]};
-        res = pqmq_ctx_exec_params(ctx,
-                                   "INSERT INTO example_ledger (msg_id, channel, seq, payload) "
-                                   "SELECT i, c, (p::jsonb ->> 'seq')::bigint, p::jsonb "
-                                   "FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(i, c, p)",
-                                   3, params);
+        res = pqmq_ctx_exec_params(
+            ctx,
+            "INSERT INTO example_ledger (msg_id, channel, seq, payload) "
+            "SELECT i, c, (p::jsonb ->> 'seq')::bigint, p::jsonb "
+            "FROM unnest($1::uuid[], $2::text[], $3::text[]) AS u(i, c, p)",
+            3, params);
         ok = PQresultStatus(res) == PGRES_COMMAND_OK;
         if (!ok)
             pqmq_ctx_error(ctx, "ledger insert: %s",
