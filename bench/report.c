@@ -172,10 +172,10 @@ void report_text(const struct opts *o, const struct results *r)
         printf("exactly-once: per batch, one row per message into a results table and the\n"
                "  completion, committed together (BEGIN, INSERT, pqmq_complete_and_poll,\n"
                "  COMMIT; the locked lane: pqmq_poll_locked (BEGIN and the poll), INSERT,\n"
-               "  pqmq_complete_commit (completion and COMMIT); runners: the row in the\n"
-               "  job's transaction (pqmq_ctx_begin), a commit per worker's batch: commit\n"
-               "  batches, or the locked lane); its floor: BEGIN, the floor's DELETE, the\n"
-               "  same INSERT, COMMIT.\n");
+               "  pqmq_complete_commit (completion and COMMIT); runner: commit batches and\n"
+               "  a group handler, one INSERT for a worker's jobs (2 workers a runner);\n"
+               "  runner, locked lane: a row per job in its savepoint); its floor: BEGIN,\n"
+               "  the floor's DELETE, the same INSERT, COMMIT.\n");
     if (r->ordered.runner > 0 || r->prio.runner > 0)
         printf("%s* priorities rows: the main scenario with message i of priority i %% %d;\n"
                "  ordered rows: every message on an ordered chain; the floor column holds\n"

@@ -366,3 +366,21 @@ void t_msgs_free(pqmq_msg **msgs, size_t n)
     for (size_t i = 0; i < n; i++)
         pqmq_msg_free(msgs[i]);
 }
+
+void t_insert_spread(pqmq_client *q, int n, const char *name, const char *json, int retries,
+                     int64_t backoff_ms)
+{
+    for (int i = 0; i < n; i += 100) {
+        pqmq_msg *msgs[100];
+        int k = n - i < 100 ? n - i : 100;
+        for (int j = 0; j < k; j++) {
+            char ch[16];
+            snprintf(ch, sizeof ch, "c%d", (i + j) % 5);
+            msgs[j] = t_msg(ch, NULL, name, json, 0);
+            pqmq_msg_set_retries(msgs[j], retries);
+            pqmq_msg_set_backoff(msgs[j], backoff_ms);
+        }
+        CHECK_OK(q, pqmq_insert(q, msgs, (size_t)k));
+        t_msgs_free(msgs, (size_t)k);
+    }
+}

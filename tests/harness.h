@@ -160,5 +160,9 @@ pqmq_msg *t_msg(const char *channel, const char *args, const char *name, const c
                 int ordered);
 /* Frees n messages. */
 void t_msgs_free(pqmq_msg **msgs, size_t n);
+/* Inserts n messages named name on channels c0..c4 in turn, 100 a call,
+ * with this payload, retries and backoff. */
+void t_insert_spread(pqmq_client *q, int n, const char *name, const char *json, int retries,
+                     int64_t backoff_ms);
 
 #endif

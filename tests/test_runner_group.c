@@ -39,19 +39,7 @@ static void reset(void)
 /* n messages named name on five channels, retried after backoff_ms. */
 static void insert_named(const char *name, int n, const char *json, int64_t backoff_ms)
 {
-    for (int i = 0; i < n; i += 100) {
-        pqmq_msg *msgs[100];
-        int k = n - i < 100 ? n - i : 100;
-        for (int j = 0; j < k; j++) {
-            char ch[16];
-            snprintf(ch, sizeof ch, "c%d", (i + j) % 5);
-            msgs[j] = t_msg(ch, NULL, name, json, 0);
-            pqmq_msg_set_retries(msgs[j], 3);
-            pqmq_msg_set_backoff(msgs[j], backoff_ms);
-        }
-        CHECK_OK(q, pqmq_insert(q, msgs, (size_t)k));
-        t_msgs_free(msgs, (size_t)k);
-    }
+    t_insert_spread(q, n, name, json, 3, backoff_ms);
 }
 
 /* "{id,id,...}" and "{attempt,...}" of jobs[0..n), malloc'd. */
@@ -72,6 +60,23 @@ static void arrays_of(const pqmq_job *const *jobs, size_t n, char **ids, char **
     strcpy(*attempts + na, "}");
 }
 
+/* The ledger rows of jobs[0..n), in one statement; 1 if it succeeded. */
+static int write_rows(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n)
+{
+    char *ids, *attempts;
+    arrays_of(jobs, n, &ids, &attempts);
+    const char *v[2] = {ids, attempts};
+    PGresult *r = pqmq_ctx_exec_params(ctx,
+                                       "INSERT INTO rg_ledger (id, attempt)"
+                                       " SELECT * FROM unnest($1::uuid[], $2::int[])",
+                                       2, v);
+    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    free(ids);
+    free(attempts);
+    return ok;
+}
+
 /* Writes every job's ledger row in one statement; a group holding a "fail"
  * job on its first attempt fails after writing. */
 static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, void *arg)
@@ -90,17 +95,7 @@ static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, vo
     }
     if (n > 1)
         atomic_store(&checkpoint_rc, pqmq_ctx_checkpoint(ctx, "{}", NULL, 0, 0));
-    char *ids, *attempts;
-    arrays_of(jobs, n, &ids, &attempts);
-    const char *v[2] = {ids, attempts};
-    PGresult *r = pqmq_ctx_exec_params(ctx,
-                                       "INSERT INTO rg_ledger (id, attempt)"
-                                       " SELECT * FROM unnest($1::uuid[], $2::int[])",
-                                       2, v);
-    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-    PQclear(r);
-    free(ids);
-    free(attempts);
+    int ok = write_rows(ctx, jobs, n);
     if (ok && fail)
         pqmq_ctx_error(ctx, "a first attempt of its group fails");
     return ok && !fail ? 0 : -1;
@@ -114,17 +109,7 @@ static int record_one(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
     (void)arg;
     atomic_fetch_add(&others, 1);
     const pqmq_job *one[1] = {job};
-    char *ids, *attempts;
-    arrays_of(one, 1, &ids, &attempts);
-    const char *v[2] = {ids, attempts};
-    PGresult *r = pqmq_ctx_exec_params(ctx,
-                                       "INSERT INTO rg_ledger (id, attempt)"
-                                       " SELECT * FROM unnest($1::uuid[], $2::int[])",
-                                       2, v);
-    int ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-    PQclear(r);
-    free(ids);
-    free(attempts);
+    int ok = write_rows(ctx, one, 1);
     return ok ? 0 : -1;
 }
 

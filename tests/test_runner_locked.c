@@ -45,19 +45,7 @@ static pqmq_runner *run_locked(int threads, int batch, pqmq_handler fn, void *ar
 
 static void insert_n(int n, const char *json, int retries, int64_t backoff_ms)
 {
-    for (int i = 0; i < n; i += 100) {
-        pqmq_msg *msgs[100];
-        int k = n - i < 100 ? n - i : 100;
-        for (int j = 0; j < k; j++) {
-            char ch[16];
-            snprintf(ch, sizeof ch, "c%d", (i + j) % 5);
-            msgs[j] = t_msg(ch, NULL, "job", json, 0);
-            pqmq_msg_set_retries(msgs[j], retries);
-            pqmq_msg_set_backoff(msgs[j], backoff_ms);
-        }
-        CHECK_OK(q, pqmq_insert(q, msgs, (size_t)k));
-        t_msgs_free(msgs, (size_t)k);
-    }
+    t_insert_spread(q, n, "job", json, retries, backoff_ms);
 }
 
 /* The handler's effect: a ledger row (id primary key: a second effect of
