@@ -367,8 +367,8 @@ void t_msgs_free(pqmq_msg **msgs, size_t n)
         pqmq_msg_free(msgs[i]);
 }
 
-void t_insert_spread(pqmq_client *q, int n, const char *name, const char *json, int retries,
-                     int64_t backoff_ms)
+void t_insert_spread(pqmq_client *q, int n, const char *channel, const char *name,
+                     const char *json, int ordered, int retries, int64_t backoff_ms)
 {
     for (int i = 0; i < n; i += 100) {
         pqmq_msg *msgs[100];
@@ -376,7 +376,8 @@ void t_insert_spread(pqmq_client *q, int n, const char *name, const char *json, 
         for (int j = 0; j < k; j++) {
             char ch[16];
             snprintf(ch, sizeof ch, "c%d", (i + j) % 5);
-            msgs[j] = t_msg(ch, NULL, name, json, 0);
+            msgs[j] =
+                t_msg(channel ? channel : ch, ordered ? "chain" : NULL, name, json, ordered);
             pqmq_msg_set_retries(msgs[j], retries);
             pqmq_msg_set_backoff(msgs[j], backoff_ms);
         }

@@ -160,9 +160,10 @@ pqmq_msg *t_msg(const char *channel, const char *args, const char *name, const c
                 int ordered);
 /* Frees n messages. */
 void t_msgs_free(pqmq_msg **msgs, size_t n);
-/* Inserts n messages named name on channels c0..c4 in turn, 100 a call,
- * with this payload, retries and backoff. */
-void t_insert_spread(pqmq_client *q, int n, const char *name, const char *json, int retries,
-                     int64_t backoff_ms);
+/* Inserts n messages named name on channel (NULL: c0..c4 in turn), 100 a
+ * call, with this payload, retries and backoff; ordered: all on the chain
+ * of args "chain". */
+void t_insert_spread(pqmq_client *q, int n, const char *channel, const char *name,
+                     const char *json, int ordered, int retries, int64_t backoff_ms);
 
 #endif

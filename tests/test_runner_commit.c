@@ -40,20 +40,7 @@ static uint64_t processed(pqmq_runner *r)
 static void insert_on(const char *channel, int n, const char *json, int ordered,
                       int64_t backoff_ms)
 {
-    for (int i = 0; i < n; i += 100) {
-        pqmq_msg *msgs[100];
-        int k = n - i < 100 ? n - i : 100;
-        for (int j = 0; j < k; j++) {
-            char ch[16];
-            snprintf(ch, sizeof ch, "c%d", (i + j) % 5);
-            msgs[j] =
-                t_msg(channel ? channel : ch, ordered ? "chain" : NULL, "job", json, ordered);
-            pqmq_msg_set_retries(msgs[j], 3);
-            pqmq_msg_set_backoff(msgs[j], backoff_ms);
-        }
-        CHECK_OK(q, pqmq_insert(q, msgs, (size_t)k));
-        t_msgs_free(msgs, (size_t)k);
-    }
+    t_insert_spread(q, n, channel, "job", json, ordered, 3, backoff_ms);
 }
 
 static void insert_n(int n, const char *json, int64_t backoff_ms)

@@ -39,7 +39,7 @@ static void reset(void)
 /* n messages named name on five channels, retried after backoff_ms. */
 static void insert_named(const char *name, int n, const char *json, int64_t backoff_ms)
 {
-    t_insert_spread(q, n, name, json, 3, backoff_ms);
+    t_insert_spread(q, n, NULL, name, json, 0, 3, backoff_ms);
 }
 
 /* "{id,id,...}" and "{attempt,...}" of jobs[0..n), malloc'd. */

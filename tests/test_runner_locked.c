@@ -45,7 +45,7 @@ static pqmq_runner *run_locked(int threads, int batch, pqmq_handler fn, void *ar
 
 static void insert_n(int n, const char *json, int retries, int64_t backoff_ms)
 {
-    t_insert_spread(q, n, "job", json, retries, backoff_ms);
+    t_insert_spread(q, n, NULL, "job", json, 0, retries, backoff_ms);
 }
 
 /* The handler's effect: a ledger row (id primary key: a second effect of
