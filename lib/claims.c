@@ -28,6 +28,9 @@ typedef struct {
 struct pqmq__claims {
     pthread_mutex_t lock;
     pthread_cond_t work; /* a job was queued, or shutdown */
+    /* Down workers wait out their backoff here, not on work: a claim wakes
+     * one worker, which must be one that takes jobs. */
+    pthread_cond_t rest;
     int shutdown;
     entry *entries;
     int capacity;
@@ -68,6 +71,7 @@ pqmq__claims *pqmq__claims_new(int capacity, int workers, void (*wake)(void *), 
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&q->work, &attr);
+    pthread_cond_init(&q->rest, &attr);
     pthread_condattr_destroy(&attr);
     return q;
 }
@@ -93,6 +97,7 @@ void pqmq__claims_free(pqmq__claims *q)
             release(q, &q->entries[i]);
     pthread_mutex_destroy(&q->lock);
     pthread_cond_destroy(&q->work);
+    pthread_cond_destroy(&q->rest);
     free(q->entries);
     free(q->down);
     free(q->done);
@@ -295,6 +300,7 @@ void pqmq__claims_shutdown(pqmq__claims *q)
     pthread_mutex_lock(&q->lock);
     q->shutdown = 1;
     pthread_cond_broadcast(&q->work);
+    pthread_cond_broadcast(&q->rest);
     pthread_mutex_unlock(&q->lock);
 }
 
@@ -487,7 +493,7 @@ int pqmq__claims_sleep_until(pqmq__claims *q, int64_t at_ms)
     struct timespec ts = {(time_t)(at_ms / 1000), (long)(at_ms % 1000) * 1000000L};
     pthread_mutex_lock(&q->lock);
     while (!q->shutdown && pqmq__now_ms() < at_ms)
-        if (pthread_cond_timedwait(&q->work, &q->lock, &ts) != 0)
+        if (pthread_cond_timedwait(&q->rest, &q->lock, &ts) != 0)
             break;
     int shutdown = q->shutdown;
     pthread_mutex_unlock(&q->lock);
