@@ -77,8 +77,21 @@ static int write_rows(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n)
     return ok;
 }
 
+/* Has the test's client complete job by id, as another consumer that took
+ * it over would: in one statement, so the runner cannot claim it again in
+ * between (q is the test thread's, which only waits meanwhile). */
+static void steal(const pqmq_job *job)
+{
+    uuid_t id;
+    pqmq_job_id(job, id);
+    CHECK_OK(q, pqmq_complete(q, (const uuid_t *)&id, 1));
+}
+
+static atomic_int stolen;
+
 /* Writes every job's ledger row in one statement; a group holding a "fail"
- * job on its first attempt fails after writing. */
+ * job on its first attempt fails after writing; a "steal" job is completed
+ * by another consumer, once, while its group runs. */
 static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, void *arg)
 {
     (void)arg;
@@ -96,6 +109,9 @@ static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, vo
     if (n > 1)
         atomic_store(&checkpoint_rc, pqmq_ctx_checkpoint(ctx, "{}", NULL, 0, 0));
     int ok = write_rows(ctx, jobs, n);
+    for (size_t i = 0; i < n; i++)
+        if (strstr(pqmq_job_json(jobs[i]), "steal") && !atomic_exchange(&stolen, 1))
+            steal(jobs[i]);
     if (ok && fail)
         pqmq_ctx_error(ctx, "a first attempt of its group fails");
     return ok && !fail ? 0 : -1;
@@ -174,6 +190,25 @@ static void test_a_failing_group_is_undone_whole(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
 }
 
+/* A group holding a job that another consumer completed meanwhile cannot
+ * commit: the fence rolls its batch back, the others run again, and no
+ * effect of the stolen job is written; each other effect once. */
+static void test_a_stale_job_rolls_its_group_back(void)
+{
+    reset();
+    atomic_store(&stolen, 0);
+    insert_named("job", 10, "{\"x\": 1}", 60000);
+    t_insert_spread(q, 1, "steal", "job", "{\"steal\": 1}", 0, 3, 60000);
+    insert_named("job", 10, "{\"x\": 1}", 60000);
+    pqmq_runner_stats_t s = run_all(1, 0, 20);
+    CHECK_INT(atomic_load(&stolen), 1);
+    CHECK_INT(s.processed, 20);
+    CHECK_INT(s.failed, 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rg_ledger"), 20);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rg_ledger WHERE attempt = 1"), 20);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
+}
+
 /* Jobs of another name go to their own handler, never into a group. */
 static void test_a_group_holds_one_name(void)
 {
@@ -220,6 +255,7 @@ int main(void)
     T_RUN(test_bad_arguments_are_refused);
     T_RUN(test_a_group_writes_its_jobs_in_one_statement);
     T_RUN(test_a_failing_group_is_undone_whole);
+    T_RUN(test_a_stale_job_rolls_its_group_back);
     T_RUN(test_a_group_holds_one_name);
     T_RUN(test_without_commit_batches_a_group_is_one_job);
     PQfinish(pg);
