@@ -77,21 +77,26 @@ static int write_rows(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n)
     return ok;
 }
 
-/* Has the test's client complete job by id, as another consumer that took
- * it over would: in one statement, so the runner cannot claim it again in
- * between (q is the test thread's, which only waits meanwhile). */
+/* Has the test's client take job over as another consumer would: delivered
+ * again (its lease ran out) and completed by its new owner, in statements
+ * that never leave it ready, or the runner's own next claim could take it
+ * first (q is the test thread's, which only waits meanwhile). */
 static void steal(const pqmq_job *job)
 {
     uuid_t id;
+    char text[37];
     pqmq_job_id(job, id);
+    uuid_unparse_lower(id, text);
+    t_exec(pqmq_conn(q), "UPDATE mq_msgs SET deliveries = deliveries + 1 WHERE id = '%s'",
+           text);
     CHECK_OK(q, pqmq_complete(q, (const uuid_t *)&id, 1));
 }
 
 static atomic_int stolen;
 
 /* Writes every job's ledger row in one statement; a group holding a "fail"
- * job on its first attempt fails after writing; a "steal" job is completed
- * by another consumer, once, while its group runs. */
+ * job on its first attempt fails after writing; a "steal" job is taken
+ * over by another consumer, once, while its group runs. */
 static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, void *arg)
 {
     (void)arg;
@@ -190,9 +195,9 @@ static void test_a_failing_group_is_undone_whole(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
 }
 
-/* A group holding a job that another consumer completed meanwhile cannot
- * commit: the fence rolls its batch back, the others run again, and no
- * effect of the stolen job is written; each other effect once. */
+/* A group holding a job that another consumer took over and completed
+ * cannot commit: the fence rolls its batch back, the others run again, and
+ * no effect of the stolen job is written; each other effect once. */
 static void test_a_stale_job_rolls_its_group_back(void)
 {
     reset();
