@@ -266,8 +266,7 @@ static int check_batches(pqmq_client *c, pqmq_msg *const *const *batches, const 
     return 0;
 }
 
-/* Sends batch k into the pipeline with a sync of its own: its own
- * transaction. */
+/* Sends one batch's insert into the pipeline. */
 static int send_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 {
     PGparam *param = NULL;
@@ -276,30 +275,94 @@ static int send_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     int prio = 0;
     if (!rc)
         rc = pqmq__put_priorities_if_any(c, param, msgs, n, &prio);
-    if (!rc && (!PQparamSendQuery(pqmq_conn(c), param, insert_sql(keys, prio), 1) ||
-                !PQpipelineSync(pqmq_conn(c))))
+    if (!rc && !PQparamSendQuery(pqmq_conn(c), param, insert_sql(keys, prio), 1))
         rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
                           PQerrorMessage(pqmq_conn(c)));
     PQparamClear(param);
     return rc;
 }
 
-/* Reads batch k's outcome (its result, then its sync). */
-static int read_batch(pqmq_client *c)
+static int send_plain(PGconn *conn, const char *sql)
 {
-    int rc = 0;
-    PGresult *r = NULL, *next;
-    while ((next = PQgetResult(pqmq_conn(c))) != NULL) {
+    return PQsendQueryParams(conn, sql, 0, NULL, NULL, NULL, NULL, 0);
+}
+
+/* Sends batches [from, n) into the pipeline, each between BEGIN and
+ * COMMIT (its own transaction), behind one sync: a pooler in transaction
+ * mode (PgBouncer) may give the server connection to another client at
+ * any sync that finds no transaction open, even with more of the pipeline
+ * on its way. Returns where sending stopped (n: all sent). */
+static size_t send_round(pqmq_client *c, pqmq_msg *const *const *batches, const size_t *counts,
+                         size_t from, size_t n)
+{
+    PGconn *conn = pqmq_conn(c);
+    size_t k = from;
+    while (k < n && send_plain(conn, "BEGIN") && send_batch(c, batches[k], counts[k]) == 0 &&
+           send_plain(conn, "COMMIT"))
+        k++;
+    if (!PQpipelineSync(conn))
+        return from; /* nothing reached the server whole */
+    return k;
+}
+
+/* The outcome of the pipeline's next statement: 0, a negative code (the
+ * client's error says why), or 1: skipped, as an earlier statement of the
+ * round failed. */
+static int next_outcome(pqmq_client *c)
+{
+    PGresult *r = NULL, *more;
+    while ((more = PQgetResult(pqmq_conn(c))) != NULL) {
         PQclear(r);
-        r = next;
+        r = more;
     }
+    if (r && PQresultStatus(r) == PGRES_PIPELINE_ABORTED) {
+        PQclear(r);
+        return 1;
+    }
+    int rc = 0;
     PQclear(pqmq__result_outcome(c, r, "pqmq_insert_batches", &rc));
-    PGresult *sync = PQgetResult(pqmq_conn(c));
-    if (PQresultStatus(sync) != PGRES_PIPELINE_SYNC && !rc)
-        rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: connection lost: %s",
-                          PQerrorMessage(pqmq_conn(c)));
-    PQclear(sync);
     return rc;
+}
+
+/* Per batch: 0 committed, or why not; and the first failure, for the
+ * call's own error. */
+typedef struct {
+    int *rcs;
+    int first;
+    char why[512];
+} outcomes;
+
+static void note(outcomes *o, pqmq_client *c, size_t k, int rc)
+{
+    if (o->rcs)
+        o->rcs[k] = rc;
+    if (rc && !o->first) {
+        o->first = rc;
+        snprintf(o->why, sizeof o->why, "batch %zu: %s", k, pqmq_errmsg(c));
+    }
+}
+
+/* Reads the round of batches [from, sent): returns where the next round
+ * starts, the first batch the server skipped after one failed (sent: none
+ * was). */
+static size_t read_round(pqmq_client *c, outcomes *o, size_t from, size_t sent)
+{
+    size_t again = sent;
+    for (size_t k = from; k < sent; k++) {
+        int rc = 0;
+        for (int st = 0; st < 3; st++) { /* BEGIN, the insert, COMMIT */
+            int r = next_outcome(c);
+            rc = rc ? rc : r;
+        }
+        if (rc == 1 && again == sent)
+            again = k;
+        if (rc != 1)
+            note(o, c, k, rc);
+    }
+    PGresult *sync = PQgetResult(pqmq_conn(c));
+    int synced = PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
+    PQclear(sync);
+    return synced ? again : sent; /* connection lost: no next round */
 }
 
 PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *c, pqmq_msg *const *const *batches,
@@ -313,32 +376,36 @@ PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *c, pqmq_msg *const *const *batc
         rc = check_batches(c, batches, counts, nbatches);
     if (!rc)
         rc = pqmq__need_composite(c);
-    if (!rc && !PQenterPipelineMode(pqmq_conn(c)))
-        rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: %s",
-                          PQerrorMessage(pqmq_conn(c)));
     if (rc) {
         for (size_t k = 0; rcs && k < nbatches; k++)
             rcs[k] = rc;
         return rc;
     }
-    size_t sent = 0;
-    while (sent < nbatches && send_batch(c, batches[sent], counts[sent]) == 0)
-        sent++;
-    int first = 0;
-    char why[512] = "";
-    for (size_t k = 0; k < nbatches; k++) {
-        int r = k < sent ? read_batch(c) : PQMQ_ECONN;
-        if (r && !first) {
-            first = r;
-            snprintf(why, sizeof why, "batch %zu: %s", k, pqmq_errmsg(c));
+    PGconn *conn = pqmq_conn(c);
+    outcomes o = {rcs, 0, ""};
+    size_t from = 0;
+    /* One round trip when every batch commits; a failed batch's round
+     * skipped those after it, which go again in the next. */
+    while (from < nbatches) {
+        size_t sent =
+            PQenterPipelineMode(conn) ? send_round(c, batches, counts, from, nbatches) : from;
+        size_t again = read_round(c, &o, from, sent);
+        PQexitPipelineMode(conn);
+        if (PQtransactionStatus(conn) == PQTRANS_INERROR ||
+            PQtransactionStatus(conn) == PQTRANS_INTRANS)
+            PQclear(PQexec(conn, "ROLLBACK")); /* the failed batch's transaction */
+        if (again == from || (again == sent && sent < nbatches)) {
+            pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
+                         PQerrorMessage(conn));
+            for (size_t k = again; k < nbatches; k++)
+                note(&o, c, k, PQMQ_ECONN);
+            break;
         }
-        if (rcs)
-            rcs[k] = r;
+        from = again;
     }
-    PQexitPipelineMode(pqmq_conn(c));
-    if (first)
-        pqmq__seterr(c, first, "pqmq_insert_batches: %s", why);
-    return first;
+    if (o.first)
+        pqmq__seterr(c, o.first, "pqmq_insert_batches: %s", o.why);
+    return o.first;
 }
 
 PQMQ_EXPORT int pqmq_commit(pqmq_client *c, const uuid_t *ids, size_t n)
