@@ -176,11 +176,17 @@ void report_text(const struct opts *o, const struct results *r)
                "  a group handler, one INSERT for a worker's jobs (2 workers a runner);\n"
                "  runner, locked lane: a row per job in its savepoint); its floor: BEGIN,\n"
                "  the floor's DELETE, the same INSERT, COMMIT.\n");
-    if (r->ordered.runner > 0 || r->prio.runner > 0)
-        printf("%s* priorities rows: the main scenario with message i of priority i %% %d;\n"
-               "  ordered rows: every message on an ordered chain; the floor column holds\n"
-               "  the main scenario's rate and the ratio is against it.\n",
-               r->floor_drain_ctid > 0 ? "" : "\n", o->priorities);
+    if (r->ordered.runner > 0 || r->prio.runner > 0) {
+        /* Only the rows that were measured are explained. */
+        printf("%s*", r->floor_drain_ctid > 0 ? "" : "\n");
+        if (r->prio.runner > 0)
+            printf(" priorities rows: the main scenario with message i of priority i %% %d;\n ",
+                   o->priorities);
+        if (r->ordered.runner > 0)
+            printf(" ordered rows: every message on an ordered chain;");
+        printf(" the floor column holds\n  the main scenario's rate and the ratio is against "
+               "it.\n");
+    }
     if (!o->floor)
         printf("\nRun with --floor for the SQL floor and the ratios.\n");
 }

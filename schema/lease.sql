@@ -1,5 +1,25 @@
 -- schema/lease.sql: leases of messages in flight: keep-alive, checkpoint, failure.
 
+-- Where a lease given now (ts) for duration ends: months count 30 days and
+-- days 24 hours (mq_fixed_length), and a client that doubles its keep-alive
+-- (sqlxmq's runner does) reaches any limit in time, so longer durations are
+-- cut to the longest lease, not refused. A NULL or negative duration is
+-- refused in the name of the caller (fn).
+CREATE OR REPLACE FUNCTION mq_lease_end(fn text, ts timestamptz, duration interval)
+RETURNS timestamptz
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    duration := mq_fixed_length(duration);
+    IF duration IS NULL OR duration < interval '0' THEN
+        RAISE EXCEPTION '%: duration % is NULL or negative', fn, duration
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN ts + LEAST(duration, (mq_limits()).max_duration);
+END;
+$$;
+
 -- Pushes the lease of in-flight messages (or the commit deadline of pending
 -- two-phase messages) to now + duration. Never shortens a lease, and never
 -- touches a message whose lease already ran out: that one belongs to the
@@ -25,16 +45,8 @@ DECLARE
     n     int;
     until timestamptz;
 BEGIN
-    duration := mq_fixed_length(duration);
-    IF duration IS NULL OR duration < interval '0' THEN
-        RAISE EXCEPTION 'mq_keep_alive: duration % is NULL or negative', duration
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- A client that doubles its keep-alive (sqlxmq's runner does) reaches
-    -- any limit in time: longer durations are cut to the limit, not refused.
-    duration := LEAST(duration, (mq_limits()).max_duration);
     -- Computed once, outside the statement (which Citus then ships whole).
-    until := ts + duration;
+    until := mq_lease_end('mq_keep_alive', ts, duration);
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
     -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
     -- A kept-alive message is a long one: it moves out of the polls' way
@@ -86,12 +98,7 @@ DECLARE
     ts    timestamptz := clock_timestamp();
     until timestamptz;
 BEGIN
-    duration := mq_fixed_length(duration);
-    IF duration IS NULL OR duration < interval '0' THEN
-        RAISE EXCEPTION 'mq_checkpoint: duration % is NULL or negative', duration
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    duration := LEAST(duration, (mq_limits()).max_duration);
+    until := mq_lease_end('mq_checkpoint', ts, duration);
     IF extra_retries < 0 THEN
         RAISE EXCEPTION 'mq_checkpoint: extra_retries % is negative', extra_retries
             USING ERRCODE = 'invalid_parameter_value';
@@ -101,7 +108,6 @@ BEGIN
         RAISE EXCEPTION 'mq_checkpoint: payload is over 16 MiB'
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
-    until := ts + duration; -- as in mq_keep_alive_count
     UPDATE mq_msgs m SET
         attempt_at = GREATEST(m.attempt_at, until),
         attempts = LEAST(m.attempts::bigint + COALESCE(extra_retries, 0),

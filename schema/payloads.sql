@@ -61,19 +61,7 @@ BEGIN
 END;
 $$;
 
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = 'mq_payloads'::regclass
-                     AND t.tgname = 'mq_payloads_insert') THEN
-        CREATE TRIGGER mq_payloads_insert INSTEAD OF INSERT ON mq_payloads
-            FOR EACH ROW EXECUTE FUNCTION mq_payloads_insert();
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = 'mq_payloads'::regclass
-                     AND t.tgname = 'mq_payloads_delete') THEN
-        CREATE TRIGGER mq_payloads_delete INSTEAD OF DELETE ON mq_payloads
-            FOR EACH ROW EXECUTE FUNCTION mq_payloads_delete();
-    END IF;
-END
-$$;
+CREATE OR REPLACE TRIGGER mq_payloads_insert INSTEAD OF INSERT ON mq_payloads
+    FOR EACH ROW EXECUTE FUNCTION mq_payloads_insert();
+CREATE OR REPLACE TRIGGER mq_payloads_delete INSTEAD OF DELETE ON mq_payloads
+    FOR EACH ROW EXECUTE FUNCTION mq_payloads_delete();

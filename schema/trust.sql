@@ -1,14 +1,25 @@
 -- schema/trust.sql: what every function trusts and who may call what.
 -- Applied after the other schema/ files but roles.sql.
 
--- Refuse a schema others can create in, before changing anything.
+-- Every function pins pg_catalog, the queue's schema and pg_temp, by name;
+-- internal helpers are not for PUBLIC. The functions on the hot path run
+-- with the planner settings that keep their plans to index probes, whatever
+-- ANALYZE last saw of a table that swings between empty and huge, and
+-- without JIT (DESIGN.md, Plans); set here, once for all of them, rather
+-- than in each header. Those that take arrays of ids use the generic plan
+-- (a new session's first five calls made custom plans that hash-joined the
+-- whole table); the picks have no bitmap scans (the ordered index scan stops
+-- after a channel's share; a bitmap plan read and sorted whole channels).
 DO $$
 DECLARE
     nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
                 WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
+    nm  text := (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
+    f   record;
     owner oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
     who text;
 BEGIN
+    -- A schema others can create in is refused, before anything changes.
     SELECT r.rolname INTO who
     FROM pg_catalog.pg_roles r
     WHERE NOT r.rolsuper
@@ -24,66 +35,34 @@ BEGIN
                          '(REVOKE CREATE ON SCHEMA ... FROM PUBLIC), or install into '
                          'a schema of its own.';
     END IF;
-END
-$$;
-
--- Every function pins pg_catalog, the queue's schema and pg_temp, by name;
--- internal helpers are not for PUBLIC. (Later migrations that create
--- functions repeat this block.)
-DO $$
-DECLARE
-    nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
-                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
-    nm  text := (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
-    f   regprocedure;
-BEGIN
-    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
-             WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%' LOOP
-        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
-                                  f, nm);
-    END LOOP;
-    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
-             WHERE p.pronamespace = nsp
-               AND p.proname IN ('mq_lock_new_chains', 'mq_wake', 'mq_pick',
-                                 'mq_fixed_length') LOOP
-        EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
-    END LOOP;
-END
-$$;
-
--- The functions on the hot path run with the planner settings that keep
--- their plans to index probes, whatever ANALYZE last saw of a table that
--- swings between empty and huge, and without JIT (DESIGN.md, Plans); set
--- here, once for all of them, rather than in each header. Those that take
--- arrays of ids use the generic plan (a new session's first five calls made
--- custom plans that hash-joined the whole table); the picks have no bitmap
--- scans (the ordered index scan stops after a channel's share; a bitmap
--- plan read and sorted whole channels).
-DO $$
-DECLARE
-    nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
-                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
-    f   record;
-BEGIN
     FOR f IN
         SELECT p.oid::regprocedure AS fn,
+               p.proname = ANY (ARRAY['mq_lock_new_chains', 'mq_wake', 'mq_pick',
+                                      'mq_fixed_length']) AS internal,
+               p.proname = ANY (ARRAY[
+                   'mq_lock_new_chains', 'mq_complete', 'mq_release', 'mq_reap_dead', 'mq_skip',
+                   'mq_insert_rows', 'mq_commit', 'mq_insert_keyed', 'mq_lock_keys',
+                   'mq_keep_alive_count', 'mq_checkpoint_found', 'mq_fail', 'mq_pick_set',
+                   'mq_random_start', 'mq_wait_time', 'mq_claim_lane', 'mq_claim_locked',
+                   'mq_pick_keys', 'mq_pick_chains', 'mq_pick_urgent']) AS hot,
                p.proname = ANY (ARRAY['mq_complete', 'mq_insert_rows', 'mq_insert_keyed',
                                       'mq_pick_set', 'mq_claim_lane', 'mq_claim_locked'])
                    AS generic,
                p.proname = ANY (ARRAY['mq_random_start', 'mq_pick_keys', 'mq_pick_chains',
                                       'mq_pick_urgent']) AS no_bitmap
         FROM pg_catalog.pg_proc p
-        WHERE p.pronamespace = nsp
-          AND p.proname = ANY (ARRAY[
-              'mq_lock_new_chains', 'mq_complete', 'mq_release', 'mq_reap_dead', 'mq_skip',
-              'mq_insert_rows', 'mq_commit', 'mq_insert_keyed', 'mq_lock_keys',
-              'mq_keep_alive_count', 'mq_checkpoint_found', 'mq_fail', 'mq_pick_set',
-              'mq_random_start', 'mq_wait_time', 'mq_claim_lane', 'mq_claim_locked',
-              'mq_pick_keys', 'mq_pick_chains', 'mq_pick_urgent'])
+        WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%'
     LOOP
-        EXECUTE pg_catalog.format(
-            'ALTER FUNCTION %s SET enable_seqscan = off SET enable_hashjoin = off '
-            'SET enable_mergejoin = off SET jit = off', f.fn);
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
+                                  f.fn, nm);
+        IF f.internal THEN
+            EXECUTE pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.fn);
+        END IF;
+        IF f.hot THEN
+            EXECUTE pg_catalog.format(
+                'ALTER FUNCTION %s SET enable_seqscan = off SET enable_hashjoin = off '
+                'SET enable_mergejoin = off SET jit = off', f.fn);
+        END IF;
         IF f.generic THEN
             EXECUTE pg_catalog.format('ALTER FUNCTION %s SET plan_cache_mode = force_generic_plan',
                                       f.fn);
