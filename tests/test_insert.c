@@ -217,7 +217,7 @@ static void test_bad_inputs(void)
 
     m = t_msg("c", NULL, "n", NULL, 0);
     pqmq_msg_set_delay(m, -1);
-    expect_bad(m, PQMQ_EINVAL, "delay is negative");
+    expect_bad(m, PQMQ_EINVAL, "pqmq_insert: msgs[1]: delay is negative");
 
     m = t_msg("c", NULL, "n", NULL, 0);
     pqmq_msg_set_delay(m, INT64_MAX);
@@ -229,11 +229,11 @@ static void test_bad_inputs(void)
 
     m = t_msg("c", NULL, "n", NULL, 0);
     pqmq_msg_set_backoff(m, PQMQ_MAX_DURATION_MS + 1);
-    expect_bad(m, PQMQ_EINVAL, "backoff of");
+    expect_bad(m, PQMQ_EINVAL, "pqmq_insert: msgs[1]: backoff of");
 
     m = t_msg("c", NULL, "n", NULL, 0);
     pqmq_msg_set_commit_interval(m, INT64_MAX);
-    expect_bad(m, PQMQ_EINVAL, "commit interval");
+    expect_bad(m, PQMQ_EINVAL, "pqmq_insert: msgs[1]: commit interval of");
 
     m = t_msg("c", NULL, "n", NULL, 0);
     pqmq_msg_set_retries(m, -1);
