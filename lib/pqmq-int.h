@@ -141,8 +141,11 @@ int pqmq__check_ids(pqmq_client *c, const void *ids, size_t n, const char *what)
 /* Milliseconds <-> libpqtypes intervals (30-day months, as PostgreSQL). */
 void pqmq__ms_to_interval(int64_t ms, PGinterval *iv);
 int64_t pqmq__interval_to_ms(const PGinterval *iv);
-/* Checks 0 <= ms <= PQMQ_MAX_DURATION_MS; sets the error naming what. */
-int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what);
+/* Checks 0 <= ms <= PQMQ_MAX_DURATION_MS; sets the error naming the value
+ * as fmt formats it, which happens only for an error (a batch checks three
+ * durations a message). */
+int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- job.c: batches of mq_job_t rows ---------------------------------- */
 

@@ -23,17 +23,6 @@ static int check_text(pqmq_client *c, size_t i, const char *field, const char *s
     return 0;
 }
 
-/* Checks a duration of message i; the error's prefix is written only for
- * an error (three snprintf calls a message were a fifth of building it). */
-static int check_duration(pqmq_client *c, size_t i, const char *field, int64_t ms)
-{
-    if (ms >= 0 && ms <= PQMQ_MAX_DURATION_MS)
-        return 0;
-    char what[64];
-    snprintf(what, sizeof what, "pqmq_insert: msgs[%zu]: %s", i, field);
-    return pqmq__check_ms(c, ms, what);
-}
-
 /* Names the first thing wrong with message i, as the server would. */
 static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
 {
@@ -52,11 +41,12 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
     if (m->retries < 0)
         return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: retries is negative (%d)",
                             i, m->retries);
-    if ((rc = check_duration(c, i, "delay", m->delay_ms)) ||
-        (rc = check_duration(c, i, "backoff", m->backoff_ms)))
+    if ((rc = pqmq__check_ms(c, m->delay_ms, "pqmq_insert: msgs[%zu]: delay", i)) ||
+        (rc = pqmq__check_ms(c, m->backoff_ms, "pqmq_insert: msgs[%zu]: backoff", i)))
         return rc;
     if (m->commit_interval_ms >= 0 &&
-        (rc = check_duration(c, i, "commit interval", m->commit_interval_ms)))
+        (rc = pqmq__check_ms(c, m->commit_interval_ms,
+                             "pqmq_insert: msgs[%zu]: commit interval", i)))
         return rc;
     if (m->json) {
         size_t len = strlen(m->json);

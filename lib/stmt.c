@@ -4,6 +4,7 @@
  * take ids, running a statement, and turning its failure into a code and a
  * message on the client.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,7 +284,7 @@ int pqmq__put_channels_count(pqmq_client *c, PGparam *param, const char *const *
 
 int pqmq__put_duration(pqmq_client *c, PGparam *param, int64_t ms, const char *what)
 {
-    int rc = pqmq__check_ms(c, ms, what);
+    int rc = pqmq__check_ms(c, ms, "%s", what);
     if (rc)
         return rc;
     PGinterval iv;
@@ -382,12 +383,17 @@ int64_t pqmq__interval_to_ms(const PGinterval *iv)
     return ms + (iv->usecs + 999) / 1000;
 }
 
-int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *what)
+int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *fmt, ...)
 {
+    if (ms >= 0 && ms <= PQMQ_MAX_DURATION_MS)
+        return 0;
+    char what[128];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
     if (ms < 0)
         return pqmq__seterr(c, PQMQ_EINVAL, "%s is negative (%lld ms)", what, (long long)ms);
-    if (ms > PQMQ_MAX_DURATION_MS)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s of %lld ms is over the limit of 3650 days",
-                            what, (long long)ms);
-    return 0;
+    return pqmq__seterr(c, PQMQ_EINVAL, "%s of %lld ms is over the limit of 3650 days", what,
+                        (long long)ms);
 }
