@@ -344,13 +344,18 @@ $$;
 
 -- The heads of the chains whose key lies in [lo, hi] (only_name's, when not
 -- NULL), in key order: the first entry of each chain key in mq_msgs_chain,
--- at most `most` keys visited (NULL: all). A loose index scan, one probe a
--- statement: on Citus each probe is a router query, where a recursive scan
--- is not one it can ship ("column ... does not exist"). mq_next_head_at,
--- mq_metrics, mq_oldest_ready and mq_peek read the heads here; run it in a
--- statement of its own (on Citus a statement that reads the queue's tables
--- runs on the worker, where this function cannot).
-CREATE OR REPLACE FUNCTION mq_chain_heads(lo bigint, hi bigint, only_name text, most int)
+-- at most `most` keys visited (NULL: all), and none after the first live
+-- head due by due_by (NULL: to the end). mq_next_head_at stops at a head
+-- due now, which answers its question: an empty poll of the locked lane,
+-- whose workers hold most heads, walked every chain to learn it. A loose
+-- index scan, one probe a statement: on Citus each probe is a router query,
+-- where a recursive scan is not one it can ship ("column ... does not
+-- exist"). mq_next_head_at, mq_metrics, mq_oldest_ready and mq_peek read
+-- the heads here; run it in a statement of its own (on Citus a statement
+-- that reads the queue's tables runs on the worker, where this function
+-- cannot).
+CREATE OR REPLACE FUNCTION mq_chain_heads(lo bigint, hi bigint, only_name text, most int,
+                                          due_by timestamptz)
 RETURNS TABLE(head_id uuid, head_key bigint, head_name text, head_at timestamptz,
               head_ready_at timestamptz, head_attempts int, head_deliveries int,
               head_dead boolean, head_uncommitted boolean)
@@ -373,6 +378,7 @@ BEGIN
         EXIT WHEN NOT FOUND;
         IF only_name IS NULL OR head_name = only_name THEN
             RETURN NEXT;
+            EXIT WHEN head_at <= due_by AND NOT head_dead AND head_attempts > 0;
         END IF;
         seen := seen + 1;
         EXIT WHEN head_key = hi OR seen >= most;
@@ -391,7 +397,7 @@ RETURNS timestamptz
 LANGUAGE sql
 SET search_path FROM CURRENT
 AS $$
-    SELECT min(h.head_at) FROM mq_chain_heads(lo, hi, only_name, 1000) h
+    SELECT min(h.head_at) FROM mq_chain_heads(lo, hi, only_name, 1000, clock_timestamp()) h
     WHERE NOT h.head_dead AND h.head_attempts > 0
 $$;
 

@@ -230,7 +230,7 @@ BEGIN
                  (pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295, c.n
           FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c
           WHERE channel_names IS NOT NULL) rg,
-         LATERAL mq_chain_heads(rg.lo, rg.hi, rg.nm, NULL) h;
+         LATERAL mq_chain_heads(rg.lo, rg.hi, rg.nm, NULL, NULL) h;
     FOR r IN
     WITH counts AS (
         SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
@@ -384,7 +384,7 @@ DECLARE
         SELECT pg_catalog.min(h.head_at)
         FROM mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
                             (pg_catalog.hashtext(channel)::bigint << 32) | 4294967295,
-                            channel, NULL) h
+                            channel, NULL, NULL) h
         WHERE NOT h.head_dead AND h.head_attempts > 0 AND h.head_at <= ts);
 BEGIN
     RETURN LEAST(head_at, (
@@ -468,7 +468,7 @@ BEGIN
     SELECT pg_catalog.array_agg(h.head_id) INTO head_ids
     FROM mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
                         (pg_catalog.hashtext(channel)::bigint << 32) | 4294967295,
-                        channel, NULL) h
+                        channel, NULL, NULL) h
     WHERE NOT h.head_dead AND h.head_attempts > 0;
     RETURN QUERY
     WITH heads AS (

@@ -263,6 +263,64 @@ static void test_held_head_gives_nothing(void)
     PQfinish(a);
 }
 
+/* Sets the attempt_at of the head of the k-th chain in key order (0-based)
+ * to now plus the interval `in`. (Two statements: on Citus an UPDATE may
+ * call no volatile function, and mq_chain_heads runs in a statement of its
+ * own.) */
+static void head_due_in(int k, const char *in)
+{
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT h.head_id FROM mq_chain_heads(-9223372036854775808, "
+             "9223372036854775807, NULL, NULL, NULL) h ORDER BY h.head_key OFFSET %d LIMIT 1",
+             k);
+    PGresult *r = PQexec(pg, sql);
+    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1);
+    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+        t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() + interval '%s' WHERE id = '%s'", in,
+               PQgetvalue(r, 0, 0));
+    PQclear(r);
+}
+
+/* How many heads a visit of every chain reads when it may stop at the first
+ * head due now; and how long mq_wait_time says until one is due (ms). */
+static int heads_read_to_due(void)
+{
+    return (int)t_sql_int(pg, "SELECT count(*) FROM mq_chain_heads(-9223372036854775808, "
+                              "9223372036854775807, NULL, NULL, clock_timestamp())");
+}
+
+static long long wait_ms(void)
+{
+    return t_sql_int(pg, "SELECT COALESCE((extract(epoch FROM mq_wait_time(NULL, "
+                         "clock_timestamp())) * 1000)::bigint, -1)");
+}
+
+/* The wait for chain heads stops at the first head due now: an empty poll
+ * of the locked lane, whose workers hold most heads, read every chain. A
+ * head due later never ends the visit, so the wait is the earliest's. */
+static void test_wait_stops_at_a_due_head(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "a", 0, 2);
+    insert_seq(q, "ord", "b", 0, 2);
+    insert_seq(q, "ord", "c", 0, 2);
+    CHECK_INT(heads_read_to_due(), 1); /* all three due: the first answers */
+    head_due_in(0, "2 hours");
+    head_due_in(1, "1 hour");
+    head_due_in(2, "3 hours");
+    CHECK_INT(heads_read_to_due(), 3);
+    long long w = wait_ms();
+    CHECK(w > 3590000 && w <= 3600000); /* the second chain's, an hour */
+    head_due_in(1, "-1 second");
+    CHECK_INT(heads_read_to_due(), 2);
+    CHECK_INT(wait_ms(), 0);
+    head_due_in(1, "1 hour");
+    head_due_in(2, "-1 second");
+    CHECK_INT(heads_read_to_due(), 3);
+    CHECK_INT(wait_ms(), 0);
+}
+
 /* Polls a chain's head, the one job claimable, and fails it with why. */
 static void fail_head(const char *why)
 {
@@ -377,6 +435,7 @@ int main(void)
     T_RUN(test_concurrent_producers_on_one_chain);
     T_RUN(test_unordered_does_not_wait_for_chain);
     T_RUN(test_held_head_gives_nothing);
+    T_RUN(test_wait_stops_at_a_due_head);
     T_RUN(test_retry_keeps_place);
     T_RUN(test_uncommitted_head_blocks_chain);
     T_RUN(test_dead_head_blocks_until_skipped);
