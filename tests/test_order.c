@@ -275,21 +275,23 @@ static void head_due_in(int k, const char *in)
              "9223372036854775807, NULL, NULL, NULL) h ORDER BY h.head_key OFFSET %d LIMIT 1",
              k);
     PGresult *r = PQexec(pg, sql);
-    CHECK(PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1);
-    if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+    int found = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+    CHECK(found);
+    if (found)
         t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() + interval '%s' WHERE id = '%s'", in,
                PQgetvalue(r, 0, 0));
     PQclear(r);
 }
 
 /* How many heads a visit of every chain reads when it may stop at the first
- * head due now; and how long mq_wait_time says until one is due (ms). */
+ * head due now. */
 static int heads_read_to_due(void)
 {
     return (int)t_sql_int(pg, "SELECT count(*) FROM mq_chain_heads(-9223372036854775808, "
                               "9223372036854775807, NULL, NULL, clock_timestamp())");
 }
 
+/* How long mq_wait_time says until a message is due (ms), -1 for never. */
 static long long wait_ms(void)
 {
     return t_sql_int(pg, "SELECT COALESCE((extract(epoch FROM mq_wait_time(NULL, "
