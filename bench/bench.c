@@ -33,7 +33,9 @@
  *   6. latency: single messages every --latency-gap-ms ms into an idle
  *      runner, insert to handler start, unordered and on one ordered chain.
  * The enqueue rate covers both enqueue runs of steps 1 and 4 (the floor's
- * insert rate its two runs).
+ * insert rate its two runs). With --rounds N, steps 1-5 run N times in
+ * turn (main, priorities, chains, main, ...) and each figure, the floor's
+ * too, is the median of its N values (rounds.c); 4b runs once, after them.
  *
  * --profile prints, per phase, the server's time in each SQL function and
  * this process's CPU time (see profile.c).
@@ -77,6 +79,10 @@ static void usage(FILE *f, const char *argv0)
             "  --latency-samples N   single messages timed per latency figure (200)\n"
             "  --latency-gap-ms N    pause between them (5)\n"
             "  --floor               also measure the SQL floor and print ratios\n"
+            "  --rounds N            run the rate phases (steps 1-5) N times,\n"
+            "                        interleaved, and print each figure's median\n"
+            "                        (1; at most 9): one burst of a noisy machine\n"
+            "                        then moves no figure or ratio\n"
             "  --exactly-once        only the exactly-once phases of --floor (poll API,\n"
             "                        locked lane, runners, their floor), and their ratios\n"
             "  --json                print one JSON object with every figure\n"
@@ -215,32 +221,59 @@ static int threads_for(const struct opts *o, PGconn *admin)
                              : derive_runner_threads(admin, o->consumers, o->batch);
 }
 
+/* A phase's tag: the shape's, and with --rounds which round it is. */
+static void round_tag(const struct opts *o, int i, const char *shape, char *tag, size_t size)
+{
+    if (o->rounds > 1)
+        snprintf(tag, size, "%s (round %d of %d)", shape, i + 1, o->rounds);
+    else
+        snprintf(tag, size, "%s", shape);
+}
+
+/* Steps 1-5: the rates of every shape, --rounds times interleaved, each
+ * figure the median of its rounds (rounds.c). */
+static void run_rounds(const struct opts *o, PGconn *admin, struct results *r)
+{
+    struct rates mains[BENCH_MAX_ROUNDS], prios[BENCH_MAX_ROUNDS], ordered[BENCH_MAX_ROUNDS];
+    double fl[4][BENCH_MAX_ROUNDS];
+    struct shape main_shape = {o->channels, o->ordered, 0};
+    struct shape prio = {o->channels, o->ordered, o->priorities};
+    struct shape chains = {o->chains, 1.0, 0};
+    char shape[64], tag[96];
+    for (int i = 0; i < o->rounds; i++) {
+        double f[4] = {0, 0, 0, 0};
+        round_tag(o, i, "main", tag, sizeof tag);
+        run_rates(o, admin, &main_shape, r->runner_threads, tag, &mains[i],
+                  o->floor ? f : NULL);
+        for (int k = 0; k < 4; k++)
+            fl[k][i] = f[k];
+        if (o->priorities > 0) {
+            snprintf(shape, sizeof shape, "%d priorities", o->priorities);
+            round_tag(o, i, shape, tag, sizeof tag);
+            run_rates(o, admin, &prio, r->runner_threads, tag, &prios[i], NULL);
+        }
+        snprintf(shape, sizeof shape, "%d ordered chains", o->chains);
+        round_tag(o, i, shape, tag, sizeof tag);
+        run_rates(o, admin, &chains, r->runner_threads, tag, &ordered[i], NULL);
+    }
+    rates_median(mains, o->rounds, &r->main);
+    if (o->priorities > 0)
+        rates_median(prios, o->rounds, &r->prio);
+    rates_median(ordered, o->rounds, &r->ordered);
+    r->floor_insert = median_of(fl[0], o->rounds);
+    r->floor_drain = median_of(fl[1], o->rounds);
+    r->floor_drain_ctid = median_of(fl[2], o->rounds);
+    r->floor_insert_pipelined = median_of(fl[3], o->rounds);
+}
+
 static void run_default(const struct opts *o, PGconn *admin)
 {
     struct results r;
     memset(&r, 0, sizeof r);
     r.runner_threads = threads_for(o, admin);
-    struct shape main_shape = {o->channels, o->ordered, 0};
-    double fl[4] = {0, 0, 0, 0};
-    run_rates(o, admin, &main_shape, r.runner_threads, "main", &r.main, o->floor ? fl : NULL);
-    r.floor_insert = fl[0];
-    r.floor_drain = fl[1];
-    r.floor_drain_ctid = fl[2];
-    r.floor_insert_pipelined = fl[3];
+    run_rounds(o, admin, &r);
     if (o->floor)
         run_once(o, admin, r.runner_threads, &r);
-
-    if (o->priorities > 0) {
-        struct shape prio = {o->channels, o->ordered, o->priorities};
-        char ptag[64];
-        snprintf(ptag, sizeof ptag, "%d priorities", o->priorities);
-        run_rates(o, admin, &prio, r.runner_threads, ptag, &r.prio, NULL);
-    }
-
-    struct shape chains = {o->chains, 1.0, 0};
-    char tag[64];
-    snprintf(tag, sizeof tag, "%d ordered chains", o->chains);
-    run_rates(o, admin, &chains, r.runner_threads, tag, &r.ordered, NULL);
 
     queue_reset(admin);
     profile_begin(o, admin);
@@ -358,6 +391,7 @@ int main(int argc, char **argv)
         .latency_gap_ms = 5,
         .sweep_out = "bench-sweep",
         .duration = 60,
+        .rounds = 1,
     };
     enum {
         O_DSN = 256,
@@ -385,6 +419,7 @@ int main(int argc, char **argv)
         O_RATE,
         O_DURATION,
         O_HELD,
+        O_ROUNDS,
         O_HELP
     };
     static const struct option longs[] = {{"dsn", required_argument, 0, O_DSN},
@@ -412,6 +447,7 @@ int main(int argc, char **argv)
                                           {"rate", required_argument, 0, O_RATE},
                                           {"duration", required_argument, 0, O_DURATION},
                                           {"held-xmin", required_argument, 0, O_HELD},
+                                          {"rounds", required_argument, 0, O_ROUNDS},
                                           {"help", no_argument, 0, O_HELP},
                                           {0, 0, 0, 0}};
     int ch;
@@ -453,6 +489,7 @@ int main(int argc, char **argv)
         case O_RATE: o.rate = int_arg("rate", optarg, 1, 100000000); break;
         case O_DURATION: o.duration = int_arg("duration", optarg, 1, 86400); break;
         case O_HELD: o.held_xmin = int_arg("held-xmin", optarg, 1, 86400); break;
+        case O_ROUNDS: o.rounds = int_arg("rounds", optarg, 1, BENCH_MAX_ROUNDS); break;
         case O_HELP: usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }

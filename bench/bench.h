@@ -39,6 +39,7 @@ struct opts {
     int latency_samples;
     int latency_gap_ms;
     int json, floor, backlog, profile;
+    int rounds;            /* --rounds: rate phases run this often, interleaved */
     int once_only;         /* --exactly-once: only the exactly-once phases */
     int split_complete;    /* poll API: pqmq_poll + pqmq_complete_batch */
     const char *sweep;     /* "consumers=1,2,4" or NULL */
@@ -257,6 +258,13 @@ void run_backlog(const struct opts *o, PGconn *admin);
 void physical_begin(PGconn *admin, struct phys_snap *s);
 void physical_end(PGconn *admin, const struct phys_snap *s, long messages,
                   struct physical *out);
+
+/* ---- rounds.c ---- */
+#define BENCH_MAX_ROUNDS 9
+/* The median of v[0..n-1] (n in 1..BENCH_MAX_ROUNDS); v is left as it is. */
+double median_of(const double *v, int n);
+/* Each figure of out: the median of that figure over in[0..n-1]. */
+void rates_median(const struct rates *in, int n, struct rates *out);
 
 /* ---- report.c ---- */
 void report_text(const struct opts *o, const struct results *r);

@@ -105,6 +105,9 @@ void report_text(const struct opts *o, const struct results *r)
            grouped(o->messages, m), o->batch, o->producers, o->producers == 1 ? "" : "s",
            o->consumers, o->consumers == 1 ? "" : "s", r->runner_threads, o->channels,
            o->ordered * 100, o->payload_bytes);
+    if (o->rounds > 1)
+        printf("rates: the median of %d interleaved rounds; a ratio is of two medians\n\n",
+               o->rounds);
     printf("%-42s %12s %12s %7s  %s\n", "figure", "value", "floor", "ratio", "target");
     rate_row("enqueue (messages/s)", r->main.enqueue, r->floor_insert, TARGET_ENQUEUE);
     rate_row("enqueue, 10 batches a call (pipelined)", r->main.enqueue_pipelined,
@@ -218,10 +221,10 @@ static void jparams(const struct opts *o, int runner_threads)
     printf("\"parameters\": {\"messages\": %d, \"producers\": %d, \"consumers\": %d, "
            "\"batch\": %d, \"channels\": %d, \"ordered\": %g, \"payload_bytes\": %d, "
            "\"runner_threads\": %d, \"chains\": %d, \"latency_samples\": %d, "
-           "\"latency_gap_ms\": %d, \"floor\": %s}, ",
+           "\"latency_gap_ms\": %d, \"floor\": %s, \"rounds\": %d}, ",
            o->messages, o->producers, o->consumers, o->batch, o->channels, o->ordered,
            o->payload_bytes, runner_threads, o->chains, o->latency_samples, o->latency_gap_ms,
-           o->floor ? "true" : "false");
+           o->floor ? "true" : "false", o->rounds);
 }
 
 /* A scenario's rates, the floor's and the ratios, as JSON members. */
