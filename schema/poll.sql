@@ -373,9 +373,9 @@ BEGIN
              head_deliveries, head_dead, head_uncommitted
         FROM mq_msgs m
         WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-          AND m.channel_key >= from_k -- (one condition: see mq_pick_chains)
+          AND m.channel_key >= from_k AND m.channel_key <= hi
         ORDER BY m.channel_key, m.chain_seq LIMIT 1;
-        EXIT WHEN NOT FOUND OR head_key > hi;
+        EXIT WHEN NOT FOUND;
         IF only_name IS NULL OR head_name = only_name THEN
             RETURN NEXT;
             EXIT WHEN head_at <= due_by AND NOT head_dead AND head_attempts > 0;
@@ -793,16 +793,12 @@ BEGIN
                    CASE WHEN f.k IS NULL THEN lo WHEN f.k < w.upto THEN f.k + 1 END,
                    CASE WHEN f.k IS NOT NULL THEN w.upto WHEN start > lo THEN start - 1 END,
                    w.phase + (f.k IS NULL)::int
-            -- The probe's only index condition is its start: a leaf page's
-            -- entries after the start are each tested against every
-            -- condition, and the chain index has many entries a key. The
-            -- first entry past upto ends the phase as no entry would.
             FROM walk w LEFT JOIN LATERAL (
                 SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
                 WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                  AND m.channel_key >= w.nxt
+                  AND m.channel_key >= w.nxt AND m.channel_key <= w.upto
                   AND w.n < budget
-                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f ON f.k <= w.upto
+                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f ON true
             WHERE w.phase < 2
         )
         SELECT r.id, r.ctid, ks.k
