@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# tests/test_bench.sh [BENCH]: pqmq-bench, the README's main demo, end to
+# end on a few hundred messages against the server in $PQMQ_TEST_DSN (its
+# schema pqmq_bench is dropped and made anew, as the bench always does):
+#
+#   - a default run with --json prints every rate of the main scenario and
+#     of the ordered chains, each above zero, and leaves the queue empty;
+#   - --rounds 3 runs the rate phases three times, interleaved (--profile
+#     names every phase it measures: each round's runner phases, main
+#     before chains in each round), and says in its report that figures are
+#     medians;
+#   - --rounds outside 1..9 is refused with exit 2, naming the option.
+#
+# Figures are not judged here: they are measurements (docs/performance.md).
+# BENCH defaults to ./bench/pqmq-bench, as seen from the build directory.
+
+set -u
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+bench=${1:-${PQMQ_TEST_BUILDDIR:-.}/bench/pqmq-bench}
+# shellcheck source=tests/lib.sh
+. "$here/lib.sh"
+
+t_need_dsn
+t_need_program "$bench" "pqmq-bench" "make bench/pqmq-bench"
+t_need_tools psql jq
+
+work=$(mktemp -d)
+failed=0
+trap 'rm -rf "$work"' EXIT
+schema=pqmq_bench
+
+# A small run: every phase, a few batches each.
+small=(--dsn "$PQMQ_TEST_DSN" --messages 400 --batch 50 --channels 4 --chains 8
+    --priorities 0 --runner-threads 2 --latency-samples 3 --latency-gap-ms 1)
+
+# A default run, as JSON.
+if ! "$bench" "${small[@]}" --json >"$work/json" 2>"$work/err"; then
+    fail "pqmq-bench --json exited $?: $(tail -3 "$work/err")"
+else
+    for f in .enqueue_per_s .process_runner_per_s .process_poll_per_s .process_locked_per_s \
+        .process_runner_locked_per_s .ordered.enqueue_per_s .ordered.process_runner_per_s \
+        .ordered.process_poll_per_s .ordered.process_locked_per_s; do
+        v=$(jq -r "$f // \"missing\"" "$work/json")
+        [[ $v =~ ^[0-9.]+$ ]] && awk -v v="$v" 'BEGIN { exit !(v > 0) }' ||
+            fail "JSON $f is $v, not a rate above zero"
+    done
+    [[ $(jq -r '.parameters.rounds' "$work/json") == 1 ]] ||
+        fail "JSON parameters.rounds of a default run: $(jq -c .parameters "$work/json")"
+    left=$(sql "SELECT count(*) FROM mq_msgs")
+    [[ $left == 0 ]] || fail "the run left $left messages in the queue"
+fi
+
+# Three rounds, as text: --profile's lines (stderr, one a phase) show each
+# round's phases, in turn.
+if ! "$bench" "${small[@]}" --rounds 3 --profile >"$work/out" 2>"$work/err"; then
+    fail "pqmq-bench --rounds 3 exited $?: $(tail -3 "$work/err")"
+else
+    grep -q "the median of 3 interleaved rounds" "$work/out" ||
+        fail "the --rounds 3 report does not say its figures are medians"
+    # The order of first appearance of each round's runner phases.
+    sed -n 's/^profile: \(.* (round [0-9] of 3): runner\): wall .*/\1/p' "$work/err" >"$work/order"
+    want=$'main (round 1 of 3): runner\n8 ordered chains (round 1 of 3): runner\nmain (round 2 of 3): runner\n8 ordered chains (round 2 of 3): runner\nmain (round 3 of 3): runner\n8 ordered chains (round 3 of 3): runner'
+    [[ $(cat "$work/order") == "$want" ]] ||
+        fail "runner phases of --rounds 3, in order: $(tr '\n' '|' <"$work/order")"
+    grep -q "^1000 ordered chains\|^8 ordered chains: runner" "$work/out" ||
+        fail "no ordered chains row in the --rounds 3 report"
+fi
+
+# Out of range.
+for n in 0 10 x; do
+    "$bench" --dsn "$PQMQ_TEST_DSN" --rounds "$n" >"$work/out" 2>"$work/err"
+    rc=$?
+    [[ $rc == 2 ]] || fail "--rounds $n exited $rc, want 2"
+    grep -q -- "--rounds\|rounds" "$work/err" || fail "--rounds $n: error does not name the option: $(cat "$work/err")"
+done
+
+if ((failed)); then
+    echo "$failed check(s) failed"
+    exit 1
+fi
+echo "PASS: pqmq-bench end to end, --rounds"
