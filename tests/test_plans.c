@@ -14,10 +14,10 @@
  * of one of their indexes with no Index Cond, fails the test, naming the
  * node, the statement and the function it is in. Checked in three states,
  * each after ANALYZE and in a new connection (no plan cached before the
- * ANALYZE survives): empty, 100,000 queued on 100 channels, and drained
+ * ANALYZE survives): empty, 100,000 queued on 100 channels, drained
  * (one row left in the pages of the 100,000, vacuumed: what autovacuum finds
- * after a burst). The detector itself is checked first on statements known
- * to be bad.
+ * after a burst), and 20,000 queued on 1,000 ordered chains. The detector itself is checked
+ * first on statements known to be bad.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* strdup */
@@ -742,6 +742,26 @@ static void test_plans_after_drain(void)
     run_state("drained");
 }
 
+/* Every message ordered: 20,000 on 1,000 chains (the bench's chains
+ * phase), then ANALYZE: statistics that say every row is chained. */
+static void test_plans_with_chains_queued(void)
+{
+    PGconn *pg = t_pg();
+    /* A table of just these rows (no pages left by the states before). */
+    t_exec(pg, "TRUNCATE mq_msgs");
+    for (int i = 0; i < 2; i++)
+        t_exec(pg,
+               "SELECT mq_insert(ARRAY(SELECT ROW("
+               "  ('018f0000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, NULL, 4,"
+               "  interval '1 second', 'ordered', 'k' || (g %% 1000), NULL, true,"
+               "  'job', '{\"n\": 1}', NULL)::mq_new_t"
+               " FROM generate_series(%d, %d) g ORDER BY g))",
+               i * 10000 + 1, (i + 1) * 10000);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE chain_seq IS NOT NULL"), 20000);
+    PQfinish(pg);
+    run_state("20,000 on chains");
+}
+
 int main(void)
 {
     const char *pooled = getenv("PQMQ_TEST_POOLED");
@@ -765,6 +785,7 @@ int main(void)
     T_RUN(test_plans_after_analyze_of_empty_tables);
     T_RUN(test_plans_with_100k_queued);
     T_RUN(test_plans_after_drain);
+    T_RUN(test_plans_with_chains_queued);
     forget_plans();
     free(plans);
     free(calls);
