@@ -40,7 +40,8 @@ enum {
     PQMQ_OK = 0,
     PQMQ_EINVAL = -1,   /* a bad argument; the message names it */
     PQMQ_ENOMEM = -2,   /* out of memory */
-    PQMQ_ECONN = -3,    /* no usable connection (failed, broken or lost) */
+    PQMQ_ECONN = -3,    /* no usable connection (failed, broken or lost), or a commit of
+                           unknown outcome (a Citus worker lost in it): retry */
     PQMQ_ESERVER = -4,  /* the server refused; see pqmq_sqlstate() */
     PQMQ_ETOOBIG = -5,  /* over a documented limit (batch or payload size) */
     PQMQ_ENOTHELD = -6, /* the message is gone or its lease ran out */

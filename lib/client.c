@@ -40,6 +40,24 @@ static pqmq_client *client_new(PGconn *conn, int owns)
     return c;
 }
 
+/* Citus commits a single worker's transaction with one COMMIT; when the
+ * worker is lost during it, the coordinator only warns (the outcome is not
+ * known) and the statement still succeeds. The call must not say
+ * "committed" then: outcome() turns the warning into PQMQ_ECONN, as for a
+ * connection lost at COMMIT. Every notice still goes on to libpq's own
+ * receiver (stderr by default). */
+static void on_notice(void *arg, const PGresult *r)
+{
+    pqmq_client *c = arg;
+    const char *severity = PQresultErrorField(r, PG_DIAG_SEVERITY_NONLOCALIZED);
+    const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+    static const char lost[] = "failed to commit transaction on ";
+    if (severity && !strcmp(severity, "WARNING") && msg && !strncmp(msg, lost, sizeof lost - 1))
+        snprintf(c->doubt, sizeof c->doubt, "%s", msg);
+    if (c->prev_notice)
+        c->prev_notice(NULL, r); /* libpq's default receiver takes no argument */
+}
+
 PQMQ_EXPORT int pqmq_connect(const char *conninfo, pqmq_client **out)
 {
     if (!out)
@@ -53,6 +71,7 @@ PQMQ_EXPORT int pqmq_connect(const char *conninfo, pqmq_client **out)
         PQfinish(conn);
         return PQMQ_ENOMEM;
     }
+    c->prev_notice = PQsetNoticeReceiver(conn, on_notice, c); /* kept by PQreset */
     *out = c;
     return pqmq__ready(c);
 }
@@ -99,6 +118,7 @@ void pqmq__clearerr(pqmq_client *c)
         free(c->errmsg);
     c->errmsg = pqmq_empty;
     c->sqlstate[0] = '\0';
+    c->doubt[0] = '\0';
 }
 
 int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)

@@ -31,6 +31,12 @@ struct pqmq_client {
     unsigned specs_ready; /* bit per pqmq__spec prepared on typed_conn */
     char *errmsg;         /* "" or malloc'd; reset by each API call */
     char sqlstate[6];
+    /* A commit of this call's whose outcome the server does not know (a
+     * Citus worker lost while committing warns and still reports success):
+     * the warning's text, "" for none; reset by each API call. Watched on
+     * connections pqmq_connect opened (their notice receiver is ours). */
+    char doubt[160];
+    PQnoticeReceiver prev_notice; /* the receiver ours passes every notice on to */
 };
 
 /* Starts an API call: clears the client's error. */

@@ -62,6 +62,14 @@ static const char *result_message(const PGresult *r)
 static PGresult *outcome(pqmq_client *c, PGresult *r, const char *what, int *rc)
 {
     ExecStatusType st = PQresultStatus(r);
+    if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) && c->doubt[0]) {
+        /* Succeeded, but a commit's outcome is unknown (client.c). */
+        *rc = pqmq__seterr(c, PQMQ_ECONN, "%s: the commit's outcome is unknown (%s)", what,
+                           c->doubt);
+        c->doubt[0] = '\0';
+        PQclear(r);
+        return NULL;
+    }
     if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
         *rc = 0;
         return r;

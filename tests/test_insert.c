@@ -506,6 +506,64 @@ static void test_channel_names_are_data(void)
     t_msgs_free(msgs, N);
 }
 
+/* A Citus coordinator whose worker is lost while committing only warns
+ * ("failed to commit transaction on host:port") and reports success; the
+ * insert may or may not have committed. pqmq_insert says PQMQ_ECONN then,
+ * as for a connection lost at COMMIT, so the producer sends the same ids
+ * again. A trigger of this test raises the same warning for messages named
+ * "doubt" (Citus cannot be made to lose a worker on cue here; test_citus
+ * stops one under load). Other warnings change nothing, and a warning from
+ * the caller's own statement does not spill into the next call. */
+static void test_commit_of_unknown_outcome_is_reported(void)
+{
+    if (t_citus_skip("a trigger of its own on mq_msgs"))
+        return;
+    t_truncate();
+    t_exec(pg, "CREATE FUNCTION doubt_warn() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+               " IF NEW.name = 'doubt' THEN"
+               "   RAISE WARNING 'failed to commit transaction on localhost:%%', 9;"
+               " ELSIF NEW.name = 'other' THEN RAISE WARNING 'an unrelated warning';"
+               " END IF; RETURN NEW; END $$");
+    t_exec(pg, "CREATE TRIGGER doubt_warn AFTER INSERT ON mq_msgs"
+               " FOR EACH ROW EXECUTE FUNCTION doubt_warn()");
+    pqmq_msg *m = t_msg("dq", NULL, "doubt", "{}", 0);
+    CHECK_ERR(q, pqmq_insert(q, &m, 1), PQMQ_ECONN, "the commit's outcome is unknown");
+    CHECK(strstr(pqmq_errmsg(q), "failed to commit transaction on localhost:9") != NULL);
+    /* Sent again with the same id: it did commit here, so it is refused as
+     * a duplicate, which tells the producer it is in the queue. */
+    CHECK_ERR(q, pqmq_insert(q, &m, 1), PQMQ_ESERVER, "23505");
+    pqmq_msg_free(m);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'dq'"), 1);
+
+    /* Another warning: a plain success. */
+    pqmq_msg *o = t_msg("dq", NULL, "other", "{}", 0);
+    CHECK_OK(q, pqmq_insert(q, &o, 1));
+    pqmq_msg_free(o);
+    /* The caller's own statement warns; the next call is not blamed. */
+    PQclear(PQexec(pqmq_conn(q), "DO $$ BEGIN RAISE WARNING"
+                                 " 'failed to commit transaction on localhost:8'; END $$"));
+    pqmq_msg *n = t_msg("dq", NULL, "n", "{}", 0);
+    CHECK_OK(q, pqmq_insert(q, &n, 1));
+    pqmq_msg_free(n);
+
+    /* Batches in one round trip: only the doubtful batch says so. */
+    pqmq_msg *a[1] = {t_msg("db", NULL, "n", "{}", 0)};
+    pqmq_msg *d[1] = {t_msg("db", NULL, "doubt", "{}", 0)};
+    pqmq_msg *z[1] = {t_msg("db", NULL, "n", "{}", 0)};
+    pqmq_msg *const *b[3] = {a, d, z};
+    size_t counts[3] = {1, 1, 1};
+    int rcs[3] = {-1, -1, -1};
+    CHECK_ERR(q, pqmq_insert_batches(q, b, counts, 3, rcs), PQMQ_ECONN, "batch 1");
+    CHECK_INT(rcs[0], 0);
+    CHECK_INT(rcs[1], PQMQ_ECONN);
+    CHECK_INT(rcs[2], 0);
+    t_msgs_free(a, 1);
+    t_msgs_free(d, 1);
+    t_msgs_free(z, 1);
+    t_exec(pg, "DROP TRIGGER doubt_warn ON mq_msgs");
+    t_exec(pg, "DROP FUNCTION doubt_warn()");
+}
+
 int main(void)
 {
     t_init("insert");
@@ -529,6 +587,7 @@ int main(void)
     T_RUN(test_insert_batches_in_one_round_trip);
     T_RUN(test_insert_batches_fail_alone);
     T_RUN(test_insert_batches_checked_first);
+    T_RUN(test_commit_of_unknown_outcome_is_reported);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
