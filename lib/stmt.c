@@ -62,17 +62,17 @@ static const char *result_message(const PGresult *r)
 static PGresult *outcome(pqmq_client *c, PGresult *r, const char *what, int *rc)
 {
     ExecStatusType st = PQresultStatus(r);
-    if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) && c->doubt[0]) {
+    if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
+        if (!c->doubt[0]) {
+            *rc = 0;
+            return r;
+        }
         /* Succeeded, but a commit's outcome is unknown (client.c). */
         *rc = pqmq__seterr(c, PQMQ_ECONN, "%s: the commit's outcome is unknown (%s)", what,
                            c->doubt);
         c->doubt[0] = '\0';
         PQclear(r);
         return NULL;
-    }
-    if (r && (st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK)) {
-        *rc = 0;
-        return r;
     }
     if (!r)
         *rc = fail_from(c, what, PQerrorMessage(c->conn), NULL, NULL);
