@@ -114,7 +114,8 @@ static int citus_prepare(pqmq_client *c)
  * selects the forms of the few statements that Citus plans differently
  * (migration 0017; DESIGN.md, "Citus"), and custom plans for those that pin generic ones for a
  * single server's plan cache: Citus plans a statement with parameters only
- * when it sees their values. */
+ * when it sees their values. A function with a standard SQL body gets none:
+ * it reads no setting, and one would keep the planner from inlining it. */
 static int citus_settings(pqmq_client *c)
 {
     return run(c,
@@ -123,7 +124,7 @@ static int citus_settings(pqmq_client *c)
                "'plan_cache_mode=force_generic_plan' = ANY (p.proconfig) AS generic "
                "FROM pg_catalog.pg_proc p "
                "WHERE p.pronamespace = quote_ident(current_schema())::regnamespace "
-               "AND p.proname LIKE 'mq\\_%' LOOP "
+               "AND p.proname LIKE 'mq\\_%' AND p.prosqlbody IS NULL LOOP "
                "EXECUTE pg_catalog.format('ALTER FUNCTION %s SET pqmq.citus = on', f.sig); "
                "IF f.generic THEN EXECUTE pg_catalog.format("
                "'ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f.sig); "

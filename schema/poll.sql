@@ -1,6 +1,37 @@
 -- schema/poll.sql: polling: claiming ready messages fairly across channels (mq_claim), and the
 -- older entry points that return subsets of its row.
 
+-- Whether a poll of lane may take a row (deliveries and xmax are the row's;
+-- me is this transaction's id, me_lo its low 32 bits). Lane 0 takes every
+-- row; lane 1 (the locked lane) first deliveries whose locker did not spend
+-- them, lane 2 the others. A locker (xmax) spent a row when it ended
+-- without committing, so the row's locked delivery died with its consumer
+-- (a crash, a lost connection, a rollback), or when it is this transaction,
+-- which holds the row already (SKIP LOCKED skips only other transactions'
+-- locks). xmax has 32 bits: the locker's full id is found from me, both
+-- within 2^31 of each other; a locker newer than this transaction counts as
+-- alive (it may still run).
+-- The scans call this once per row they pass, rows other consumers hold
+-- included, so it must cost what the expression costs: the planner inlines
+-- it into each scan. That is why it has a standard SQL body (RETURN) and no
+-- pinned search_path: PostgreSQL never inlines a function with settings,
+-- and a call per row cost a fifth of the locked lane's poll (7.9 us against
+-- 0.45 us a row). Its names are resolved once, when the schema is applied,
+-- and kept by OID, so no path at call time can change what it runs
+-- (DESIGN.md, Security).
+CREATE OR REPLACE FUNCTION mq_lane_admits(lane int, deliveries int, locker xid,
+                                          me bigint, me_lo bigint)
+RETURNS boolean
+LANGUAGE sql
+RETURN lane = 0 OR (lane = 1) = (deliveries = 0 AND (locker = '0'::xid OR NOT CASE
+    WHEN locker::text::bigint < 3 THEN false
+    WHEN (me_lo - locker::text::bigint + 6442450944) % 4294967296 - 2147483648 < 0 THEN false
+    WHEN locker::text::bigint = me_lo THEN true
+    ELSE COALESCE(pg_catalog.pg_xact_status(
+                      (me - ((me_lo - locker::text::bigint + 6442450944) % 4294967296
+                             - 2147483648))::text::xid8) = 'aborted', false)
+    END));
+
 -- Picks up to batch_size ready messages fairly across channels and locks
 -- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids and, in the same
 -- order, the ctids of the row versions it locked: the caller finds the rows
@@ -203,18 +234,7 @@ BEGIN
                   -- Steps over the messages in flight (see ready_at).
                   AND m.attempt_at <= ts
                   AND m.attempts > 0
-                  AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
-                                                 AND (m.xmax = '0'::xid
-                                                      OR NOT CASE -- spent (mq_pick_keys)
-                        WHEN m.xmax::text::bigint < 3 THEN false
-                        WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
-                             - 2147483648 < 0 THEN false
-                        WHEN m.xmax::text::bigint = me_lo THEN true
-                        ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
-                                                              + 6442450944) % 4294967296
-                                                             - 2147483648))::text::xid8)
-                                      = 'aborted', false)
-                        END)))
+                  AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
                   AND m.id <> ALL (ids)
                 ORDER BY m.ready_at
                 LIMIT batch_size - cardinality(ids)
@@ -513,6 +533,7 @@ DECLARE
     picked  uuid[];
     tids    tid[];
     max_dur interval := (mq_limits()).max_duration; -- once, not per row
+    idle    mq_job_t;
 BEGIN
     SELECT p.ids, p.tids INTO picked, tids
     FROM mq_pick_set(channel_names, batch_size, ts, lane) p;
@@ -586,10 +607,9 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Nothing claimed: the one row says when to poll again.
-    RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
-        NULL::bytea, NULL::interval, mq_wait_time(channel_names, ts),
-        NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
+    -- Nothing claimed: the one row says when to poll again (the rest NULL).
+    idle.wait_time := mq_wait_time(channel_names, ts);
+    RETURN NEXT idle;
 END;
 $$;
 
@@ -611,6 +631,7 @@ DECLARE
     ts     timestamptz := clock_timestamp();
     picked uuid[];
     tids   tid[];
+    idle   mq_job_t;
 BEGIN
     SELECT p.ids, p.tids INTO picked, tids
     FROM mq_pick_set(channel_names, batch_size, ts, 1) p;
@@ -624,9 +645,8 @@ BEGIN
         ORDER BY m.ready_at, m.id;
         RETURN;
     END IF;
-    RETURN QUERY SELECT NULL::uuid, NULL::boolean, NULL::text, NULL::text,
-        NULL::bytea, NULL::interval, mq_wait_time(channel_names, ts),
-        NULL::text, NULL::text, NULL::int, NULL::int, NULL::text, NULL::boolean;
+    idle.wait_time := mq_wait_time(channel_names, ts); -- as in mq_claim_lane
+    RETURN NEXT idle;
 END;
 $$;
 
@@ -644,16 +664,6 @@ $$;
 -- place (ready_at) of the first claimable message of the channels it took
 -- from. lane: as in mq_pick_set.
 --
--- The locked lane (lane 1) passes a row by when its locker (xmax) spent it:
--- the locker ended without committing, so the row's locked delivery died
--- with its consumer (a crash, a lost connection, a rollback); or the locker
--- is this transaction, which holds the row already (SKIP LOCKED skips only
--- other transactions' locks). xmax has 32 bits: the locker's full id is
--- found from this transaction's (me), both within 2^31 of each other; a
--- locker newer than this transaction counts as alive (it may still run).
--- The test is written out inline, here, in mq_pick_urgent and in
--- mq_pick_set: a function call per row (mq_lock_spent, until migration
--- 0011) cost a fifth of the locked lane's poll.
 CREATE OR REPLACE FUNCTION mq_pick_keys(only_name text, lo bigint, hi bigint,
                                         start bigint, per_key int, want int, budget int,
                                         ts timestamptz, lane int, mark timestamptz,
@@ -723,18 +733,7 @@ BEGIN
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (ids)
               -- The locked lane: first deliveries not left by a dead locker.
-              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
-                                             AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (above)
-                    WHEN m.xmax::text::bigint < 3 THEN false
-                    WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
-                         - 2147483648 < 0 THEN false
-                    WHEN m.xmax::text::bigint = me_lo THEN true
-                    ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
-                                                          + 6442450944) % 4294967296
-                                                         - 2147483648))::text::xid8)
-                                  = 'aborted', false)
-                    END)))
+              AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
             ORDER BY m.ready_at
             LIMIT ks.lim
             FOR NO KEY UPDATE SKIP LOCKED
@@ -814,18 +813,7 @@ BEGIN
               AND m.id <> ALL (ids)
               AND per_key > (SELECT count(*) FROM unnest(keys) AS x WHERE x = ks.k)
               -- The locked lane: first deliveries not left by a dead locker.
-              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
-                                             AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (mq_pick_keys)
-                    WHEN m.xmax::text::bigint < 3 THEN false
-                    WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
-                         - 2147483648 < 0 THEN false
-                    WHEN m.xmax::text::bigint = me_lo THEN true
-                    ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
-                                                          + 6442450944) % 4294967296
-                                                         - 2147483648))::text::xid8)
-                                  = 'aborted', false)
-                    END)))
+              AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
               AND (NOT urgent OR NOT EXISTS (
                     SELECT 1 FROM mq_msgs u
                     WHERE u.channel_key = ks.k
@@ -920,18 +908,7 @@ BEGIN
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (ids)
               -- The locked lane: first deliveries not left by a dead locker.
-              AND (lane = 0 OR (lane = 1) = (m.deliveries = 0
-                                             AND (m.xmax = '0'::xid
-                                                  OR NOT CASE -- spent (mq_pick_keys)
-                    WHEN m.xmax::text::bigint < 3 THEN false
-                    WHEN (me_lo - m.xmax::text::bigint + 6442450944) % 4294967296
-                         - 2147483648 < 0 THEN false
-                    WHEN m.xmax::text::bigint = me_lo THEN true
-                    ELSE COALESCE(pg_xact_status((me - ((me_lo - m.xmax::text::bigint
-                                                          + 6442450944) % 4294967296
-                                                         - 2147483648))::text::xid8)
-                                  = 'aborted', false)
-                    END)))
+              AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
             ORDER BY -m.priority, m.ready_at
             LIMIT ks.lim
             FOR NO KEY UPDATE SKIP LOCKED

@@ -202,15 +202,19 @@ BEGIN
                OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
                           WHERE t.tgfoid OPERATOR(pg_catalog.=) p.oid
                             AND t.tgrelid OPERATOR(pg_catalog.=)
-                                pg_catalog.to_regclass('mq_payloads')) AS definer
+                                pg_catalog.to_regclass('mq_payloads')) AS definer,
+               p.prosqlbody IS NOT NULL AS parsed
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
           AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
           AND p.prokind OPERATOR(pg_catalog.=) 'f'
     LOOP
+        -- (A standard SQL body keeps no path: see schema/trust.sql.)
         PERFORM mq_run_ddl(pg_catalog.format(
-            'ALTER FUNCTION %s %s SET search_path = pg_catalog, %I, pg_temp',
-            f.sig, CASE WHEN f.definer THEN 'SECURITY DEFINER' ELSE 'SECURITY INVOKER' END, q));
+            'ALTER FUNCTION %s %s%s', f.sig,
+            CASE WHEN f.definer THEN 'SECURITY DEFINER' ELSE 'SECURITY INVOKER' END,
+            CASE WHEN NOT f.parsed
+                 THEN pg_catalog.format(' SET search_path = pg_catalog, %I, pg_temp', q) END));
         PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig));
     END LOOP;
 END;

@@ -1,7 +1,9 @@
 -- schema/trust.sql: what every function trusts and who may call what.
 -- Applied after the other schema/ files but roles.sql.
 
--- Every function pins pg_catalog, the queue's schema and pg_temp, by name;
+-- Every function pins pg_catalog, the queue's schema and pg_temp, by name
+-- (but for one with a standard SQL body, whose names were resolved when it
+-- was created);
 -- internal helpers are not for PUBLIC. The functions on the hot path run
 -- with the planner settings that keep their plans to index probes, whatever
 -- ANALYZE last saw of a table that swings between empty and huge, and
@@ -49,10 +51,16 @@ BEGIN
                                       'mq_pick_set', 'mq_claim_lane', 'mq_claim_locked'])
                    AS generic,
                p.proname = ANY (ARRAY['mq_random_start', 'mq_pick_keys', 'mq_pick_chains',
-                                      'mq_pick_urgent']) AS no_bitmap
+                                      'mq_pick_urgent']) AS no_bitmap,
+               p.prosqlbody IS NOT NULL AS parsed
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%'
     LOOP
+        -- (Not a standard SQL body, mq_lane_admits: resolved when applied,
+        -- and a setting would keep the planner from inlining it.)
+        IF f.parsed THEN
+            CONTINUE;
+        END IF;
         EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, %I, pg_temp',
                                   f.fn, nm);
         IF f.internal THEN

@@ -289,6 +289,42 @@ static void test_sql_clients_use_the_lane(void)
     PQfinish(c);
 }
 
+/* The lane test (mq_lane_admits) runs once per row a locking scan passes,
+ * rows other consumers hold included: the planner must inline it into every
+ * scan, since a call per row cost a fifth of the lane's poll. A function the
+ * planner inlines is never called, so with track_functions on, the
+ * transaction's function statistics count the picks and not it. */
+static void test_lane_test_is_inlined(void)
+{
+    if (t_citus_skip("the scans run on the worker, whose counts this session cannot see"))
+        return;
+    t_truncate();
+    insert_n(q, "lk", 6, 3, 60000); /* mq_pick_keys, then mq_pick_set's top-up */
+    pqmq_msg *m[3] = {t_msg("lk", "urgent", "job", "{}", 0), t_msg("lk", "a", "job", "{}", 1),
+                      t_msg("lk", "a", "job", "{}", 1)};
+    pqmq_msg_set_priority(m[0], 5);    /* mq_pick_urgent */
+    CHECK_OK(q, pqmq_insert(q, m, 3)); /* mq_pick_chains */
+    t_msgs_free(m, 3);
+    PGconn *c = t_pg();
+    t_exec(c, "BEGIN");
+    t_exec(c, "SET LOCAL track_functions = 'all'");
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_claim_locked(NULL, 100) "
+                           "WHERE id IS NOT NULL"),
+              8);
+    /* Each scan ran: the statistics count calls. */
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM pg_stat_xact_user_functions "
+                           "WHERE schemaname = current_schema() AND calls > 0 "
+                           "AND funcname IN ('mq_pick_set', 'mq_pick_keys', "
+                           "'mq_pick_urgent', 'mq_pick_chains')"),
+              4);
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM pg_stat_xact_user_functions "
+                           "WHERE schemaname = current_schema() "
+                           "AND funcname = 'mq_lane_admits'"),
+              0);
+    t_exec(c, "ROLLBACK");
+    PQfinish(c);
+}
+
 /* ---- four consumers ---- */
 
 enum { MANY = 2000, CONSUMERS = 4 };
@@ -415,6 +451,7 @@ int main(void)
     T_RUN(test_fail_counts_the_attempt);
     T_RUN(test_two_polls_in_one_transaction_are_disjoint);
     T_RUN(test_sql_clients_use_the_lane);
+    T_RUN(test_lane_test_is_inlined);
     T_RUN(test_four_consumers_never_share_a_message);
     T_RUN(test_a_poison_message_ends_dead);
     PQfinish(pg);
