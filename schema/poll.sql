@@ -687,38 +687,37 @@ BEGIN
     -- key's scan starts at it. A key with nothing claimable is passed by.
     SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), min(j.at)
     INTO got, got_tid, got_key, got_at FROM (
-        -- The walk: from start up to hi (phase 0), then from lo up to
-        -- start (phase 1), at most budget keys each; a step is one probe
-        -- from the key after the last found, and a probe that finds nothing
-        -- turns to the next phase (mq_pick_chains and mq_pick_urgent walk
-        -- the same way).
-        WITH RECURSIVE walk(k, at, n, nxt, upto, phase) AS (
-            SELECT NULL::bigint, NULL::timestamptz, 0, start, hi, 0
-            UNION ALL
-            SELECT f.k, f.at, CASE WHEN f.k IS NULL THEN 0 ELSE w.n + 1 END,
-                   CASE WHEN f.k IS NULL THEN lo WHEN f.k < w.upto THEN f.k + 1 END,
-                   CASE WHEN f.k IS NOT NULL THEN w.upto WHEN start > lo THEN start - 1 END,
-                   w.phase + (f.k IS NULL)::int
-            FROM walk w LEFT JOIN LATERAL (
-                SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority <= 0 -- mq_msgs_ready_plain
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key >= w.nxt AND m.channel_key <= w.upto
-                  AND w.n < budget
-                ORDER BY m.channel_key, m.ready_at LIMIT 1) f ON true
-            WHERE w.phase < 2
-        )
+        -- The walk: the keys from start up to hi, then from lo up to start,
+        -- at most budget keys in each direction (d); a step is one probe
+        -- from the key after the last one found, and a probe that finds
+        -- nothing ends the direction. (mq_pick_chains and mq_pick_urgent
+        -- walk the same way.)
         SELECT r.id, r.ctid, ks.k, ks.at
         FROM (SELECT u.k, u.at,
                      CASE WHEN cardinality(keys) = 0 THEN per_key
                           ELSE GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
                                                       WHERE x = u.k)::int) END AS lim
-              FROM walk u WHERE u.k IS NOT NULL) ks,
+              FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
+              LATERAL (
+                  WITH RECURSIVE walk(k, at, n) AS (
+                      SELECT NULL::bigint, NULL::timestamptz, 0
+                      UNION ALL
+                      SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
+                          SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
+                          WHERE m.dead_since IS NULL
+                            AND m.after_message_id IS NULL
+                            AND m.priority <= 0 -- mq_msgs_ready_plain
+                            AND m.ready_at >= mark
+                            AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                            AND (only_name IS NULL OR m.channel_name = only_name)
+                            AND m.id <> ALL (ids)
+                            AND m.channel_key >= CASE WHEN w.k IS NULL THEN d.a
+                                                      WHEN w.k < d.b THEN w.k + 1 END
+                            AND m.channel_key <= d.b
+                          ORDER BY m.channel_key, m.ready_at LIMIT 1) f
+                      WHERE w.n < budget
+                  )
+                  SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
@@ -785,23 +784,22 @@ BEGIN
     END IF;
     SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k)
     INTO got, got_tid, got_key FROM (
-        WITH RECURSIVE walk(k, at, n, nxt, upto, phase) AS ( -- (as mq_pick_keys)
-            SELECT NULL::bigint, NULL::tid, 0, start, hi, 0
-            UNION ALL
-            SELECT f.k, f.at, CASE WHEN f.k IS NULL THEN 0 ELSE w.n + 1 END,
-                   CASE WHEN f.k IS NULL THEN lo WHEN f.k < w.upto THEN f.k + 1 END,
-                   CASE WHEN f.k IS NOT NULL THEN w.upto WHEN start > lo THEN start - 1 END,
-                   w.phase + (f.k IS NULL)::int
-            FROM walk w LEFT JOIN LATERAL (
-                SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
-                WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                  AND m.channel_key >= w.nxt AND m.channel_key <= w.upto
-                  AND w.n < budget
-                ORDER BY m.channel_key, m.chain_seq LIMIT 1) f ON true
-            WHERE w.phase < 2
-        )
         SELECT r.id, r.ctid, ks.k
-        FROM (SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL) ks,
+        FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
+        LATERAL ( -- (the walk of mq_pick_keys)
+            WITH RECURSIVE walk(k, at, n) AS (
+                SELECT NULL::bigint, NULL::tid, 0
+                UNION ALL
+                SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
+                    SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
+                    WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                      AND m.channel_key >= CASE WHEN w.k IS NULL THEN d.a
+                                                WHEN w.k < d.b THEN w.k + 1 END
+                      AND m.channel_key <= d.b
+                    ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
+                WHERE w.n < budget
+            )
+            SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL) ks,
         LATERAL (
             -- The head's row version as this statement sees it, by TID.
             SELECT m.id, m.ctid FROM mq_msgs m
@@ -867,32 +865,32 @@ BEGIN
     -- ready yet in the index, without visiting the heap.
     SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), array_agg(j.lim), min(j.at)
     INTO got, got_tid, got_key, got_lim, got_at FROM (
-        WITH RECURSIVE walk(k, np, at, n, nxt, upto, phase) AS ( -- (as mq_pick_keys)
-            SELECT NULL::bigint, NULL::smallint, NULL::timestamptz, 0, start, hi, 0
-            UNION ALL
-            SELECT f.k, f.np, f.at, CASE WHEN f.k IS NULL THEN 0 ELSE w.n + 1 END,
-                   CASE WHEN f.k IS NULL THEN lo WHEN f.k < w.upto THEN f.k + 1 END,
-                   CASE WHEN f.k IS NOT NULL THEN w.upto WHEN start > lo THEN start - 1 END,
-                   w.phase + (f.k IS NULL)::int
-            FROM walk w LEFT JOIN LATERAL (
-                SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.priority > 0 -- mq_msgs_ready_urgent
-                  AND m.ready_at >= mark
-                  AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                  AND (only_name IS NULL OR m.channel_name = only_name)
-                  AND m.id <> ALL (ids)
-                  AND m.channel_key >= w.nxt AND m.channel_key <= w.upto
-                  AND w.n < budget
-                ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f ON true
-            WHERE w.phase < 2
-        )
         SELECT r.id, r.ctid, ks.k, ks.lim, ks.at
         FROM (SELECT u.k, u.np, u.at,
                      GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
                                             WHERE x = u.k)::int) AS lim
-              FROM walk u WHERE u.k IS NOT NULL) ks,
+              FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
+              LATERAL ( -- (the walk of mq_pick_keys)
+                  WITH RECURSIVE walk(k, np, at, n) AS (
+                      SELECT NULL::bigint, NULL::smallint, NULL::timestamptz, 0
+                      UNION ALL
+                      SELECT f.k, f.np, f.at, w.n + 1 FROM walk w, LATERAL (
+                          SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at
+                          FROM mq_msgs m
+                          WHERE m.dead_since IS NULL
+                            AND m.after_message_id IS NULL
+                            AND m.priority > 0 -- mq_msgs_ready_urgent
+                            AND m.ready_at >= mark
+                            AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
+                            AND (only_name IS NULL OR m.channel_name = only_name)
+                            AND m.id <> ALL (ids)
+                            AND m.channel_key >= CASE WHEN w.k IS NULL THEN d.a
+                                                      WHEN w.k < d.b THEN w.k + 1 END
+                            AND m.channel_key <= d.b
+                          ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
+                      WHERE w.n < budget
+                  )
+                  SELECT w.k, w.np, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
