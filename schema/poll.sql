@@ -809,7 +809,8 @@ BEGIN
               AND m.attempts > 0
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (ids)
-              AND per_key > (SELECT count(*) FROM unnest(keys) AS x WHERE x = ks.k)
+              AND (cardinality(keys) = 0
+                   OR per_key > (SELECT count(*) FROM unnest(keys) AS x WHERE x = ks.k))
               -- The locked lane: first deliveries not left by a dead locker.
               AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
               AND (NOT urgent OR NOT EXISTS (
