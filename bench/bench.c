@@ -40,8 +40,9 @@
  * --profile prints, per phase, the server's time in each SQL function and
  * this process's CPU time (see profile.c).
  * --sweep NAME=V1,V2,... repeats steps 1-4 for each value of consumers,
- * producers, batch or runner-threads, writes bench-sweep.csv and (with
- * gnuplot) a plot, bench-sweep.png. --backlog runs the poll-cost scaling
+ * producers, batch or runner-threads (with --rounds N, every value in each
+ * of N rounds, each figure the median of its rounds), writes
+ * bench-sweep.csv and (with gnuplot) a plot, bench-sweep.png. --backlog runs the poll-cost scaling
  * check instead. --rate and --held-xmin run the queue under steady load
  * instead (see load.c), and with --floor the floor after it.
  *
@@ -79,8 +80,9 @@ static void usage(FILE *f, const char *argv0)
             "  --latency-samples N   single messages timed per latency figure (200)\n"
             "  --latency-gap-ms N    pause between them (5)\n"
             "  --floor               also measure the SQL floor and print ratios\n"
-            "  --rounds N            run the rate phases (steps 1-5) N times,\n"
-            "                        interleaved, and print each figure's median\n"
+            "  --rounds N            run the rate phases (steps 1-5, or each value\n"
+            "                        of --sweep) N times, interleaved, and print\n"
+            "                        each figure's median\n"
             "                        (1; at most 9): one burst of a noisy machine\n"
             "                        then moves no figure or ratio\n"
             "  --exactly-once        only the exactly-once phases of --floor (poll API,\n"
@@ -310,6 +312,42 @@ static void run_once_only(const struct opts *o, PGconn *admin)
            r.floor_once > 0 ? r.once / r.floor_once : 0);
 }
 
+/* The rates of each value of a sweep, --rounds times interleaved (every
+ * value in each round), each figure the median of its rounds. run is the
+ * options with *field set to each value in turn. */
+static void sweep_rounds(const struct opts *o, struct opts *run, int *field, const char *param,
+                         PGconn *admin, struct sweep_row *rows, int n)
+{
+    struct sweep_runs {
+        struct rates rates[BENCH_MAX_ROUNDS];
+        double floor[3][BENCH_MAX_ROUNDS];
+    } *runs = calloc((size_t)n, sizeof *runs);
+    if (!runs)
+        die("out of memory");
+    for (int i = 0; i < o->rounds; i++)
+        for (int j = 0; j < n; j++) {
+            char shape[64], tag[96];
+            *field = rows[j].value;
+            snprintf(shape, sizeof shape, "%s = %d", param, rows[j].value);
+            round_tag(o, i, shape, tag, sizeof tag);
+            if (!o->json)
+                fprintf(stderr, "sweep: %s\n", tag);
+            struct shape s = {run->channels, run->ordered, 0};
+            double fl[4] = {0, 0, 0, 0};
+            run_rates(run, admin, &s, rows[j].runner_threads, tag, &runs[j].rates[i],
+                      o->floor ? fl : NULL);
+            for (int k = 0; k < 3; k++)
+                runs[j].floor[k][i] = fl[k];
+        }
+    for (int j = 0; j < n; j++) {
+        rates_median(runs[j].rates, o->rounds, &rows[j].rates);
+        rows[j].floor_insert = median_of(runs[j].floor[0], o->rounds);
+        rows[j].floor_drain = median_of(runs[j].floor[1], o->rounds);
+        rows[j].floor_drain_ctid = median_of(runs[j].floor[2], o->rounds);
+    }
+    free(runs);
+}
+
 static void run_sweep(const struct opts *o, PGconn *admin)
 {
     char param[32];
@@ -355,20 +393,13 @@ static void run_sweep(const struct opts *o, PGconn *admin)
         memset(w, 0, sizeof *w);
         w->value = *field;
         w->runner_threads = threads_for(&run, admin);
-        if (!o->json)
-            fprintf(stderr, "sweep: %s = %d\n", param, w->value);
-        struct shape s = {run.channels, run.ordered, 0};
-        double fl[4] = {0, 0, 0, 0};
-        run_rates(&run, admin, &s, w->runner_threads, param, &w->rates, o->floor ? fl : NULL);
-        w->floor_insert = fl[0];
-        w->floor_drain = fl[1];
-        w->floor_drain_ctid = fl[2];
     }
     free(values);
     if (n == 0) {
         fprintf(stderr, "pqmq-bench: --sweep %s: no values\n", o->sweep);
         exit(2);
     }
+    sweep_rounds(o, &run, field, param, admin, rows, n);
     queue_reset(admin);
     report_sweep(o, param, rows, n, maxrss_kb());
     free(rows);

@@ -420,6 +420,9 @@ void report_sweep(const struct opts *o, const char *param, const struct sweep_ro
     printf("pqmq-bench --sweep %s: %s messages%s, %d channels, %.0f%% ordered "
            "(messages/s)\n\n",
            o->sweep, grouped(o->messages, m), fixed, o->channels, o->ordered * 100);
+    if (o->rounds > 1)
+        printf("rates: the median of %d interleaved rounds; a ratio is of two medians\n\n",
+               o->rounds);
     int pw = (int)strlen(param) > 8 ? (int)strlen(param) : 8;
     printf("%*s %8s %10s %10s %10s %10s %10s %10s %7s %7s %7s\n", pw, param, "threads",
            "enqueue", "runner", "poll API", "fl.insert", "fl.drain", "fl.ctid", "enq/fl",

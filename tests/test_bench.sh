@@ -9,6 +9,8 @@
 #     names every phase it measures: each round's runner phases, main
 #     before chains in each round), and says in its report that figures are
 #     medians;
+#   - --sweep with --rounds 2 runs every value in each round, in turn, and
+#     reports medians, one CSV row a value;
 #   - --rounds outside 1..9 is refused with exit 2, naming the option.
 #
 # Figures are not judged here: they are measurements (docs/performance.md).
@@ -65,6 +67,22 @@ else
         fail "runner phases of --rounds 3, in order: $(tr '\n' '|' <"$work/order")"
     grep -q "^1000 ordered chains\|^8 ordered chains: runner" "$work/out" ||
         fail "no ordered chains row in the --rounds 3 report"
+fi
+
+# A sweep of two values in two rounds: each value runs in each round, in
+# turn (its progress lines on stderr), the report says its figures are
+# medians, and the CSV has one row a value.
+if ! (cd "$work" && "$bench" "${small[@]}" --sweep batch=20,50 --rounds 2 \
+    --sweep-out "$work/sw" >"$work/out" 2>"$work/err"); then
+    fail "pqmq-bench --sweep --rounds 2 exited $?: $(tail -3 "$work/err")"
+else
+    got=$(sed -n 's/^sweep: //p' "$work/err" | tr '\n' '|')
+    want="batch = 20 (round 1 of 2)|batch = 50 (round 1 of 2)|batch = 20 (round 2 of 2)|batch = 50 (round 2 of 2)|"
+    [[ $got == "$want" ]] || fail "sweep phases of --rounds 2, in order: $got"
+    grep -q "the median of 2 interleaved rounds" "$work/out" ||
+        fail "the sweep's --rounds 2 report does not say its figures are medians"
+    [[ $(tail -n +2 "$work/sw.csv" | cut -d, -f1 | tr '\n' ' ') == "20 50 " ]] ||
+        fail "sweep CSV rows: $(cat "$work/sw.csv")"
 fi
 
 # Out of range.
