@@ -214,6 +214,30 @@ static void test_unordered_does_not_wait_for_chain(void)
     pqmq_batch_free(b);
 }
 
+/* A poll's chain walk goes from its turn up to the end of the key space,
+ * then from the start up to the turn: each chain head is taken once, also
+ * when the second part runs past its end into the first (its probe has no
+ * upper bound). The picks lock and write nothing, and each commits, so the
+ * turn moves from poll to poll. */
+static void test_each_head_is_picked_once(void)
+{
+    t_truncate();
+    insert_seq(q, "ord", "a", 0, 2);
+    insert_seq(q, "ord", "b", 0, 2);
+    insert_seq(q, "ord", "c", 0, 2);
+    PGconn *a = t_pg();
+    for (int i = 0; i < 12; i++) {
+        PGresult *r = t_sql(a,
+                            "SELECT cardinality(p.ids), (SELECT count(DISTINCT x) FROM "
+                            "unnest(p.ids) AS x) FROM mq_pick_set(NULL, 10, "
+                            "clock_timestamp(), 0) p");
+        CHECK_STR(PQgetvalue(r, 0, 0), "3");
+        CHECK_STR(PQgetvalue(r, 0, 1), "3");
+        PQclear(r);
+    }
+    PQfinish(a);
+}
+
 /* The seq of the message one SQL claim of conn returns (lane: mq_claim or
  * mq_claim_locked), -1 for none. */
 static int claim_seq(PGconn *conn, const char *fn)
@@ -436,6 +460,7 @@ int main(void)
     T_RUN(test_cancel_whole_chain_then_restart);
     T_RUN(test_concurrent_producers_on_one_chain);
     T_RUN(test_unordered_does_not_wait_for_chain);
+    T_RUN(test_each_head_is_picked_once);
     T_RUN(test_held_head_gives_nothing);
     T_RUN(test_wait_stops_at_a_due_head);
     T_RUN(test_retry_keeps_place);
