@@ -42,9 +42,9 @@
  * --sweep NAME=V1,V2,... repeats steps 1-4 for each value of consumers,
  * producers, batch or runner-threads (with --rounds N, every value in each
  * of N rounds, each figure the median of its rounds), writes
- * bench-sweep.csv and (with gnuplot) a plot, bench-sweep.png. --backlog runs the poll-cost scaling
- * check instead. --rate and --held-xmin run the queue under steady load
- * instead (see load.c), and with --floor the floor after it.
+ * bench-sweep.csv and (with gnuplot) a plot, bench-sweep.png. --backlog runs the poll-cost
+ * scaling check instead. --rate and --held-xmin run the queue under steady load instead (see
+ * load.c), and with --floor the floor after it.
  *
  * Peak memory (maxrss) must stay flat in --messages: nothing here or in the
  * library may buffer more than a batch per client.

@@ -227,10 +227,9 @@ static void test_each_head_is_picked_once(void)
     insert_seq(q, "ord", "c", 0, 2);
     PGconn *a = t_pg();
     for (int i = 0; i < 12; i++) {
-        PGresult *r = t_sql(a,
-                            "SELECT cardinality(p.ids), (SELECT count(DISTINCT x) FROM "
-                            "unnest(p.ids) AS x) FROM mq_pick_set(NULL, 10, "
-                            "clock_timestamp(), 0) p");
+        PGresult *r = t_sql(a, "SELECT cardinality(p.ids), (SELECT count(DISTINCT x) FROM "
+                               "unnest(p.ids) AS x) FROM mq_pick_set(NULL, 10, "
+                               "clock_timestamp(), 0) p");
         CHECK_STR(PQgetvalue(r, 0, 0), "3");
         CHECK_STR(PQgetvalue(r, 0, 1), "3");
         PQclear(r);
