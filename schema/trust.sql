@@ -56,8 +56,9 @@ BEGIN
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%'
     LOOP
-        -- (Not a standard SQL body, mq_lane_admits: resolved when applied,
-        -- and a setting would keep the planner from inlining it.)
+        -- A standard SQL body (mq_lane_admits) gets no settings: its names
+        -- were resolved when it was created, and a setting would keep the
+        -- planner from inlining it.
         IF f.parsed THEN
             CONTINUE;
         END IF;
