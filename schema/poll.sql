@@ -32,6 +32,51 @@ RETURN lane = 0 OR (lane = 1) = (deliveries = 0 AND (locker = '0'::xid OR NOT CA
                              - 2147483648))::text::xid8) = 'aborted', false)
     END));
 
+-- Whether a ready index's entry is one a poll may take: live, not waiting
+-- in a chain, placed in [from_at, ts], not in flight (attempt_at), with an
+-- attempt left, of the named channel (only_name; NULL: any), and not taken
+-- by this poll already (ids). The picks below and mq_wait_time's probes
+-- add, each, the priority test of the index they read, which must be
+-- written out in the statement for PostgreSQL to use a partial index.
+-- Inlined like mq_lane_admits (a standard SQL body, no settings), so that
+-- its conditions bound the index scans as if they were written in place.
+CREATE OR REPLACE FUNCTION mq_claimable(dead_since timestamptz, after_message_id uuid,
+                                        ready_at timestamptz, attempt_at timestamptz,
+                                        attempts int, id uuid, channel_name text,
+                                        from_at timestamptz, ts timestamptz,
+                                        only_name text, ids uuid[])
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN dead_since IS NULL AND after_message_id IS NULL
+    AND ready_at >= from_at AND ready_at <= ts
+    AND attempt_at <= ts AND attempts > 0
+    AND (only_name IS NULL OR channel_name = only_name)
+    AND id <> ALL (ids);
+
+-- Whether an entry of the channel indexes (mq_msgs_ready_plain and
+-- mq_msgs_ready_urgent, whichever the statement's priority test names) is
+-- one of channel name's: live, not waiting in a chain, in the name's range
+-- of chain keys (the name's hash, then the args') and of that name (two
+-- names can share a hash). Inlined (as mq_claimable): the range bounds the
+-- index scan.
+CREATE OR REPLACE FUNCTION mq_in_channel(dead_since timestamptz, after_message_id uuid,
+                                         channel_key bigint, channel_name text, name text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN dead_since IS NULL AND after_message_id IS NULL
+    AND channel_key >= (hashtext(name)::bigint << 32)
+    AND channel_key <= ((hashtext(name)::bigint << 32) | 4294967295)
+    AND channel_name = name;
+
+-- The key a walk's next probe starts at (the walks of mq_pick_keys,
+-- mq_pick_urgent and mq_pick_chains): the direction's first key a, then
+-- the key after the last one found (k); none once k has reached the
+-- direction's last key b. Inlined (as mq_claimable).
+CREATE OR REPLACE FUNCTION mq_walk_next(k bigint, a bigint, b bigint)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE
+RETURN CASE WHEN k IS NULL THEN a WHEN k < b THEN k + 1 END;
+
 -- Picks up to batch_size ready messages fairly across channels and locks
 -- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids and, in the same
 -- order, the ctids of the row versions it locked: the caller finds the rows
@@ -226,16 +271,11 @@ BEGIN
         IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_msgs m
-                WHERE m.dead_since IS NULL
-                  AND m.after_message_id IS NULL
-                  AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
-                  AND m.ready_at >= COALESCE(low, mark)
-                  AND m.ready_at <= ts
-                  -- Steps over the messages in flight (see ready_at).
-                  AND m.attempt_at <= ts
-                  AND m.attempts > 0
+                WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+                  AND mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
+                                   m.attempt_at, m.attempts, m.id, m.channel_name,
+                                   COALESCE(low, mark), ts, NULL, ids)
                   AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
-                  AND m.id <> ALL (ids)
                 ORDER BY m.ready_at
                 LIMIT batch_size - cardinality(ids)
                 FOR NO KEY UPDATE SKIP LOCKED
@@ -459,41 +499,27 @@ BEGIN
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
             (SELECT m.ready_at FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.priority <= 0 -- mq_msgs_ready_plain
-               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
-                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+             WHERE m.priority <= 0 -- mq_msgs_ready_plain
+               AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                                 m.channel_name, c.n)
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
-               AND m.channel_name = c.n
              ORDER BY m.ready_at LIMIT 1),
             (SELECT min(m.attempt_at) FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.priority <= 0
-               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
-                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
-               AND m.ready_at >= mark AND m.ready_at <= ts
-               AND m.attempts > 0
-               AND m.channel_name = c.n),
+             WHERE m.priority <= 0
+               AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                                 m.channel_name, c.n)
+               AND m.ready_at >= mark AND m.ready_at <= ts AND m.attempts > 0),
             (SELECT m.ready_at FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.priority > 0 -- mq_msgs_ready_urgent
-               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
-                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
+             WHERE m.priority > 0 -- mq_msgs_ready_urgent
+               AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                                 m.channel_name, c.n)
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
-               AND m.channel_name = c.n
              ORDER BY m.ready_at LIMIT 1),
             (SELECT min(m.attempt_at) FROM mq_msgs m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.priority > 0
-               AND m.channel_key BETWEEN hashtext(c.n)::bigint << 32
-                                     AND (hashtext(c.n)::bigint << 32) | 4294967295
-               AND m.ready_at >= mark AND m.ready_at <= ts
-               AND m.attempts > 0
-               AND m.channel_name = c.n)))
+             WHERE m.priority > 0
+               AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                                 m.channel_name, c.n)
+               AND m.ready_at >= mark AND m.ready_at <= ts AND m.attempts > 0)))
         INTO next_at
         FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
         -- (As above: a statement that reads no table.)
@@ -673,11 +699,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    got   uuid[];
-    got_tid tid[];
-    got_key bigint[];
-    got_at timestamptz;
-    -- This transaction's id, for the test of xmax (lanes 1 and 2).
+    -- (as in mq_pick_set)
     me    bigint := CASE WHEN lane <> 0 THEN mq_xact_id() END;
     me_lo bigint := me & 4294967295;
 BEGIN
@@ -685,8 +707,9 @@ BEGIN
     -- where in the key that message is (at): the messages in flight and the
     -- dead entries before it are stepped over once, by the probe, and the
     -- key's scan starts at it. A key with nothing claimable is passed by.
-    SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), min(j.at)
-    INTO got, got_tid, got_key, got_at FROM (
+    SELECT ids || COALESCE(array_agg(j.id), '{}'), tids || COALESCE(array_agg(j.ctid), '{}'),
+           keys || COALESCE(array_agg(j.k), '{}'), LEAST(low, min(j.at))
+    INTO ids, tids, keys, low FROM (
         -- The walk: the keys from start up to hi, then from lo up to start,
         -- at most budget keys in each direction (d); a step is one probe
         -- from the key after the last one found, and a probe that finds
@@ -704,15 +727,11 @@ BEGIN
                       UNION ALL
                       SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
                           SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
-                          WHERE m.dead_since IS NULL
-                            AND m.after_message_id IS NULL
-                            AND m.priority <= 0 -- mq_msgs_ready_plain
-                            AND m.ready_at >= mark
-                            AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                            AND (only_name IS NULL OR m.channel_name = only_name)
-                            AND m.id <> ALL (ids)
-                            AND m.channel_key >= CASE WHEN w.k IS NULL THEN d.a
-                                                      WHEN w.k < d.b THEN w.k + 1 END
+                          WHERE m.priority <= 0 -- mq_msgs_ready_plain
+                            AND mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
+                                             m.attempt_at, m.attempts, m.id,
+                                             m.channel_name, mark, ts, only_name, ids)
+                            AND m.channel_key >= mq_walk_next(w.k, d.a, d.b)
                             AND m.channel_key <= d.b
                           ORDER BY m.channel_key, m.ready_at LIMIT 1) f
                       WHERE w.n < budget
@@ -721,16 +740,10 @@ BEGIN
         LATERAL (
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
-              AND m.dead_since IS NULL
-              AND m.after_message_id IS NULL
               AND m.priority <= 0
-              AND m.ready_at >= ks.at
-              AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
-              AND m.attempt_at <= ts
-              AND m.attempts > 0
-              AND (only_name IS NULL OR m.channel_name = only_name)
-              AND m.id <> ALL (ids)
+              AND mq_claimable(m.dead_since, m.after_message_id, m.ready_at, m.attempt_at,
+                               m.attempts, m.id, m.channel_name, ks.at, ts, only_name, ids)
               -- The locked lane: first deliveries not left by a dead locker.
               AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
             ORDER BY m.ready_at
@@ -739,10 +752,6 @@ BEGIN
         ) r
         LIMIT want - cardinality(ids)
     ) j;
-    ids := ids || COALESCE(got, '{}');
-    tids := tids || COALESCE(got_tid, '{}');
-    keys := keys || COALESCE(got_key, '{}');
-    low := LEAST(low, got_at);
 END;
 $$;
 
@@ -772,18 +781,16 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    got     uuid[];
-    got_tid tid[];
-    got_key bigint[];
-    -- This transaction's id, for the test of xmax (lanes 1 and 2).
+    -- (as in mq_pick_set)
     me      bigint := CASE WHEN lane <> 0 THEN mq_xact_id() END;
     me_lo   bigint := me & 4294967295;
 BEGIN
     IF cardinality(ids) >= want THEN
         RETURN;
     END IF;
-    SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k)
-    INTO got, got_tid, got_key FROM (
+    SELECT ids || COALESCE(array_agg(j.id), '{}'), tids || COALESCE(array_agg(j.ctid), '{}'),
+           keys || COALESCE(array_agg(j.k), '{}')
+    INTO ids, tids, keys FROM (
         SELECT r.id, r.ctid, ks.k
         FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
         LATERAL ( -- (the walk of mq_pick_keys)
@@ -799,8 +806,7 @@ BEGIN
                 SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
                     SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
                     WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                      AND m.channel_key >= CASE WHEN w.k IS NULL THEN d.a
-                                                WHEN w.k < d.b THEN w.k + 1 END
+                      AND m.channel_key >= mq_walk_next(w.k, d.a, d.b)
                     ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
                 WHERE w.n < budget
             )
@@ -821,20 +827,15 @@ BEGIN
               AND (NOT urgent OR NOT EXISTS (
                     SELECT 1 FROM mq_msgs u
                     WHERE u.channel_key = ks.k
-                      AND u.dead_since IS NULL
-                      AND u.after_message_id IS NULL
                       AND u.priority > 0 -- mq_msgs_ready_urgent
                       AND u.priority > m.priority
-                      AND u.ready_at >= mark AND u.ready_at <= ts
-                      AND u.attempt_at <= ts AND u.attempts > 0
-                      AND u.id <> ALL (ids)))
+                      AND mq_claimable(u.dead_since, u.after_message_id, u.ready_at,
+                                       u.attempt_at, u.attempts, u.id, u.channel_name,
+                                       mark, ts, NULL, ids)))
             FOR NO KEY UPDATE SKIP LOCKED
         ) r
         LIMIT want - cardinality(ids)
     ) j;
-    ids := ids || COALESCE(got, '{}');
-    tids := tids || COALESCE(got_tid, '{}');
-    keys := keys || COALESCE(got_key, '{}');
 END;
 $$;
 
@@ -854,12 +855,9 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    got   uuid[];
-    got_tid tid[];
-    got_key bigint[];
+    got_key bigint[]; -- the keys taken from, and their allowances (full_keys)
     got_lim int[];
-    got_at timestamptz;
-    -- This transaction's id, for the test of xmax (lanes 1 and 2).
+    -- (as in mq_pick_set)
     me    bigint := CASE WHEN lane <> 0 THEN mq_xact_id() END;
     me_lo bigint := me & 4294967295;
 BEGIN
@@ -869,8 +867,9 @@ BEGIN
     -- key's scan starts at its (priority, place). Within a key the scan
     -- does not stop at now: it passes the entries of urgent messages not
     -- ready yet in the index, without visiting the heap.
-    SELECT array_agg(j.id), array_agg(j.ctid), array_agg(j.k), array_agg(j.lim), min(j.at)
-    INTO got, got_tid, got_key, got_lim, got_at FROM (
+    SELECT ids || COALESCE(array_agg(j.id), '{}'), tids || COALESCE(array_agg(j.ctid), '{}'),
+           LEAST(low, min(j.at)), array_agg(j.k), array_agg(j.lim)
+    INTO ids, tids, low, got_key, got_lim FROM (
         SELECT r.id, r.ctid, ks.k, ks.lim, ks.at
         FROM (SELECT u.k, u.np, u.at,
                      GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
@@ -883,15 +882,11 @@ BEGIN
                       SELECT f.k, f.np, f.at, w.n + 1 FROM walk w, LATERAL (
                           SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at
                           FROM mq_msgs m
-                          WHERE m.dead_since IS NULL
-                            AND m.after_message_id IS NULL
-                            AND m.priority > 0 -- mq_msgs_ready_urgent
-                            AND m.ready_at >= mark
-                            AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0
-                            AND (only_name IS NULL OR m.channel_name = only_name)
-                            AND m.id <> ALL (ids)
-                            AND m.channel_key >= CASE WHEN w.k IS NULL THEN d.a
-                                                      WHEN w.k < d.b THEN w.k + 1 END
+                          WHERE m.priority > 0 -- mq_msgs_ready_urgent
+                            AND mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
+                                             m.attempt_at, m.attempts, m.id,
+                                             m.channel_name, mark, ts, only_name, ids)
+                            AND m.channel_key >= mq_walk_next(w.k, d.a, d.b)
                             AND m.channel_key <= d.b
                           ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
                       WHERE w.n < budget
@@ -900,17 +895,11 @@ BEGIN
         LATERAL (
             SELECT m.id, m.ctid FROM mq_msgs m
             WHERE m.channel_key = ks.k
-              AND m.dead_since IS NULL
-              AND m.after_message_id IS NULL
               AND m.priority > 0
               AND (-m.priority, m.ready_at) >= (ks.np, ks.at)
-              AND m.ready_at >= mark
-              AND m.ready_at <= ts
               -- Steps over the messages in flight (see ready_at).
-              AND m.attempt_at <= ts
-              AND m.attempts > 0
-              AND (only_name IS NULL OR m.channel_name = only_name)
-              AND m.id <> ALL (ids)
+              AND mq_claimable(m.dead_since, m.after_message_id, m.ready_at, m.attempt_at,
+                               m.attempts, m.id, m.channel_name, mark, ts, only_name, ids)
               -- The locked lane: first deliveries not left by a dead locker.
               AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
             ORDER BY -m.priority, m.ready_at
@@ -919,10 +908,7 @@ BEGIN
         ) r
         LIMIT want - cardinality(ids)
     ) j;
-    ids := ids || COALESCE(got, '{}');
-    tids := tids || COALESCE(got_tid, '{}');
     keys := keys || COALESCE(got_key, '{}');
-    low := LEAST(low, got_at);
     -- A key that gave its whole allowance may have more.
     full_keys := full_keys || ARRAY(
         SELECT g.k FROM unnest(got_key, got_lim) AS g(k, l)

@@ -280,31 +280,16 @@ BEGIN
         FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
         LATERAL (
             SELECT m.channel_name FROM mq_msgs m
-            WHERE m.channel_key >= (pg_catalog.hashtext(c.n)::bigint << 32)
-              AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
-              AND m.channel_name = c.n
-              AND m.dead_since IS NULL
-              AND m.after_message_id IS NULL
-              AND m.priority <= 0
-              AND m.ready_at <= ts
-              AND m.attempt_at > ts
-              AND m.attempts > 0
-        ) m
-        WHERE channel_names IS NOT NULL
-        UNION ALL
-        SELECT m.channel_name, 'f', false
-        FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
-        LATERAL (
+            WHERE m.priority <= 0
+              AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                                m.channel_name, c.n)
+              AND m.ready_at <= ts AND m.attempt_at > ts AND m.attempts > 0
+            UNION ALL
             SELECT m.channel_name FROM mq_msgs m
-            WHERE m.channel_key >= (pg_catalog.hashtext(c.n)::bigint << 32)
-              AND m.channel_key <= ((pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295)
-              AND m.channel_name = c.n
-              AND m.dead_since IS NULL
-              AND m.after_message_id IS NULL
-              AND m.priority > 0
-              AND m.ready_at <= ts
-              AND m.attempt_at > ts
-              AND m.attempts > 0
+            WHERE m.priority > 0
+              AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                                m.channel_name, c.n)
+              AND m.ready_at <= ts AND m.attempt_at > ts AND m.attempts > 0
         ) m
         WHERE channel_names IS NOT NULL
         UNION ALL
@@ -427,15 +412,10 @@ BEGIN
          WHERE keys.k IS NOT NULL AND f.at <= ts),
         -- The urgent messages: few, read whole.
         (SELECT pg_catalog.min(m.attempt_at) FROM mq_msgs m
-         WHERE m.dead_since IS NULL
-           AND m.after_message_id IS NULL
-           AND m.priority > 0
-           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
-           AND m.ready_at <= ts
-           AND m.attempt_at <= ts
-           AND m.attempts > 0
-           AND m.channel_name = channel))));
+         WHERE m.priority > 0
+           AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                             m.channel_name, channel)
+           AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0))));
 END;
 $$;
 
@@ -477,30 +457,20 @@ BEGIN
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                 m.commit_interval, m.chain_seq, m.channel_key, m.priority
          FROM mq_msgs m
-         WHERE m.dead_since IS NULL
-           AND m.attempts > 0
-           AND m.after_message_id IS NULL
-           AND m.priority <= 0
-           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
-                                 | 4294967295)
-           AND m.channel_name = channel
-           AND (args IS NULL OR m.channel_args = args)
+         WHERE m.priority <= 0
+           AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                             m.channel_name, channel)
+           AND m.attempts > 0 AND (args IS NULL OR m.channel_args = args)
          ORDER BY m.attempt_at, m.id
          LIMIT max_rows)
         UNION ALL
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                 m.commit_interval, m.chain_seq, m.channel_key, m.priority
          FROM mq_msgs m
-         WHERE m.dead_since IS NULL
-           AND m.attempts > 0
-           AND m.after_message_id IS NULL
-           AND m.priority > 0
-           AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
-           AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32)
-                                 | 4294967295)
-           AND m.channel_name = channel
-           AND (args IS NULL OR m.channel_args = args)
+         WHERE m.priority > 0
+           AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+                             m.channel_name, channel)
+           AND m.attempts > 0 AND (args IS NULL OR m.channel_args = args)
          ORDER BY m.priority DESC, m.attempt_at, m.id
          LIMIT max_rows)
         UNION ALL

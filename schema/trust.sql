@@ -56,7 +56,7 @@ BEGIN
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%'
     LOOP
-        -- A standard SQL body (mq_lane_admits) gets no settings: its names
+        -- A standard SQL body (mq_lane_admits, ...) gets no settings: its names
         -- were resolved when it was created, and a setting would keep the
         -- planner from inlining it.
         IF f.parsed THEN

@@ -124,7 +124,8 @@ static void test_helpers_not_for_public(void)
         "mq_pick_urgent",     "mq_random_start", "mq_at",           "mq_xact_id",
         "mq_qualified",       "mq_run_ddl",      "mq_insert_keyed", "mq_check_json",
         "mq_lock_keys",       "mq_insert_check", "mq_cron_check",   "mq_caller",
-        "mq_chain_heads",     "mq_sweep_keys",   "mq_insert",       "mq_lane_admits"};
+        "mq_chain_heads",     "mq_sweep_keys",   "mq_insert",       "mq_lane_admits",
+        "mq_claimable",       "mq_in_channel",   "mq_walk_next"};
     for (size_t i = 0; i < sizeof helpers / sizeof *helpers; i++)
         if (t_sql_int(pg,
                       "SELECT count(*) FROM pg_proc p WHERE p.proname = '%s' "

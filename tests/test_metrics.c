@@ -454,6 +454,36 @@ static void test_named_channels_read_only_their_messages(void)
         CHECK(read < 500);
 }
 
+/* The channel test of named-channel reads (mq_in_channel) bounds their
+ * index scans only if the planner inlines it: a function it inlines is
+ * never called, so with track_functions on, the transaction's function
+ * statistics count the readers and not it. */
+static void test_channel_test_is_inlined(void)
+{
+    if (t_citus_skip("the scans run on the worker, whose counts this session cannot see"))
+        return;
+    t_truncate();
+    insert("ic", NULL, 3, 0, 4, 60000, 0, -1);
+    t_exec(pg, "BEGIN");
+    t_exec(pg, "SET LOCAL track_functions = 'all'");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_metrics(ARRAY['ic'])"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_peek('ic')"), 3);
+    /* An idle poll of a named channel: its wait time. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_claim(ARRAY['none'], 1) "
+                            "WHERE id IS NULL"),
+              1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_stat_xact_user_functions "
+                            "WHERE schemaname = current_schema() AND calls > 0 "
+                            "AND funcname IN ('mq_metrics', 'mq_oldest_ready', 'mq_peek', "
+                            "'mq_wait_time')"),
+              4);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_stat_xact_user_functions "
+                            "WHERE schemaname = current_schema() "
+                            "AND funcname IN ('mq_in_channel', 'mq_claimable')"),
+              0);
+    t_exec(pg, "ROLLBACK");
+}
+
 static void test_pqmq_metrics_parses_and_matches(void)
 {
     build_mixed_queue();
@@ -538,6 +568,7 @@ int main(void)
     T_RUN(test_rolled_back_insert_is_not_counted);
     T_RUN(test_rows_written_by_hand_are_keyed_and_counted);
     T_RUN(test_named_channels_read_only_their_messages);
+    T_RUN(test_channel_test_is_inlined);
     T_RUN(test_pqmq_metrics_parses_and_matches);
     PQfinish(pg);
     pqmq_client_free(q);

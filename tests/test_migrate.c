@@ -727,18 +727,21 @@ static void test_every_function_pins_search_path(void)
     free(sql);
     CHECK_STR(unpinned, ""); /* lists each function lacking SET search_path */
     free(unpinned);
-    /* The one exception: a standard SQL body, whose names were resolved when
-     * it was created, for the planner to inline (it never inlines a function
-     * with settings; test_locked checks that it does). It has no settings at
-     * all, and PUBLIC may not call it. */
+    /* The exceptions: standard SQL bodies, whose names were resolved when
+     * they were created, for the planner to inline (it never inlines a
+     * function with settings; test_locked and test_plans check that it
+     * does). They have no settings at all, and PUBLIC may not call them. */
     PGresult *r = t_sql(cat,
                         "SELECT string_agg(p.proname || ' ' || COALESCE(p.proconfig::text, "
                         "'(none)') || ' ' || has_function_privilege('public', p.oid, "
-                        "'EXECUTE')::text, '; ') "
+                        "'EXECUTE')::text, '; ' ORDER BY p.proname) "
                         "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
                         "AND p.prosqlbody IS NOT NULL",
                         t_schema());
-    CHECK_STR(PQgetvalue(r, 0, 0), "mq_lane_admits (none) false");
+    CHECK_STR(
+        PQgetvalue(r, 0, 0),
+        "mq_claimable (none) false; mq_in_channel (none) false; mq_lane_admits (none) false; "
+        "mq_walk_next (none) false");
     PQclear(r);
 }
 
