@@ -717,9 +717,7 @@ BEGIN
         -- walk the same way.)
         SELECT r.id, r.ctid, ks.k, ks.at
         FROM (SELECT u.k, u.at,
-                     CASE WHEN cardinality(keys) = 0 THEN per_key
-                          ELSE GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
-                                                      WHERE x = u.k)::int) END AS lim
+                     GREATEST(0, per_key - cardinality(array_positions(keys, u.k))) AS lim
               FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
               LATERAL (
                   WITH RECURSIVE walk(k, at, n) AS (
@@ -820,8 +818,8 @@ BEGIN
               AND m.attempts > 0
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (ids)
-              AND (cardinality(keys) = 0
-                   OR per_key > (SELECT count(*) FROM unnest(keys) AS x WHERE x = ks.k))
+              AND (cardinality(keys) = 0 -- (the first pick of a poll: nothing to count)
+                   OR per_key > cardinality(array_positions(keys, ks.k)))
               -- The locked lane: first deliveries not left by a dead locker.
               AND mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
               AND (NOT urgent OR NOT EXISTS (
@@ -872,8 +870,7 @@ BEGIN
     INTO ids, tids, low, got_key, got_lim FROM (
         SELECT r.id, r.ctid, ks.k, ks.lim, ks.at
         FROM (SELECT u.k, u.np, u.at,
-                     GREATEST(0, per_key - (SELECT count(*) FROM unnest(keys) AS x
-                                            WHERE x = u.k)::int) AS lim
+                     GREATEST(0, per_key - cardinality(array_positions(keys, u.k))) AS lim
               FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
               LATERAL ( -- (the walk of mq_pick_keys)
                   WITH RECURSIVE walk(k, np, at, n) AS (
