@@ -35,9 +35,9 @@ RETURN lane = 0 OR (lane = 1) = (deliveries = 0 AND (locker = '0'::xid OR NOT CA
 -- Whether a ready index's entry is one a poll may take: live, not waiting
 -- in a chain, placed in [from_at, ts], not in flight (attempt_at), with an
 -- attempt left, of the named channel (only_name; NULL: any), and not taken
--- by this poll already (ids). The picks below and mq_wait_time's probes
--- add, each, the priority test of the index they read, which must be
--- written out in the statement for PostgreSQL to use a partial index.
+-- by this poll already (ids). Each scan that calls it adds the priority
+-- test of the index it reads, which must be written out in the statement
+-- for PostgreSQL to use a partial index.
 -- Inlined like mq_lane_admits (a standard SQL body, no settings), so that
 -- its conditions bound the index scans as if they were written in place.
 CREATE OR REPLACE FUNCTION mq_claimable(dead_since timestamptz, after_message_id uuid,
