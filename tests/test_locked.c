@@ -292,7 +292,8 @@ static void test_sql_clients_use_the_lane(void)
 /* The lane test (mq_lane_admits) runs once per row a locking scan passes,
  * rows other consumers hold included: the planner must inline it into every
  * scan, since a call per row cost a fifth of the lane's poll; and the ready
- * test (mq_claimable) too, whose conditions bound the scans. A function the
+ * test (mq_claimable) and the walks' next key (mq_walk_next) too, whose
+ * conditions bound the scans. A function the
  * planner inlines is never called, so with track_functions on, the
  * transaction's function statistics count the picks and not them. */
 static void test_lane_test_is_inlined(void)
@@ -320,7 +321,8 @@ static void test_lane_test_is_inlined(void)
               4);
     CHECK_INT(t_sql_int(c, "SELECT count(*) FROM pg_stat_xact_user_functions "
                            "WHERE schemaname = current_schema() "
-                           "AND funcname IN ('mq_lane_admits', 'mq_claimable')"),
+                           "AND funcname IN ('mq_lane_admits', 'mq_claimable', "
+                           "'mq_walk_next')"),
               0);
     t_exec(c, "ROLLBACK");
     PQfinish(c);
