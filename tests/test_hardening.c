@@ -84,6 +84,49 @@ static void test_month_interval_lease(void)
               0);
 }
 
+/* Months, years and days in any of a message's three intervals, on any
+ * message of a batch, are given their fixed length (a month 30 days, a day
+ * 24 hours) before anything is computed or stored: a year of delay is 360
+ * days, whatever the calendar says, and a stored backoff keeps no day or
+ * month field. Each interval is set on the last of three messages. */
+static void test_calendar_fields_fixed_in_every_interval(void)
+{
+    static const char *const forms[] = {
+        /* delay, retry_backoff, commit_interval */
+        "interval '1 year', NULL, NULL",
+        "NULL, NULL, interval '1 year'",
+        "NULL, interval '2 mons 1 day', NULL",
+    };
+    for (int f = 0; f < 3; f++) {
+        t_truncate();
+        t_exec(pg,
+               "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 1, NULL, 'cal', '', NULL, "
+               "false, 'n', NULL, NULL)::mq_new_t, ROW(gen_random_uuid(), NULL, 1, "
+               "interval '5 seconds', 'cal', '', NULL, false, 'n', NULL, NULL)::mq_new_t, "
+               "(SELECT ROW(gen_random_uuid(), x.d, 1, x.b, 'cal', '', x.c, false, 'last', "
+               "NULL, NULL)::mq_new_t FROM (SELECT %s) AS x(d, b, c))])",
+               forms[f]);
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 3);
+        if (f < 2)
+            CHECK_INT(t_sql_int(pg,
+                                "SELECT extract(epoch FROM attempt_at - created_at)::bigint "
+                                "FROM mq_msgs WHERE name = 'last'"),
+                      360LL * 86400);
+        else
+            CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE name = 'last' "
+                                    "AND date_part('month', retry_backoff) = 0 "
+                                    "AND date_part('day', retry_backoff) = 0 "
+                                    "AND extract(epoch FROM retry_backoff) = 61 * 86400"),
+                      1);
+        /* The others are unchanged. */
+        CHECK_INT(t_sql_int(pg,
+                            "SELECT count(*) FROM mq_msgs WHERE name = 'n' "
+                            "AND retry_backoff IN (interval '1 second', interval '5 seconds')"
+                            " AND attempt_at = created_at"),
+                  2);
+    }
+}
+
 /* ---- search_path and schema rights --------------------------------------- */
 
 static void test_schema_others_can_create_in_is_refused(void)
@@ -500,6 +543,7 @@ int main(void)
     q = t_client();
     pg = t_pg();
     T_RUN(test_month_interval_lease);
+    T_RUN(test_calendar_fields_fixed_in_every_interval);
     T_RUN(test_schema_others_can_create_in_is_refused);
     T_RUN(test_helpers_not_for_public);
     T_RUN(test_bad_shapes_refused);
