@@ -70,7 +70,7 @@ fill_floor() {
 fill_pqmq() {
     # The rows mq_insert writes for unordered messages, inserted directly:
     # filling through mq_insert would take longer than the runs.
-    q -c "TRUNCATE ceiling.mq_msgs, ceiling.mq_count_deltas, ceiling.mq_counts" \
+    q -c "TRUNCATE ceiling.mq_msgs, ceiling.mq_count_deltas, ceiling.mq_count_batches, ceiling.mq_counts" \
         -c "INSERT INTO ceiling.mq_msgs (id, attempts, retry_backoff, channel_name,
                 name, payload_json, attempt_at, ready_at)
             SELECT gen_random_uuid(), 3, interval '1 second', 'c' || (g % 100), 'n',
@@ -200,7 +200,7 @@ EOF
 insert() {
     local form=$1 table=ceiling.mq_msgs
     [[ $form == insert-floor ]] && table=ceiling_floor.msgs
-    q -c "TRUNCATE $table" -c "TRUNCATE ceiling.mq_count_deltas, ceiling.mq_counts" \
+    q -c "TRUNCATE $table" -c "TRUNCATE ceiling.mq_count_deltas, ceiling.mq_count_batches, ceiling.mq_counts" \
         -c "VACUUM ANALYZE $table" -c CHECKPOINT
     pgbench -n -M prepared -c 2 -j 2 -T "$secs" -f "$work/$form.sql" "$dsn" \
         >"$work/out" 2>&1 || {

@@ -15,15 +15,17 @@
 #   floor  INSERT INTO floor_msgs ... FROM src     (reads the source rows)
 #   table  the same rows INSERTed into mq_msgs     (reads the source rows)
 #   array  builds the mq_new_t[] of each batch     (reads the source rows)
-#   pqmq   mq_insert of that array
+#   pqmq   mq_insert of that array (a batch's messages on one channel)
+#   manyarray, many   the same with message k on channel name 'c' || k % 100
+#          (a batch's messages on 100 channels)
 #   ordarray, ordered   the same with every message ordered, on one of
 #          1,000 chains (message k of the run on chain k % 1000, as the
 #          bench's chains phase spreads them)
 #   claim  pqmq, then as many mq_claim(NULL, 100) (the lease lane's poll of
 #          all channels, without completing)
 # and prints instructions per message: floor and table less base, and
-# mq_insert alone (pqmq less array; ordered less ordarray), and mq_claim
-# (claim less pqmq). Needs valgrind.
+# mq_insert alone (pqmq less array; many less manyarray; ordered less
+# ordarray), and mq_claim (claim less pqmq). Needs valgrind.
 set -euo pipefail
 batches=${1:-200}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -56,7 +58,10 @@ script() {
     local form=$1 i
     {
         printf 'SET search_path = q;\n\n'
-        printf 'TRUNCATE mq_msgs, mq_count_deltas, mq_counts, floor_msgs;\n\n'
+        # The same folds of the counters (one call in 250, at random) in
+        # every run and version.
+        printf 'SELECT setseed(0.25);\n\n'
+        printf 'TRUNCATE mq_msgs, mq_count_deltas, mq_count_batches, mq_counts, floor_msgs;\n\n'
         for ((i = 1; i <= batches; i++)); do
             case $form in
             base) printf 'SELECT 1;\n\n' ;;
@@ -64,6 +69,8 @@ script() {
             table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb, (hashtext(s.ch)::bigint << 32) | (hashtext('')::bigint & 4294967295) FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
             array) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             pqmq) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            manyarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'c' || s.k %% 100, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            many) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'c' || s.k %% 100, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             ordarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
             claim) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             ordered) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
@@ -94,7 +101,7 @@ count() {
 }
 
 declare -A n
-for form in base floor table array pqmq ordarray ordered claim; do
+for form in base floor table array pqmq manyarray many ordarray ordered claim; do
     n[$form]=$(count "$form")
 done
 rows=$((batches * 100))
@@ -103,6 +110,7 @@ floor=$(per "$((n[floor] - n[base]))")
 table=$(per "$((n[table] - n[base]))")
 insert=$(per "$((n[pqmq] - n[array]))")
 ordered=$(per "$((n[ordered] - n[ordarray]))")
+many=$(per "$((n[many] - n[manyarray]))")
 claim=$(per "$((n[claim] - n[pqmq]))")
 printf 'instructions per message (thousands), %d batches of 100:\n' "$batches"
 printf '  floor INSERT (with reading the source rows)          %s\n' "$floor"
@@ -110,6 +118,8 @@ printf '  plain INSERT into mq_msgs (with reading the source)  %s  (%.2fx)\n' "$
     "$(echo "$table / $floor" | bc -l)"
 printf '  mq_insert alone (without reading or building)        %s  (%.2fx)\n' "$insert" \
     "$(echo "$insert / $floor" | bc -l)"
+printf '  mq_insert, 100 channel names a batch (the same)      %s  (%.2fx)\n' "$many" \
+    "$(echo "$many / $floor" | bc -l)"
 printf '  mq_insert, ordered, 1,000 chains (the same)          %s  (%.2fx; %.2f of unordered)\n' \
     "$ordered" "$(echo "$ordered / $floor" | bc -l)" "$(echo "$insert / $ordered" | bc -l)"
 printf '  mq_claim, polls of 100 of all channels (claim only)   %s\n' "$claim"

@@ -27,9 +27,18 @@ BEGIN
     IF channel_names IS NULL OR cardinality(channel_names) = 0 THEN
         RETURN;
     END IF;
-    PERFORM pg_notify('mq_' || c.n, '')
-    FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-          WHERE n IS NOT NULL AND octet_length(n) <= 60) c;
+    IF channel_names[1] = ALL (channel_names) THEN
+        -- One channel, as in most batches (an element per message): no
+        -- DISTINCT, which cost an insert of 100 messages 2.3k server
+        -- instructions a message.
+        IF octet_length(channel_names[1]) <= 60 THEN
+            PERFORM pg_notify('mq_' || channel_names[1], '');
+        END IF;
+    ELSE
+        PERFORM pg_notify('mq_' || c.n, '')
+        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
+              WHERE n IS NOT NULL AND octet_length(n) <= 60) c;
+    END IF;
     PERFORM pg_notify('mq', '');
 END;
 $$;

@@ -42,9 +42,6 @@ DECLARE
     lim     record;
     bad     record;
     pass    record; -- what one read of the batch tells (below)
-    chans   text[];
-    totals  bigint[];
-    waits   bigint[];
     base    bigint; -- the batch's places in chains (mq_chain_seq)
 BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
@@ -59,7 +56,8 @@ BEGIN
 
     -- One read of the batch answers every question asked of it: is a
     -- message bad (named below, off the hot path), are months or days in an
-    -- interval, is an id there twice, is any message ordered. (Five reads,
+    -- interval, is an id there twice, is any message ordered, and what are
+    -- the channels (for the counters and the wake-ups). (Five reads,
     -- each unpacking every message, were a quarter of an insert.) The
     -- interval checks hold before and after mq_fixed_length: interval
     -- comparison already counts months as 30 days and days as 24 hours.
@@ -87,7 +85,10 @@ BEGIN
                OR pg_catalog.substr(pg_catalog.interval_send(t.commit_interval), 9)
                    <> pg_catalog.decode('0000000000000000', 'hex')) AS days,
            pg_catalog.count(DISTINCT t.id) AS ids,
-           pg_catalog.bool_or(t.ordered) AS ordered
+           pg_catalog.bool_or(t.ordered) AS ordered,
+           -- What the counters and the wake-ups need (below).
+           pg_catalog.array_agg(t.channel_name) AS names,
+           pg_catalog.array_agg(t.ordered) AS ords
     INTO pass
     FROM unnest(new_messages) WITH ORDINALITY AS t;
     IF pass.bad IS NOT NULL THEN
@@ -131,8 +132,10 @@ BEGIN
         SELECT COALESCE(array_agg(new_messages[t.o] ORDER BY t.o), '{}'),
                COALESCE(array_agg(unique_keys[t.o] ORDER BY t.o), '{}'),
                COALESCE(array_agg(priorities[t.o] ORDER BY t.o), '{}'),
-               COALESCE(bool_or(new_messages[t.o].ordered), false)
-        INTO new_messages, unique_keys, priorities, pass.ordered
+               COALESCE(bool_or(new_messages[t.o].ordered), false),
+               COALESCE(array_agg(new_messages[t.o].channel_name ORDER BY t.o), '{}'),
+               COALESCE(array_agg(new_messages[t.o].ordered ORDER BY t.o), '{}')
+        INTO new_messages, unique_keys, priorities, pass.ordered, pass.names, pass.ords
         FROM generate_subscripts(new_messages, 1) AS t(o)
         WHERE take[t.o];
         IF cardinality(new_messages) = 0 THEN
@@ -165,8 +168,8 @@ BEGIN
     END IF;
     -- channel_key is written here rather than by the table (a stored
     -- generated column formed every row twice), and so are the counters
-    -- (mq_counts): one delta row per channel of the batch, where a trigger
-    -- copied every row into a transition table to count it.
+    -- (mq_counts): one delta row for the batch (mq_count_batch), where a
+    -- trigger copied every row into a transition table to count it.
     INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                          channel_name, channel_args, commit_interval, after_message_id,
                          ready_at, name, payload_json, payload_bytes, unique_key,
@@ -188,14 +191,8 @@ BEGIN
          LATERAL (SELECT ts + COALESCE(t.delay, interval '0')
                             + COALESCE(t.commit_interval, interval '0')) AS r(at);
 
-    SELECT array_agg(c.n), array_agg(c.total), array_agg(c.waiting)
-    INTO chans, totals, waits
-    FROM (SELECT t.channel_name AS n, count(*) AS total,
-                 count(*) FILTER (WHERE t.ordered) AS waiting
-          FROM unnest(new_messages) AS t
-          GROUP BY t.channel_name) c;
-    PERFORM mq_count_add(chans, totals, waits, NULL);
-    PERFORM mq_wake(chans);
+    PERFORM mq_count_batch(1, pass.names, pass.ords);
+    PERFORM mq_wake(pass.names);
 END;
 $$;
 

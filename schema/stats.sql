@@ -49,14 +49,21 @@ BEGIN
         RETURN;
     END IF;
     WITH d AS (
-        DELETE FROM mq_count_deltas d RETURNING d.*
+        DELETE FROM mq_count_deltas d RETURNING d.channel_name, d.total, d.waiting, d.removed
+    ), b AS (
+        DELETE FROM mq_count_batches b RETURNING b.sign, b.names, b.ordered
+    ), x AS (
+        SELECT d.channel_name, d.total, d.waiting, d.removed FROM d
+        UNION ALL
+        SELECT u.n, b.sign, CASE WHEN u.o THEN b.sign ELSE 0 END, (b.sign < 0)::int
+        FROM b, unnest(b.names, b.ordered) AS u(n, o)
     )
     INSERT INTO mq_counts AS c (channel_name, total, waiting, removed)
-    SELECT d.channel_name, pg_catalog.sum(d.total), pg_catalog.sum(d.waiting),
-           pg_catalog.sum(d.removed)
-    FROM d
-    GROUP BY d.channel_name
-    ORDER BY d.channel_name
+    SELECT x.channel_name, pg_catalog.sum(x.total), pg_catalog.sum(x.waiting),
+           pg_catalog.sum(x.removed)
+    FROM x
+    GROUP BY x.channel_name
+    ORDER BY x.channel_name
     ON CONFLICT (channel_name) DO UPDATE SET
         total = c.total OPERATOR(pg_catalog.+) excluded.total,
         waiting = c.waiting OPERATOR(pg_catalog.+) excluded.waiting,
@@ -64,27 +71,32 @@ BEGIN
 END;
 $$;
 
--- Appends counter deltas, one row per channel (removed NULL: none); about
+-- Appends a statement's counter deltas (mq_count_batches): sign 1 for the
+-- messages it inserted, -1 for those it deleted, one element each; about
 -- one call in 250 also folds. Producers call it for their batch
 -- (mq_insert_rows), the delete trigger for its statement.
-CREATE OR REPLACE FUNCTION mq_count_add(names text[], totals bigint[], waits bigint[],
-                                        removed bigint[])
+DROP FUNCTION IF EXISTS mq_count_add(text[], bigint[], bigint[], bigint[]);
+CREATE OR REPLACE FUNCTION mq_count_batch(sign int, names text[], ordered boolean[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
-    SELECT u.n, u.t, u.w, COALESCE(u.r, 0) FROM unnest(names, totals, waits, removed) AS u(n, t, w, r);
+    IF cardinality(names) > 0 THEN
+        INSERT INTO mq_count_batches (sign, names, ordered) VALUES (sign, names, ordered);
+    END IF;
     IF pg_catalog.random() < 0.004 THEN
         PERFORM mq_count_fold();
     END IF;
 END;
 $$;
 
--- Deletes: one delta row per channel per statement. (The transition table
--- is read into arrays first: Citus ships an INSERT to the shard as text,
--- where the transition table is unknown.)
+-- Deletes: one row per statement, an element per message deleted. A
+-- statement that deletes more than a batch (mq_limits) writes a row per
+-- channel instead (mq_count_deltas), as arrays of its rows could outgrow
+-- what a value may hold. (The transition table is read into arrays first:
+-- Citus ships an INSERT to the shard as text, where the transition table
+-- is unknown.)
 CREATE OR REPLACE FUNCTION mq_count_deleted()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -92,18 +104,26 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     names   text[];
+    ordered boolean[];
     totals  bigint[];
     waits   bigint[];
-    removed bigint[];
 BEGIN
-    SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(- d.total),
-           pg_catalog.array_agg(- d.waiting), pg_catalog.array_agg(d.total)
-    INTO names, totals, waits, removed
+    IF (SELECT pg_catalog.count(*) FROM mq_old_rows) <= (mq_limits()).max_batch THEN
+        SELECT pg_catalog.array_agg(o.channel_name), pg_catalog.array_agg(o.chain_seq IS NOT NULL)
+        INTO names, ordered
+        FROM mq_old_rows o;
+        PERFORM mq_count_batch(-1, names, ordered);
+        RETURN NULL;
+    END IF;
+    SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(d.total),
+           pg_catalog.array_agg(d.waiting)
+    INTO names, totals, waits
     FROM (SELECT o.channel_name, pg_catalog.count(*) AS total,
                  pg_catalog.count(*) FILTER (WHERE o.chain_seq IS NOT NULL) AS waiting
           FROM mq_old_rows o
           GROUP BY o.channel_name) d;
-    PERFORM mq_count_add(names, totals, waits, removed);
+    INSERT INTO mq_count_deltas (channel_name, total, waiting, removed)
+    SELECT u.n, - u.t, - u.w, u.t FROM unnest(names, totals, waits) AS u(n, t, w);
     RETURN NULL;
 END;
 $$;
@@ -132,6 +152,7 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     DELETE FROM mq_count_deltas;
+    DELETE FROM mq_count_batches;
     UPDATE mq_counts SET total = 0, waiting = 0;
     RETURN NULL;
 END;
@@ -166,6 +187,7 @@ BEGIN
         CREATE TRIGGER mq_count_truncated AFTER TRUNCATE ON mq_msgs
             FOR EACH STATEMENT EXECUTE FUNCTION mq_count_truncated();
         DELETE FROM mq_count_deltas;
+        DELETE FROM mq_count_batches;
         DELETE FROM mq_counts;
         INSERT INTO mq_counts (channel_name, total, waiting)
         SELECT m.channel_name, pg_catalog.count(*),
@@ -239,7 +261,10 @@ BEGIN
         FROM (SELECT c.channel_name, c.total, c.waiting, c.removed FROM mq_counts c
               UNION ALL
               SELECT d.channel_name, d.total, d.waiting, d.removed
-              FROM mq_count_deltas d) x
+              FROM mq_count_deltas d
+              UNION ALL -- (as in mq_count_fold)
+              SELECT u.n, b.sign, CASE WHEN u.o THEN b.sign ELSE 0 END, (b.sign < 0)::int
+              FROM mq_count_batches b, unnest(b.names, b.ordered) AS u(n, o)) x
         WHERE channel_names IS NULL
            OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
         GROUP BY x.channel_name
