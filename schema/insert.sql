@@ -88,7 +88,7 @@ BEGIN
            pg_catalog.bool_or(t.ordered) AS ordered,
            -- What the counters and the wake-ups need (below).
            pg_catalog.array_agg(t.channel_name) AS names,
-           pg_catalog.array_agg(t.ordered) AS ords
+           pg_catalog.array_agg(CASE WHEN t.ordered THEN 1 ELSE 0 END) AS ords
     INTO pass
     FROM unnest(new_messages) WITH ORDINALITY AS t;
     IF pass.bad IS NOT NULL THEN
@@ -134,7 +134,8 @@ BEGIN
                COALESCE(array_agg(priorities[t.o] ORDER BY t.o), '{}'),
                COALESCE(bool_or(new_messages[t.o].ordered), false),
                COALESCE(array_agg(new_messages[t.o].channel_name ORDER BY t.o), '{}'),
-               COALESCE(array_agg(new_messages[t.o].ordered ORDER BY t.o), '{}')
+               COALESCE(array_agg(CASE WHEN new_messages[t.o].ordered THEN 1 ELSE 0 END
+                                  ORDER BY t.o), '{}')
         INTO new_messages, unique_keys, priorities, pass.ordered, pass.names, pass.ords
         FROM generate_subscripts(new_messages, 1) AS t(o)
         WHERE take[t.o];

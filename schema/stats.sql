@@ -51,12 +51,12 @@ BEGIN
     WITH d AS (
         DELETE FROM mq_count_deltas d RETURNING d.channel_name, d.total, d.waiting, d.removed
     ), b AS (
-        DELETE FROM mq_count_batches b RETURNING b.sign, b.names, b.ordered
+        DELETE FROM mq_count_batches b RETURNING b.sign, b.names, b.totals, b.waits
     ), x AS (
         SELECT d.channel_name, d.total, d.waiting, d.removed FROM d
         UNION ALL
-        SELECT u.n, b.sign, CASE WHEN u.o THEN b.sign ELSE 0 END, (b.sign < 0)::int
-        FROM b, unnest(b.names, b.ordered) AS u(n, o)
+        SELECT u.n, b.sign * u.t, b.sign * u.w, CASE WHEN b.sign < 0 THEN u.t ELSE 0 END
+        FROM b, unnest(b.names, b.totals, b.waits) AS u(n, t, w)
     )
     INSERT INTO mq_counts AS c (channel_name, total, waiting, removed)
     SELECT x.channel_name, pg_catalog.sum(x.total), pg_catalog.sum(x.waiting),
@@ -72,18 +72,34 @@ END;
 $$;
 
 -- Appends a statement's counter deltas (mq_count_batches): sign 1 for the
--- messages it inserted, -1 for those it deleted, one element each; about
--- one call in 250 also folds. Producers call it for their batch
--- (mq_insert_rows), the delete trigger for its statement.
-DROP FUNCTION IF EXISTS mq_count_add(text[], bigint[], bigint[], bigint[]);
-CREATE OR REPLACE FUNCTION mq_count_batch(sign int, names text[], ordered boolean[])
+-- messages it inserted, -1 for those it deleted; names[i] is message i's
+-- channel and waits[i] 1 if it is ordered, else 0. About one call in 250
+-- also folds. Producers call it for their batch (mq_insert_rows), the
+-- delete trigger for its statement.
+DO $$
+BEGIN
+    IF pg_catalog.to_regprocedure('mq_count_add(text[], bigint[], bigint[], bigint[])')
+       IS NOT NULL THEN
+        DROP FUNCTION mq_count_add(text[], bigint[], bigint[], bigint[]);
+    END IF;
+END
+$$;
+CREATE OR REPLACE FUNCTION mq_count_batch(sign int, names text[], waits int[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
     IF cardinality(names) > 0 THEN
-        INSERT INTO mq_count_batches (sign, names, ordered) VALUES (sign, names, ordered);
+        IF names[1] = ALL (names) THEN
+            -- One channel: one element, which is all a fold then reads.
+            INSERT INTO mq_count_batches (sign, names, totals, waits)
+            VALUES (sign, ARRAY[names[1]], ARRAY[cardinality(names)],
+                    ARRAY[cardinality(array_positions(waits, 1))]);
+        ELSE
+            INSERT INTO mq_count_batches (sign, names, totals, waits)
+            VALUES (sign, names, array_fill(1, ARRAY[cardinality(names)]), waits);
+        END IF;
     END IF;
     IF pg_catalog.random() < 0.004 THEN
         PERFORM mq_count_fold();
@@ -104,12 +120,13 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     names   text[];
-    ordered boolean[];
+    ordered int[];
     totals  bigint[];
     waits   bigint[];
 BEGIN
     IF (SELECT pg_catalog.count(*) FROM mq_old_rows) <= (mq_limits()).max_batch THEN
-        SELECT pg_catalog.array_agg(o.channel_name), pg_catalog.array_agg(o.chain_seq IS NOT NULL)
+        SELECT pg_catalog.array_agg(o.channel_name),
+               pg_catalog.array_agg((o.chain_seq IS NOT NULL)::int)
         INTO names, ordered
         FROM mq_old_rows o;
         PERFORM mq_count_batch(-1, names, ordered);
@@ -263,8 +280,8 @@ BEGIN
               SELECT d.channel_name, d.total, d.waiting, d.removed
               FROM mq_count_deltas d
               UNION ALL -- (as in mq_count_fold)
-              SELECT u.n, b.sign, CASE WHEN u.o THEN b.sign ELSE 0 END, (b.sign < 0)::int
-              FROM mq_count_batches b, unnest(b.names, b.ordered) AS u(n, o)) x
+              SELECT u.n, b.sign * u.t, b.sign * u.w, CASE WHEN b.sign < 0 THEN u.t ELSE 0 END
+              FROM mq_count_batches b, unnest(b.names, b.totals, b.waits) AS u(n, t, w)) x
         WHERE channel_names IS NULL
            OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
         GROUP BY x.channel_name

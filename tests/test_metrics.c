@@ -221,42 +221,53 @@ static void test_rolled_back_insert_is_not_counted(void)
 }
 
 /* Runs sql (a printf format) in a REPEATABLE READ transaction, where no
- * fold runs (mq_count_fold), and checks the delta rows that are there
- * then: batches in mq_count_batches, rows in mq_count_deltas. */
-static void counted(long long batches, long long rows, const char *sql, int arg)
+ * fold runs (mq_count_fold), and checks the deltas that are there then:
+ * rows in mq_count_batches and their elements, rows in mq_count_deltas.
+ * Then compares the figures with a full scan (mq_metrics folds them). */
+static void counted(long long batches, long long elements, long long rows, const char *sql,
+                    int a, int b)
 {
     t_exec(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ");
-    t_exec(pg, sql, arg);
+    t_exec(pg, sql, a, b);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_count_batches"), batches);
+    CHECK_INT(
+        t_sql_int(pg, "SELECT COALESCE(sum(cardinality(names)), 0) FROM mq_count_batches"),
+        elements);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_count_deltas"), rows);
     t_exec(pg, "COMMIT");
     check_against_scan(sql);
 }
 
-/* n messages on channel names prefix || (g % names), every third ordered
+/* b messages on channel names prefix || (g % a), every third ordered
  * (args 'a' || g % 2: two chains a name at most). */
 #define INSERT_MANY(prefix)                                                                    \
     "SELECT mq_insert(ARRAY(SELECT ROW(gen_random_uuid(), NULL, 1, NULL,"                      \
     " '" prefix "' || g %% %d, 'a' || g %% 2, NULL, g %% 3 = 0, 'n', NULL, NULL)::mq_new_t"    \
     " FROM generate_series(1, %d) g))"
 
-/* An insert counts its batch in one row, whatever its channels, and so
- * does a delete of up to a batch (mq_limits); a larger delete writes a row
- * per channel, as an array of its rows could outgrow a value. The figures
- * stay those of a full scan throughout. */
+/* A statement counts in one row: an insert or a delete on one channel as
+ * one element, on several as an element per message, and a delete of more
+ * than a batch (mq_limits) as a row per channel in mq_count_deltas, as an
+ * array of its rows could outgrow a value. The figures stay those of a
+ * full scan throughout. */
 static void test_counters_take_a_row_a_statement(void)
 {
     t_truncate();
     t_exec(pg, "SELECT mq_count_fold()");
-    /* 60 messages on 30 channel names; then 3 names' 6 messages deleted. */
-    t_exec(pg, "BEGIN ISOLATION LEVEL REPEATABLE READ");
-    t_exec(pg, INSERT_MANY("many"), 30, 60);
-    t_exec(pg, "COMMIT");
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_count_batches"), 1);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_count_deltas"), 0);
-    counted(2, 0, "DELETE FROM mq_msgs WHERE channel_name IN ('many1', 'many2', 'many%d')", 3);
+    /* 60 messages on 30 channel names, then 40 on one. */
+    counted(1, 60, 0, INSERT_MANY("many"), 30, 60);
+    counted(1, 1, 0, INSERT_MANY("solo"), 1, 40);
+    CHECK_INT(metric("solo0", "ready") + metric("solo0", "waiting"), 40);
+    CHECK_INT(metric("solo0", "waiting"), 11); /* 13 ordered on two chains */
+    /* Deleted: 3 names' 6 messages, then 10 of the one name's. */
+    counted(1, 6, 0, "DELETE FROM mq_msgs WHERE channel_name IN ('many%d', 'many%d', 'many3')",
+            1, 2);
+    counted(1, 1, 0,
+            "DELETE FROM mq_msgs WHERE id IN (SELECT id FROM mq_msgs"
+            " WHERE channel_name = 'solo%d' AND channel_args = 'a1' LIMIT %d)",
+            0, 10);
     CHECK_INT(metric("many1", "removed"), 2);
-    CHECK_INT(metric("many0", "ready") + metric("many0", "waiting"), 2);
+    CHECK_INT(metric("solo0", "removed"), 10);
 
     /* 18,000 on 3 names, 12,000 of them deleted in one statement. */
     t_truncate();
@@ -264,7 +275,7 @@ static void test_counters_take_a_row_a_statement(void)
         t_exec(pg, INSERT_MANY("big"), 3, 9000);
     check_against_scan("after 18,000 inserts");
     t_exec(pg, "SELECT mq_count_fold()");
-    counted(0, 2, "DELETE FROM mq_msgs WHERE channel_name <> 'big%d'", 0);
+    counted(0, 0, 2, "DELETE FROM mq_msgs WHERE channel_name <> 'big%d' AND %d = 1", 0, 1);
     CHECK_INT(metric("big1", "removed"), 6000);
     CHECK_INT(metric("big0", "ready") + metric("big0", "waiting"), 6000);
 }
