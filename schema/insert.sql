@@ -42,6 +42,8 @@ DECLARE
     lim     record;
     bad     record;
     pass    record; -- what one read of the batch tells (below)
+    names   text[]; -- a batch on several channels: message i's
+    ords    int[];  -- and 1 if it is ordered
     base    bigint; -- the batch's places in chains (mq_chain_seq)
 BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
@@ -56,8 +58,8 @@ BEGIN
 
     -- One read of the batch answers every question asked of it: is a
     -- message bad (named below, off the hot path), are months or days in an
-    -- interval, is an id there twice, is any message ordered, and what are
-    -- the channels (for the counters and the wake-ups). (Five reads,
+    -- interval, is an id there twice, is any message ordered, and is the
+    -- batch on one channel (for the counters and the wake-ups). (Five reads,
     -- each unpacking every message, were a quarter of an insert.) The
     -- interval checks hold before and after mq_fixed_length: interval
     -- comparison already counts months as 30 days and days as 24 hours.
@@ -86,9 +88,11 @@ BEGIN
                    <> pg_catalog.decode('0000000000000000', 'hex')) AS days,
            pg_catalog.count(DISTINCT t.id) AS ids,
            pg_catalog.bool_or(t.ordered) AS ordered,
-           -- What the counters and the wake-ups need (below).
-           pg_catalog.array_agg(t.channel_name) AS names,
-           pg_catalog.array_agg(CASE WHEN t.ordered THEN 1 ELSE 0 END) AS ords
+           -- For the counters and the wake-ups (below): is the batch on one
+           -- channel (byte order: no locale's rules), how many are ordered.
+           pg_catalog.min(t.channel_name COLLATE "C") AS first_name,
+           pg_catalog.max(t.channel_name COLLATE "C") AS last_name,
+           pg_catalog.count(*) FILTER (WHERE t.ordered) AS waiting
     INTO pass
     FROM unnest(new_messages) WITH ORDINALITY AS t;
     IF pass.bad IS NOT NULL THEN
@@ -133,10 +137,11 @@ BEGIN
                COALESCE(array_agg(unique_keys[t.o] ORDER BY t.o), '{}'),
                COALESCE(array_agg(priorities[t.o] ORDER BY t.o), '{}'),
                COALESCE(bool_or(new_messages[t.o].ordered), false),
-               COALESCE(array_agg(new_messages[t.o].channel_name ORDER BY t.o), '{}'),
-               COALESCE(array_agg(CASE WHEN new_messages[t.o].ordered THEN 1 ELSE 0 END
-                                  ORDER BY t.o), '{}')
-        INTO new_messages, unique_keys, priorities, pass.ordered, pass.names, pass.ords
+               min(new_messages[t.o].channel_name COLLATE "C"),
+               max(new_messages[t.o].channel_name COLLATE "C"),
+               count(*) FILTER (WHERE new_messages[t.o].ordered)
+        INTO new_messages, unique_keys, priorities, pass.ordered, pass.first_name,
+             pass.last_name, pass.waiting
         FROM generate_subscripts(new_messages, 1) AS t(o)
         WHERE take[t.o];
         IF cardinality(new_messages) = 0 THEN
@@ -192,8 +197,17 @@ BEGIN
          LATERAL (SELECT ts + COALESCE(t.delay, interval '0')
                             + COALESCE(t.commit_interval, interval '0')) AS r(at);
 
-    PERFORM mq_count_batch(1, pass.names, pass.ords);
-    PERFORM mq_wake(pass.names);
+    IF pass.first_name = pass.last_name THEN
+        PERFORM mq_count_batch(1, ARRAY[pass.first_name], ARRAY[cardinality(new_messages)],
+                               ARRAY[pass.waiting::int]);
+        PERFORM mq_wake(ARRAY[pass.first_name]);
+    ELSE
+        SELECT array_agg(t.channel_name), array_agg(CASE WHEN t.ordered THEN 1 ELSE 0 END)
+        INTO names, ords
+        FROM unnest(new_messages) AS t;
+        PERFORM mq_count_batch(1, names, array_fill(1, ARRAY[cardinality(names)]), ords);
+        PERFORM mq_wake(names);
+    END IF;
 END;
 $$;
 

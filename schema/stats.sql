@@ -77,10 +77,10 @@ END;
 $$;
 
 -- Appends a statement's counter deltas (mq_count_batches): sign 1 for the
--- messages it inserted, -1 for those it deleted; names[i] is message i's
--- channel and waits[i] 1 if it is ordered, else 0. About one call in 250
--- also folds. Producers call it for their batch (mq_insert_rows), the
--- delete trigger for its statement.
+-- messages it inserted, -1 for those it deleted; totals[i] messages of
+-- channel names[i], waits[i] of them ordered. About one call in 250 also
+-- folds. Producers call it for their batch (mq_insert_rows), the delete
+-- trigger for its statement.
 DO $$
 BEGIN
     IF pg_catalog.to_regprocedure('mq_count_add(text[], bigint[], bigint[], bigint[])')
@@ -89,52 +89,57 @@ BEGIN
     END IF;
 END
 $$;
-CREATE OR REPLACE FUNCTION mq_count_batch(sign int, names text[], waits int[])
+CREATE OR REPLACE FUNCTION mq_count_batch(sign int, names text[], totals int[], waits int[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF cardinality(names) > 0 THEN
-        IF names[1] = ALL (names) THEN
-            -- One channel: one element, which is all a fold then reads.
-            INSERT INTO mq_count_batches (sign, names, totals, waits)
-            VALUES (sign, ARRAY[names[1]], ARRAY[cardinality(names)],
-                    ARRAY[cardinality(array_positions(waits, 1))]);
-        ELSE
-            INSERT INTO mq_count_batches (sign, names, totals, waits)
-            VALUES (sign, names, array_fill(1, ARRAY[cardinality(names)]), waits);
-        END IF;
-    END IF;
+    INSERT INTO mq_count_batches (sign, names, totals, waits)
+    VALUES (sign, names, totals, waits);
     IF pg_catalog.random() < 0.004 THEN
         PERFORM mq_count_fold();
     END IF;
 END;
 $$;
 
--- Deletes: one row per statement, an element per message deleted. A
--- statement that deletes more than a batch (mq_limits) writes a row per
--- channel instead (mq_count_deltas), as arrays of its rows could outgrow
--- what a value may hold. (The transition table is read into arrays first:
--- Citus ships an INSERT to the shard as text, where the transition table
--- is unknown.)
+-- Deletes: one row per statement (mq_count_batches), one element when the
+-- statement deleted messages of one channel, else one per message. A
+-- statement that deletes more than a batch (mq_limits) of several channels
+-- writes a row per channel instead (mq_count_deltas), as arrays of its rows
+-- could outgrow what a value may hold. (The transition table is read into
+-- values first: Citus ships an INSERT to the shard as text, where the
+-- transition table is unknown.)
 CREATE OR REPLACE FUNCTION mq_count_deleted()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    n       bigint;
+    w       bigint;
+    first_name text;
+    last_name  text;
     names   text[];
     ordered int[];
     totals  bigint[];
     waits   bigint[];
 BEGIN
-    IF (SELECT pg_catalog.count(*) FROM mq_old_rows) <= (mq_limits()).max_batch THEN
+    SELECT pg_catalog.count(*), pg_catalog.count(*) FILTER (WHERE o.chain_seq IS NOT NULL),
+           pg_catalog.min(o.channel_name COLLATE "C"), pg_catalog.max(o.channel_name COLLATE "C")
+    INTO n, w, first_name, last_name
+    FROM mq_old_rows o;
+    IF n = 0 THEN
+        RETURN NULL;
+    ELSIF first_name = last_name AND n <= 2147483647 THEN
+        PERFORM mq_count_batch(-1, ARRAY[first_name], ARRAY[n::int], ARRAY[w::int]);
+        RETURN NULL;
+    ELSIF n <= (mq_limits()).max_batch THEN
         SELECT pg_catalog.array_agg(o.channel_name),
                pg_catalog.array_agg((o.chain_seq IS NOT NULL)::int)
         INTO names, ordered
         FROM mq_old_rows o;
-        PERFORM mq_count_batch(-1, names, ordered);
+        PERFORM mq_count_batch(-1, names, array_fill(1, ARRAY[n::int]), ordered);
         RETURN NULL;
     END IF;
     SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(d.total),

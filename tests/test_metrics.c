@@ -247,8 +247,8 @@ static void counted(long long batches, long long elements, long long rows, const
 
 /* A statement counts in one row: an insert or a delete on one channel as
  * one element, on several as an element per message, and a delete of more
- * than a batch (mq_limits) as a row per channel in mq_count_deltas, as an
- * array of its rows could outgrow a value. The figures stay those of a
+ * than a batch (mq_limits) on several as a row per channel in
+ * mq_count_deltas, as an array of its rows could outgrow a value. The figures stay those of a
  * full scan throughout. */
 static void test_counters_take_a_row_a_statement(void)
 {
@@ -278,6 +278,11 @@ static void test_counters_take_a_row_a_statement(void)
     counted(0, 0, 2, "DELETE FROM mq_msgs WHERE channel_name <> 'big%d' AND %d = 1", 0, 1);
     CHECK_INT(metric("big1", "removed"), 6000);
     CHECK_INT(metric("big0", "ready") + metric("big0", "waiting"), 6000);
+    /* On one channel, any number is one element. */
+    t_exec(pg, INSERT_MANY("big"), 1, 9000);
+    t_exec(pg, "SELECT mq_count_fold()");
+    counted(1, 1, 0, "DELETE FROM mq_msgs WHERE channel_name = 'big%d' AND %d = 1", 0, 1);
+    CHECK_INT(metric("big0", "removed"), 15000);
 }
 
 /* A row written into mq_msgs by hand gets its chain key (polls find it)
