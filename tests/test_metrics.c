@@ -248,8 +248,8 @@ static void counted(long long batches, long long elements, long long rows, const
 /* A statement counts in one row: an insert or a delete on one channel as
  * one element, on several as an element per message, and a delete of more
  * than a batch (mq_limits) on several as a row per channel in
- * mq_count_deltas, as an array of its rows could outgrow a value. The figures stay those of a
- * full scan throughout. */
+ * mq_count_deltas, as an array of its rows could outgrow a value. The
+ * figures stay those of a full scan throughout. */
 static void test_counters_take_a_row_a_statement(void)
 {
     t_truncate();
