@@ -27,9 +27,9 @@ BEGIN
     IF channel_names IS NULL OR cardinality(channel_names) = 0 THEN
         RETURN;
     END IF;
-    IF channel_names[1] = ALL (channel_names) THEN
-        -- One channel (any number of times): no DISTINCT, which costs a
-        -- list of 100 elements about 230k server instructions.
+    IF cardinality(channel_names) = 1 THEN
+        -- (A batch on one channel passes its name once: the DISTINCT
+        -- below costs a call about 20k server instructions.)
         IF octet_length(channel_names[1]) <= 60 THEN
             PERFORM pg_notify('mq_' || channel_names[1], '');
         END IF;
