@@ -23,9 +23,14 @@
 #          bench's chains phase spreads them)
 #   claim  pqmq, then as many mq_claim(NULL, 100) (the lease lane's poll of
 #          all channels, without completing)
+#   process, ordprocess   pqmq or ordered, then as many statements that
+#          claim 100 and complete them (mq_complete of mq_claim(NULL, 100)),
+#          which must leave the queue empty
 # and prints instructions per message: floor and table less base, and
 # mq_insert alone (pqmq less array; many less manyarray; ordered less
-# ordarray), and mq_claim (claim less pqmq). Needs valgrind.
+# ordarray), mq_claim (claim less pqmq), and a claim and completion
+# (process less pqmq; ordprocess less ordered: each chain gives one
+# message a poll). Needs valgrind.
 set -euo pipefail
 batches=${1:-200}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -72,14 +77,21 @@ script() {
             manyarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'c' || s.k %% 100, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             many) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'c' || s.k %% 100, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             ordarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
-            claim) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
-            ordered) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
+            claim | process) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            ordered | ordprocess) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
             esac
         done
         if [[ $form == claim ]]; then
             for ((i = 1; i <= batches; i++)); do
                 printf 'SELECT count(*) FROM mq_claim(NULL, 100);\n\n'
             done
+        fi
+        if [[ $form == process || $form == ordprocess ]]; then
+            for ((i = 1; i <= batches; i++)); do
+                printf 'SELECT mq_complete(ARRAY(SELECT j.id FROM mq_claim(NULL, 100) j));\n\n'
+            done
+            # (count() stops on an ERROR in the output)
+            printf "DO \$\$ BEGIN IF EXISTS (SELECT FROM mq_msgs) THEN RAISE EXCEPTION '%% messages left unprocessed', (SELECT count(*) FROM mq_msgs); END IF; END \$\$;\n\n"
         fi
     } >"$work/$form.sql"
 }
@@ -101,7 +113,7 @@ count() {
 }
 
 declare -A n
-for form in base floor table array pqmq manyarray many ordarray ordered claim; do
+for form in base floor table array pqmq manyarray many ordarray ordered claim process ordprocess; do
     n[$form]=$(count "$form")
 done
 rows=$((batches * 100))
@@ -112,6 +124,8 @@ insert=$(per "$((n[pqmq] - n[array]))")
 ordered=$(per "$((n[ordered] - n[ordarray]))")
 many=$(per "$((n[many] - n[manyarray]))")
 claim=$(per "$((n[claim] - n[pqmq]))")
+process=$(per "$((n[process] - n[pqmq]))")
+ordprocess=$(per "$((n[ordprocess] - n[ordered]))")
 printf 'instructions per message (thousands), %d batches of 100:\n' "$batches"
 printf '  floor INSERT (with reading the source rows)          %s\n' "$floor"
 printf '  plain INSERT into mq_msgs (with reading the source)  %s  (%.2fx)\n' "$table" \
@@ -123,6 +137,9 @@ printf '  mq_insert, 100 channel names a batch (the same)      %s  (%.2fx)\n' "$
 printf '  mq_insert, ordered, 1,000 chains (the same)          %s  (%.2fx; %.2f of unordered)\n' \
     "$ordered" "$(echo "$ordered / $floor" | bc -l)" "$(echo "$insert / $ordered" | bc -l)"
 printf '  mq_claim, polls of 100 of all channels (claim only)   %s\n' "$claim"
+printf '  claimed and completed, polls of 100 of all channels   %s\n' "$process"
+printf '  the same, ordered, 1,000 chains                       %s  (%.2f of unordered)\n' \
+    "$ordprocess" "$(echo "$process / $ordprocess" | bc -l)"
 
 # Where the difference goes: inclusive instructions per message of the
 # executor steps the two tables do not share.
