@@ -360,9 +360,8 @@ ALTER TABLE mq_count_deltas SET (
 -- waiting when ordered and, deleted, 1 in removed. A statement on one
 -- channel, as most are, writes one element; one on several writes an
 -- element per message, ungrouped. (Grouping the batch by channel and
--- writing a delta row per channel cost an insert 54.0k server instructions
--- a message on one channel and 71.3k on 100, now 49.9k and 59.4k; a delete
--- 26.4k and 37.9k, now 26.0k and 28.5k.)
+-- writing a delta row per channel cost more server instructions, most on
+-- many channels: CHANGELOG, 1.0.0.)
 CREATE TABLE IF NOT EXISTS mq_count_batches (
     sign   int NOT NULL,
     names  text[] NOT NULL,
