@@ -13,7 +13,9 @@
  * cost per message from the server's statistics, which noise does not
  * move: WAL records, bytes and full-page images (pg_stat_wal, the whole
  * cluster), heap tuples inserted, updated and deleted in the bench schema,
- * and the fraction of updates that were HOT (they wrote no index entry).
+ * the fraction of updates that were HOT (they wrote no index entry), and the
+ * probes of the chains' index (mq_msgs_chain) and entries they read: what a
+ * poll's walk of the chains steps over.
  * When the bench's database has pg_stat_statements (CREATE EXTENSION, with
  * the library preloaded), it also prints the statements the server ran per
  * message (each statement of a multi-statement query counts) and the
@@ -50,6 +52,7 @@ struct phys {
     double wal_bytes;
     long wal_records, wal_fpi;
     long ins, upd, hot, del;
+    long chain_scans, chain_reads; /* mq_msgs_chain: probes, entries read */
 };
 
 static struct {
@@ -151,12 +154,17 @@ static void snapshot(PGconn *admin, struct fstat *f, int *nf)
 
 static void phys_snapshot(PGconn *admin, struct phys *p)
 {
-    PGresult *r =
-        PQexec(admin, "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, t.ins, t.upd, t.hot, t.del"
-                      " FROM pg_stat_wal w, (SELECT COALESCE(sum(n_tup_ins), 0) AS ins,"
-                      " COALESCE(sum(n_tup_upd), 0) AS upd, COALESCE(sum(n_tup_hot_upd), 0)"
-                      " AS hot, COALESCE(sum(n_tup_del), 0) AS del FROM pg_stat_user_tables"
-                      " WHERE schemaname = '" BENCH_SCHEMA "') t");
+    PGresult *r = PQexec(
+        admin, "SELECT w.wal_records, w.wal_fpi, w.wal_bytes, t.ins, t.upd, t.hot, t.del,"
+               " i.scans, i.reads"
+               " FROM pg_stat_wal w, (SELECT COALESCE(sum(n_tup_ins), 0) AS ins,"
+               " COALESCE(sum(n_tup_upd), 0) AS upd, COALESCE(sum(n_tup_hot_upd), 0)"
+               " AS hot, COALESCE(sum(n_tup_del), 0) AS del FROM pg_stat_user_tables"
+               " WHERE schemaname = '" BENCH_SCHEMA "') t,"
+               " (SELECT COALESCE(sum(idx_scan), 0) AS scans,"
+               " COALESCE(sum(idx_tup_read), 0) AS reads FROM pg_stat_user_indexes"
+               " WHERE schemaname = '" BENCH_SCHEMA "'"
+               " AND indexrelname = 'mq_msgs_chain') i");
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
         die("profile: %s", PQerrorMessage(admin));
     p->wal_records = strtol(PQgetvalue(r, 0, 0), NULL, 10);
@@ -166,6 +174,8 @@ static void phys_snapshot(PGconn *admin, struct phys *p)
     p->upd = strtol(PQgetvalue(r, 0, 4), NULL, 10);
     p->hot = strtol(PQgetvalue(r, 0, 5), NULL, 10);
     p->del = strtol(PQgetvalue(r, 0, 6), NULL, 10);
+    p->chain_scans = strtol(PQgetvalue(r, 0, 7), NULL, 10);
+    p->chain_reads = strtol(PQgetvalue(r, 0, 8), NULL, 10);
     PQclear(r);
 }
 
@@ -183,6 +193,11 @@ static void phys_report(const struct phys *a, const struct phys *b, long message
             (double)(b->wal_fpi - a->wal_fpi) / m, (double)(b->ins - a->ins) / m,
             (double)upd / m, upd > 0 ? 100.0 * (double)(b->hot - a->hot) / (double)upd : 0.0,
             (double)(b->del - a->del) / m);
+    /* What a poll's walk of the chains costs: probes of their index. */
+    if (b->chain_scans > a->chain_scans)
+        fprintf(stderr, "  per message: mq_msgs_chain probes %.2f, entries read %.1f\n",
+                (double)(b->chain_scans - a->chain_scans) / m,
+                (double)(b->chain_reads - a->chain_reads) / m);
 }
 
 /* Whether the database has pg_stat_statements; finds its view. */

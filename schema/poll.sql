@@ -94,7 +94,9 @@ RETURN CASE WHEN k IS NULL THEN a WHEN k < b THEN k + 1 END;
 -- between names, whose keys sit in narrow ranges (the name's hash, then the
 -- args'), and each poll would start at the same channel. A poll that names
 -- channels starts each name's visit at a random key of that name's range,
--- where the args' hashes spread evenly.
+-- where the args' hashes spread evenly. (The turn is the session's own: a
+-- turn shared by all sessions started concurrent polls at the same key,
+-- each stepping over the heads the other had locked; docs/performance.md.)
 -- Priority: within a channel, its urgent messages (priority above 0,
 -- mq_pick_urgent) are taken before those of priority 0 (mq_pick_keys), and
 -- none of priority 0 while it has urgent ones left. A chain's head

@@ -7,7 +7,8 @@
 #     of the ordered chains, each above zero, and leaves the queue empty;
 #   - --rounds 3 runs the rate phases three times, interleaved (--profile
 #     names every phase it measures: each round's runner phases, main
-#     before chains in each round), and says in its report that figures are
+#     before chains in each round, and the chains' index probes a message
+#     of the chains' phases), and says in its report that figures are
 #     medians;
 #   - --sweep with --rounds 2 runs every value in each round, in turn, and
 #     reports medians, one CSV row a value;
@@ -67,6 +68,13 @@ else
         fail "runner phases of --rounds 3, in order: $(tr '\n' '|' <"$work/order")"
     grep -q "^1000 ordered chains\|^8 ordered chains: runner" "$work/out" ||
         fail "no ordered chains row in the --rounds 3 report"
+    # Each chain member a poll takes is one probe of the chains' index at
+    # least (among the lines under the phase's profile line).
+    probes=$(awk '/^profile: / { on = /^profile: 8 ordered chains \(round 1 of 3\): runner:/ }
+                  on && match($0, /mq_msgs_chain probes [0-9.]+/) {
+                      print substr($0, RSTART + 21, RLENGTH - 21) }' "$work/err")
+    [[ -n $probes ]] && awk -v p="$probes" 'BEGIN { exit !(p >= 0.9) }' ||
+        fail "chain probes a message of the chains' runner phase: '$probes'"
 fi
 
 # A sweep of two values in two rounds: each value runs in each round, in
