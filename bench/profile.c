@@ -2,8 +2,8 @@
  * profile.c: --profile, where a phase's time goes. Every connection runs
  * with track_functions = pl (a superuser setting), so the server counts
  * calls, total and self time of each SQL function of the queue; after each
- * phase (whose connections are closed by then, which flushes their
- * counters) the deltas are printed to stderr, with the bench process's own
+ * phase (once its backends have exited, which flushes their counters:
+ * settle) the deltas are printed to stderr, with the bench process's own
  * CPU time beside the phase's wall time: client against server.
  * When the server runs on this machine, the CPU time of the backends that
  * exited during the phase (the postmaster's cutime + cstime from /proc: the
@@ -273,11 +273,27 @@ static void stmt_report(PGconn *admin, long messages)
         fprintf(stderr, "  %8.3f  %s\n", (double)now[i].calls / m, now[i].text);
 }
 
+/* Waits (3 s at most) until the phase's backends have gone: a backend
+ * flushes its statistics as it exits, before it leaves pg_stat_activity.
+ * (Other sessions of the database, or a pooler's, make it wait the 3 s.) */
+static void settle(PGconn *admin)
+{
+    for (int i = 0; i < 30; i++) {
+        if (!bench_scalar(admin, "SELECT count(*) FROM pg_stat_activity"
+                                 " WHERE datname = current_database()"
+                                 " AND backend_type = 'client backend'"
+                                 " AND pid <> pg_backend_pid()"))
+            break;
+        sleep_s(0.1);
+    }
+    sleep_s(0.05);
+}
+
 void profile_begin(const struct opts *o, PGconn *admin)
 {
     if (!o->profile)
         return;
-    sleep_s(0.3); /* backends of the previous phase flush their counters on exit */
+    settle(admin); /* backends of the previous phase flush their counters on exit */
     snapshot(admin, S.f, &S.nf);
     phys_snapshot(admin, &S.phys);
     if (have_pss(admin))
@@ -300,7 +316,7 @@ void profile_end(const struct opts *o, PGconn *admin, const char *label, long me
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double user = cpu_s(&ru.ru_utime) - S.user, sys = cpu_s(&ru.ru_stime) - S.sys;
-    sleep_s(0.3);
+    settle(admin);
     struct fstat now[MAX_FUNCS];
     int n;
     snapshot(admin, now, &n);
