@@ -26,11 +26,16 @@
 #   process, ordprocess   pqmq or ordered, then as many statements that
 #          claim 100 and complete them (mq_complete of mq_claim(NULL, 100)),
 #          which must leave the queue empty
+#   idle0, idle1, idle2   BATCHES rounds of one message inserted and
+#          completed by id (idle0), claimed by mq_claim(NULL, 100) and
+#          completed (idle1), and then an empty mq_claim(NULL, 100) (idle2):
+#          what a poll of a near-empty queue costs
 # and prints instructions per message: floor and table less base, and
 # mq_insert alone (pqmq less array; many less manyarray; ordered less
 # ordarray), mq_claim (claim less pqmq), and a claim and completion
 # (process less pqmq; ordprocess less ordered: each chain gives one
-# message a poll). Needs valgrind.
+# message a poll), and per call a claim of one message (idle1 less idle0)
+# and an empty claim (idle2 less idle1). Needs valgrind.
 set -euo pipefail
 batches=${1:-200}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -70,6 +75,17 @@ script() {
         for ((i = 1; i <= batches; i++)); do
             case $form in
             base) printf 'SELECT 1;\n\n' ;;
+            idle0 | idle1 | idle2)
+                printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))"
+                if [[ $form == idle0 ]]; then
+                    printf 'SELECT mq_complete(ARRAY(SELECT m.id FROM mq_msgs m));\n\n'
+                else
+                    printf 'SELECT mq_complete(ARRAY(SELECT j.id FROM mq_claim(NULL, 100) j));\n\n'
+                fi
+                if [[ $form == idle2 ]]; then
+                    printf 'SELECT count(*) FROM mq_claim(NULL, 100);\n\n'
+                fi
+                ;;
             floor) printf 'INSERT INTO floor_msgs (id, channel, payload) SELECT s.id, s.ch, s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n' "$i" ;;
             table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb, (hashtext(s.ch)::bigint << 32) | (hashtext('')::bigint & 4294967295) FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
             array) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
@@ -113,7 +129,8 @@ count() {
 }
 
 declare -A n
-for form in base floor table array pqmq manyarray many ordarray ordered claim process ordprocess; do
+for form in base floor table array pqmq manyarray many ordarray ordered claim process ordprocess \
+    idle0 idle1 idle2; do
     n[$form]=$(count "$form")
 done
 rows=$((batches * 100))
@@ -140,6 +157,11 @@ printf '  mq_claim, polls of 100 of all channels (claim only)   %s\n' "$claim"
 printf '  claimed and completed, polls of 100 of all channels   %s\n' "$process"
 printf '  the same, ordered, 1,000 chains                       %s  (%.2f of unordered)\n' \
     "$ordprocess" "$(echo "$process / $ordprocess" | bc -l)"
+printf 'per call of mq_claim(NULL, 100) on a near-empty queue (thousands):\n'
+printf '  a claim that takes the one message there              %s\n' \
+    "$(echo "scale=1; ($((n[idle1] - n[idle0]))) / $batches / 1000" | bc)"
+printf '  an empty claim                                        %s\n' \
+    "$(echo "scale=1; ($((n[idle2] - n[idle1]))) / $batches / 1000" | bc)"
 
 # Where the difference goes: inclusive instructions per message of the
 # executor steps the two tables do not share.
