@@ -66,6 +66,9 @@ pgtmp_run "$PGTMP_BINDIR/pg_ctl" -D "$data" -m fast -w stop >/dev/null
 # with a semicolon and an empty line.
 script() {
     local form=$1 i
+    # Source row s as one unordered message (the pqmq, claim, process and
+    # idle forms insert it; array builds it).
+    local msg="ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t"
     {
         printf 'SET search_path = q;\n\n'
         # The same folds of the counters (one call in 250, at random) in
@@ -76,7 +79,7 @@ script() {
             case $form in
             base) printf 'SELECT 1;\n\n' ;;
             idle0 | idle1 | idle2)
-                printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))"
+                printf "SELECT mq_insert(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))"
                 if [[ $form == idle0 ]]; then
                     printf 'SELECT mq_complete(ARRAY(SELECT m.id FROM mq_msgs m));\n\n'
                 else
@@ -88,12 +91,11 @@ script() {
                 ;;
             floor) printf 'INSERT INTO floor_msgs (id, channel, payload) SELECT s.id, s.ch, s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n' "$i" ;;
             table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb, (hashtext(s.ch)::bigint << 32) | (hashtext('')::bigint & 4294967295) FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
-            array) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
-            pqmq) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            array) printf "SELECT cardinality(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
+            pqmq | claim | process) printf "SELECT mq_insert(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             manyarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'c' || s.k %% 100, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             many) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'c' || s.k %% 100, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             ordarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
-            claim | process) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', s.ch, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             ordered | ordprocess) printf "SELECT mq_insert(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'bench', 'c' || s.k %% 1000, NULL, true, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d ORDER BY s.k));\n\n" "$i" ;;
             esac
         done

@@ -286,7 +286,6 @@ static void settle(PGconn *admin)
             break;
         sleep_s(0.1);
     }
-    sleep_s(0.05);
 }
 
 void profile_begin(const struct opts *o, PGconn *admin)
