@@ -679,6 +679,27 @@ static void test_mark_set_by_hand(void)
     insert_n("hand", NULL, 1, 1, 60000);
     t_exec(c, set, "'not a mark'");
     CHECK_INT(t_sql_int(c, "%s", any), 1);
+    /* Near misses of "digits,digits,digits" (1 to 17 each) are garbage too:
+     * each poll ignores the value, fails on none, and writes a mark of its
+     * own. */
+    const char *near[] = {"'1,2,3,'",
+                          "',1,2'",
+                          "'1,,2'",
+                          "'1,2'",
+                          "'1,2,3,4'",
+                          "' 1,2,3'",
+                          "'123456789012345678,1,1'",
+                          "'1,2,3x'",
+                          "'-1,2,3'",
+                          "''"};
+    for (size_t i = 0; i < sizeof near / sizeof *near; i++) {
+        t_exec(c, set, near[i]);
+        CHECK_INT(t_sql_int(c, "%s", any), 0);
+        CHECK_INT(t_sql_int(c,
+                            "SELECT (current_setting('pqmq.low_' || 'mq_msgs'::regclass::oid) "
+                            "~ '^[0-9]+,[0-9]+,[0-9]+$')::int"),
+                  1);
+    }
     /* The poll put its mark there (docs/sql-contract.md: read it with current_setting). */
     CHECK_INT(t_sql_int(c, "SELECT (current_setting('pqmq.low_' || 'mq_msgs'::regclass::oid) "
                            "~ '^[0-9]+,[0-9]+,[0-9]+$')::int"),
