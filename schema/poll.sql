@@ -378,7 +378,8 @@ DECLARE
     found_at timestamptz;
 BEGIN
     -- Three runs of 1 to 17 digits. (No regular expression: its matcher
-    -- cost a poll more than the rest of this function.)
+    -- cost about 92k server instructions a read, and an empty poll reads
+    -- the mark three times.)
     IF cardinality(parts) = 3 AND btrim(kept, '0123456789,') = ''
        AND length(parts[1]) BETWEEN 1 AND 17 AND length(parts[2]) BETWEEN 1 AND 17
        AND length(parts[3]) BETWEEN 1 AND 17 THEN
@@ -462,7 +463,8 @@ $$;
 CREATE OR REPLACE FUNCTION mq_next_head_at(lo bigint, hi bigint, only_name text)
 RETURNS timestamptz
 -- (PL/pgSQL keeps its plan: a SQL function with a SET clause is parsed and
--- planned again at every call, a third of an empty poll's work.)
+-- planned again at every call, about 270k server instructions, a seventh of
+-- an empty poll.)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
