@@ -26,6 +26,8 @@
 #   process, ordprocess   pqmq or ordered, then as many statements that
 #          claim 100 and complete them (mq_complete of mq_claim(NULL, 100)),
 #          which must leave the queue empty
+#   onearr, one   a batch of one message (the first of each batch's rows),
+#          built, and inserted by mq_insert: what a call costs whatever its size
 #   idle0, idle1, idle2   BATCHES rounds of one message inserted and
 #          completed by id (idle0), claimed by mq_claim(NULL, 100) and
 #          completed (idle1), and then an empty mq_claim(NULL, 100) (idle2):
@@ -34,8 +36,9 @@
 # mq_insert alone (pqmq less array; many less manyarray; ordered less
 # ordarray), mq_claim (claim less pqmq), and a claim and completion
 # (process less pqmq; ordprocess less ordered: each chain gives one
-# message a poll), and per call a claim of one message (idle1 less idle0)
-# and an empty claim (idle2 less idle1). Needs valgrind.
+# message a poll), and per call an insert of one message (one less onearr),
+# a claim of one message (idle1 less idle0) and an empty claim (idle2 less
+# idle1). Needs valgrind.
 set -euo pipefail
 batches=${1:-200}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -78,6 +81,8 @@ script() {
         for ((i = 1; i <= batches; i++)); do
             case $form in
             base) printf 'SELECT 1;\n\n' ;;
+            onearr) printf "SELECT cardinality(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))" ;;
+            one) printf "SELECT mq_insert(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))" ;;
             idle0 | idle1 | idle2)
                 printf "SELECT mq_insert(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))"
                 if [[ $form == idle0 ]]; then
@@ -132,7 +137,7 @@ count() {
 
 declare -A n
 for form in base floor table array pqmq manyarray many ordarray ordered claim process ordprocess \
-    idle0 idle1 idle2; do
+    onearr one idle0 idle1 idle2; do
     n[$form]=$(count "$form")
 done
 rows=$((batches * 100))
@@ -159,10 +164,13 @@ printf '  mq_claim, polls of 100 of all channels (claim only)   %s\n' "$claim"
 printf '  claimed and completed, polls of 100 of all channels   %s\n' "$process"
 printf '  the same, ordered, 1,000 chains                       %s  (%.2f of unordered)\n' \
     "$ordprocess" "$(echo "$process / $ordprocess" | bc -l)"
-printf 'per call of mq_claim(NULL, 100) on a near-empty queue (thousands):\n'
-printf '  a claim that takes the one message there              %s\n' \
+printf 'per call (thousands):\n'
+printf '  mq_insert of a batch of one message                   %s\n' \
+    "$(echo "scale=1; ($((n[one] - n[onearr]))) / $batches / 1000" | bc)"
+printf '  mq_claim(NULL, 100) on a near-empty queue:\n'
+printf '    taking the one message there                        %s\n' \
     "$(echo "scale=1; ($((n[idle1] - n[idle0]))) / $batches / 1000" | bc)"
-printf '  an empty claim                                        %s\n' \
+printf '    finding none (an empty claim)                       %s\n' \
     "$(echo "scale=1; ($((n[idle2] - n[idle1]))) / $batches / 1000" | bc)"
 
 # Where the difference goes: inclusive instructions per message of the

@@ -79,8 +79,9 @@ $$;
 -- Appends a statement's counter deltas (mq_count_batches): sign 1 for the
 -- messages it inserted, -1 for those it deleted; totals[i] messages of
 -- channel names[i], waits[i] of them ordered. About one call in 250 also
--- folds. Producers call it for their batch (mq_insert_rows), the delete
--- trigger for its statement.
+-- folds. Producers call it for a batch on several channels
+-- (mq_insert_rows), the delete trigger for a statement that deleted
+-- several channels' messages; for one channel both do its work inline.
 DO $$
 BEGIN
     IF pg_catalog.to_regprocedure('mq_count_add(text[], bigint[], bigint[], bigint[])')
@@ -132,7 +133,13 @@ BEGIN
     IF n = 0 THEN
         RETURN NULL;
     ELSIF first_name = last_name AND n <= 2147483647 THEN
-        PERFORM mq_count_batch(-1, ARRAY[first_name], ARRAY[n::int], ARRAY[w::int]);
+        -- (mq_count_batch's work, without the cost of calling it: see
+        -- mq_insert_rows)
+        INSERT INTO mq_count_batches (sign, names, totals, waits)
+        VALUES (-1, ARRAY[first_name], ARRAY[n::int], ARRAY[w::int]);
+        IF pg_catalog.random() < 0.004 THEN
+            PERFORM mq_count_fold();
+        END IF;
         RETURN NULL;
     ELSIF n <= (mq_limits()).max_batch THEN
         SELECT pg_catalog.array_agg(o.channel_name),
