@@ -739,10 +739,9 @@ static void test_every_function_pins_search_path(void)
                         "FROM pg_proc p WHERE p.pronamespace = '%s'::regnamespace "
                         "AND p.prosqlbody IS NOT NULL",
                         t_schema());
-    CHECK_STR(
-        PQgetvalue(r, 0, 0),
-        "mq_at (none) false; mq_claimable (none) false; mq_in_channel (none) false; "
-        "mq_lane_admits (none) false; mq_walk_next (none) false");
+    CHECK_STR(PQgetvalue(r, 0, 0),
+              "mq_at (none) false; mq_claimable (none) false; mq_in_channel (none) false; "
+              "mq_lane_admits (none) false; mq_walk_next (none) false");
     PQclear(r);
 }
 
