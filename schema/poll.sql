@@ -489,7 +489,14 @@ DECLARE
     next_at timestamptz;
     -- Leases of the messages in flight, from where live rows start.
     mark    timestamptz := mq_low_mark(ts, false);
+    chained boolean;
 BEGIN
+    -- The probe of mq_pick_set: a queue without chains has no head to come
+    -- due, and skips their walk (mq_next_head_at: two calls and a
+    -- statement, most of an empty poll's wait time).
+    chained := EXISTS (SELECT 1 FROM mq_msgs m
+                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                         AND m.channel_key >= '-9223372036854775808'::bigint);
     IF channel_names IS NULL THEN
         SELECT LEAST(
             (SELECT m.ready_at FROM mq_msgs m
@@ -507,8 +514,10 @@ BEGIN
         INTO next_at;
         -- (Its own statement: on Citus a statement that reads the queue's
         -- tables runs on the worker, where this function cannot.)
-        next_at := LEAST(next_at, mq_next_head_at(-9223372036854775808,
-                                                  9223372036854775807, NULL));
+        IF chained THEN
+            next_at := LEAST(next_at, mq_next_head_at(-9223372036854775808,
+                                                      9223372036854775807, NULL));
+        END IF;
     ELSE
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
@@ -537,10 +546,12 @@ BEGIN
         INTO next_at
         FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
         -- (As above: a statement that reads no table.)
-        next_at := LEAST(next_at, (
-            SELECT min(mq_next_head_at(hashtext(c.n)::bigint << 32,
-                                       (hashtext(c.n)::bigint << 32) | 4294967295, c.n))
-            FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
+        IF chained THEN
+            next_at := LEAST(next_at, (
+                SELECT min(mq_next_head_at(hashtext(c.n)::bigint << 32,
+                                           (hashtext(c.n)::bigint << 32) | 4294967295, c.n))
+                FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
+        END IF;
     END IF;
     RETURN CASE WHEN next_at IS NOT NULL
                 THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
