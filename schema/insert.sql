@@ -200,7 +200,7 @@ BEGIN
     IF pass.first_name = pass.last_name THEN
         -- A batch on one channel (the common case) does mq_count_batch's and
         -- mq_wake's work here: a call of a function that pins settings costs
-        -- about 40k server instructions, and these two were an eighth of a
+        -- about 40k server instructions, and these two were a ninth of a
         -- one-message insert (bench/insert_instructions.sh). Same statements.
         INSERT INTO mq_count_batches (sign, names, totals, waits)
         VALUES (1, ARRAY[pass.first_name], ARRAY[cardinality(new_messages)],

@@ -492,8 +492,8 @@ DECLARE
     chained boolean;
 BEGIN
     -- The probe of mq_pick_set: a queue without chains has no head to come
-    -- due, and skips their walk (mq_next_head_at: two calls and a
-    -- statement, most of an empty poll's wait time).
+    -- due, and skips their walk (mq_next_head_at: 133k server instructions,
+    -- a tenth of an empty poll).
     chained := EXISTS (SELECT 1 FROM mq_msgs m
                        WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
                          AND m.channel_key >= '-9223372036854775808'::bigint);
