@@ -82,12 +82,12 @@ script() {
             case $form in
             base) printf 'SELECT 1;\n\n' ;;
             onearr) printf "SELECT cardinality(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))" ;;
-            one) printf "SELECT mq_insert(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))" ;;
-            idle0 | idle1 | idle2)
+            one | idle0 | idle1 | idle2)
                 printf "SELECT mq_insert(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d AND s.k = %d));\n\n" "$i" "$((i * 100 + 1))"
+                # (one: the insert alone)
                 if [[ $form == idle0 ]]; then
                     printf 'SELECT mq_complete(ARRAY(SELECT m.id FROM mq_msgs m));\n\n'
-                else
+                elif [[ $form != one ]]; then
                     printf 'SELECT mq_complete(ARRAY(SELECT j.id FROM mq_claim(NULL, 100) j));\n\n'
                 fi
                 if [[ $form == idle2 ]]; then

@@ -77,6 +77,25 @@ RETURNS bigint
 LANGUAGE sql IMMUTABLE
 RETURN CASE WHEN k IS NULL THEN a WHEN k < b THEN k + 1 END;
 
+-- Schemas of before chained was returned: a changed result needs a DROP.
+DO $$
+DECLARE
+    was regprocedure := pg_catalog.to_regprocedure(
+        'mq_pick_set(text[], integer, timestamp with time zone, integer)');
+BEGIN
+    IF was IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM pg_catalog.pg_proc p
+           WHERE p.oid OPERATOR(pg_catalog.=) was
+             AND 'chained' OPERATOR(pg_catalog.=) ANY (p.proargnames)) THEN
+        DROP FUNCTION mq_pick_set(text[], integer, timestamptz, integer);
+    END IF;
+    IF pg_catalog.to_regprocedure('mq_wait_time(text[], timestamp with time zone)')
+       IS NOT NULL THEN
+        DROP FUNCTION mq_wait_time(text[], timestamptz);
+    END IF;
+END
+$$;
+
 -- Picks up to batch_size ready messages fairly across channels and locks
 -- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids and, in the same
 -- order, the ctids of the row versions it locked: the caller finds the rows
@@ -85,6 +104,8 @@ RETURN CASE WHEN k IS NULL THEN a WHEN k < b THEN k + 1 END;
 -- ready message (the lease lane); lane 1 (the locked lane, mq_claim_locked):
 -- first deliveries whose last locked delivery did not die and that this
 -- transaction does not hold yet; lane 2: the others (see mq_claim_lane).
+-- chained: whether the queue has chain entries (its probe below), which
+-- the caller passes on to mq_wait_time when nothing was picked.
 --
 -- Fairness: channels are visited in turn, taking at most a quarter of the
 -- batch from each, so a busy channel cannot starve a quiet one. An unfiltered
@@ -107,7 +128,8 @@ RETURN CASE WHEN k IS NULL THEN a WHEN k < b THEN k + 1 END;
 -- groups or sorts the whole backlog.
 CREATE OR REPLACE FUNCTION mq_pick_set(channel_names text[], batch_size int,
                                        ts timestamptz, lane int,
-                                       OUT ids uuid[], OUT tids tid[])
+                                       OUT ids uuid[], OUT tids tid[],
+                                       OUT chained boolean)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -128,7 +150,6 @@ DECLARE
     keys    bigint[];    -- the chain key of each message taken
     full_keys bigint[];  -- see mq_pick_urgent (unfiltered polls)
     urgent  boolean;
-    chained boolean;     -- the queue has ordered messages (mq_msgs_chain)
     turn    text;        -- the session setting of the turn (unfiltered polls)
     kept    text;
     start   bigint;      -- where the visit of a key range begins
@@ -478,9 +499,10 @@ $$;
 -- How long until the earliest candidate of these channels (NULL: all)
 -- becomes ready: a message that is not ready yet (one probe), a lease
 -- that runs out (the messages in flight, which the poll just stepped over)
--- or a chain's head that comes due (mq_next_head_at).
--- NULL when there is none.
-CREATE OR REPLACE FUNCTION mq_wait_time(channel_names text[], ts timestamptz)
+-- or a chain's head that comes due (mq_next_head_at: only when chained,
+-- mq_pick_set's answer). NULL when there is none.
+CREATE OR REPLACE FUNCTION mq_wait_time(channel_names text[], ts timestamptz,
+                                        chained boolean)
 RETURNS interval
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -489,14 +511,10 @@ DECLARE
     next_at timestamptz;
     -- Leases of the messages in flight, from where live rows start.
     mark    timestamptz := mq_low_mark(ts, false);
-    chained boolean;
 BEGIN
-    -- The probe of mq_pick_set: a queue without chains has no head to come
-    -- due, and skips their walk (mq_next_head_at: 133k server instructions,
-    -- a tenth of an empty poll).
-    chained := EXISTS (SELECT 1 FROM mq_msgs m
-                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                         AND m.channel_key >= '-9223372036854775808'::bigint);
+    -- chained is mq_pick_set's probe, made once a poll: a queue without
+    -- chains has no head to come due, and skips their walk
+    -- (mq_next_head_at: 133k server instructions, a tenth of an empty poll).
     IF channel_names IS NULL THEN
         SELECT LEAST(
             (SELECT m.ready_at FROM mq_msgs m
@@ -584,9 +602,10 @@ DECLARE
     picked  uuid[];
     tids    tid[];
     max_dur interval := (mq_limits()).max_duration; -- once, not per row
+    chained boolean;
     idle    mq_job_t;
 BEGIN
-    SELECT p.ids, p.tids INTO picked, tids
+    SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
     FROM mq_pick_set(channel_names, batch_size, ts, lane) p;
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
@@ -666,7 +685,7 @@ BEGIN
     END IF;
 
     -- Nothing claimed: the one row says when to poll again (the rest NULL).
-    idle.wait_time := mq_wait_time(channel_names, ts);
+    idle.wait_time := mq_wait_time(channel_names, ts, chained);
     RETURN NEXT idle;
 END;
 $$;
@@ -689,9 +708,10 @@ DECLARE
     ts     timestamptz := clock_timestamp();
     picked uuid[];
     tids   tid[];
+    chained boolean;
     idle   mq_job_t;
 BEGIN
-    SELECT p.ids, p.tids INTO picked, tids
+    SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
     FROM mq_pick_set(channel_names, batch_size, ts, 1) p;
     IF cardinality(picked) > 0 THEN
         RETURN QUERY
@@ -703,7 +723,7 @@ BEGIN
         ORDER BY m.ready_at, m.id;
         RETURN;
     END IF;
-    idle.wait_time := mq_wait_time(channel_names, ts); -- as in mq_claim_lane
+    idle.wait_time := mq_wait_time(channel_names, ts, chained); -- as in mq_claim_lane
     RETURN NEXT idle;
 END;
 $$;

@@ -314,11 +314,12 @@ static int heads_read_to_due(void)
                               "9223372036854775807, NULL, NULL, clock_timestamp())");
 }
 
-/* How long mq_wait_time says until a message is due (ms), -1 for never. */
+/* How long mq_wait_time says until a message is due (ms), -1 for never;
+ * told the queue has chains, as mq_pick_set's probe tells a poll here. */
 static long long wait_ms(void)
 {
     return t_sql_int(pg, "SELECT COALESCE((extract(epoch FROM mq_wait_time(NULL, "
-                         "clock_timestamp())) * 1000)::bigint, -1)");
+                         "clock_timestamp(), true)) * 1000)::bigint, -1)");
 }
 
 /* The wait for chain heads stops at the first head due now: an empty poll
