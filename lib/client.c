@@ -150,8 +150,6 @@ static const struct {
 } spec_defs[PQMQ__NSPECS] = {
     [PQMQ__SPEC_UUID] = {"@pqmq_uuid", "%uuid"},
     [PQMQ__SPEC_INT4] = {"@pqmq_int4", "%int4"},
-    [PQMQ__SPEC_MSG1] = {"@pqmq_msg1", pqmq__msg_format1},
-    [PQMQ__SPEC_MSG2] = {"@pqmq_msg2", pqmq__msg_format2},
     [PQMQ__SPEC_JOB1] = {"@pqmq_job1", pqmq__job_format1},
     [PQMQ__SPEC_JOB2] = {"@pqmq_job2", pqmq__job_format2},
 };
@@ -226,8 +224,9 @@ int pqmq__need_composite(pqmq_client *c)
 {
     if (c->composite_ready)
         return 0;
-    PGregisterType t = {"mq_new_t", NULL, NULL};
-    if (!PQregisterTypes(c->conn, PQT_COMPOSITE, &t, 1, 0)) {
+    /* Its elements are written by pqmq__put_new_msg (new_msg.c). */
+    PGregisterType t = {"mq_new_t", pqmq__put_new_msg, NULL};
+    if (!PQregisterTypes(c->conn, PQT_USERDEFINED, &t, 1, 0)) {
         const char *why = PQgeterror();
         if (PQstatus(c->conn) != CONNECTION_OK)
             return pqmq__seterr(c, PQMQ_ECONN, "connection lost: %s", PQerrorMessage(c->conn));

@@ -64,8 +64,6 @@ int pqmq__reset_conn(pqmq_client *c);
 enum pqmq__spec {
     PQMQ__SPEC_UUID, /* "%uuid" */
     PQMQ__SPEC_INT4, /* "%int4" */
-    PQMQ__SPEC_MSG1, /* an mq_new_t's fields 0-5 (produce.c) */
-    PQMQ__SPEC_MSG2, /* and 6-10 */
     PQMQ__SPEC_JOB1, /* an mq_job_t's columns 0-6 (job.c) */
     PQMQ__SPEC_JOB2, /* and 7-12 */
     PQMQ__NSPECS
@@ -207,9 +205,12 @@ int pqmq__complete_poll(pqmq_client *c, const pqmq__delivery *d, size_t n,
                         const char *const *channels, size_t nchannels, int batch_size,
                         const char *what, pqmq_batch **out, size_t *done);
 
-/* ---- produce.c -------------------------------------------------------- */
+/* ---- new_msg.c -------------------------------------------------------- */
 
-extern const char pqmq__msg_format1[], pqmq__msg_format2[];
+/* libpqtypes' put handler of mq_new_t (registered by pqmq__need_composite):
+ * PQputf(param, "%mq_new_t", const pqmq_msg *) puts the message as one
+ * element; the message must have passed pqmq__check_batch. */
+int pqmq__put_new_msg(PGtypeArgs *args);
 
 /* ---- msg.c: the message a producer builds (produce.c reads it) -------- */
 

@@ -104,36 +104,37 @@ int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     return 0;
 }
 
-/* mq_new_t's field types in the type's order, as two libpqtypes formats of
- * at most 8 (client.c prepares them once per connection). */
-const char pqmq__msg_format1[] = "%uuid %interval %int4 %interval %text* %text*";
-const char pqmq__msg_format2[] = "%interval %bool %text* %text* %bytea*";
-
-/* The batch being put, and one element's fields, reused for each message. */
+/* The batch's messages, put as mq_new_t elements eight a PQputf (each
+ * PQputf clears libpqtypes' 18 KB error state: new_msg.c). */
 struct batch {
     pqmq_msg *const *msgs;
-    PGparam *el;
+    size_t n;
 };
 
-/* Puts message i as one mq_new_t element of the batch's array. */
-static int put_msg(pqmq_client *c, PGparam *array, const void *items, size_t i)
+#define GROUP 8
+
+/* Puts group i: messages 8i up to 8i + 7, or to the batch's end. */
+static int put_group(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
+    (void)c;
+    static const char *const formats[GROUP + 1] = {
+        "",
+        "%mq_new_t",
+        "%mq_new_t %mq_new_t",
+        "%mq_new_t %mq_new_t %mq_new_t",
+        "%mq_new_t %mq_new_t %mq_new_t %mq_new_t",
+        "%mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t",
+        "%mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t",
+        "%mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t",
+        "%mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t",
+    };
     const struct batch *b = items;
-    const pqmq_msg *m = b->msgs[i];
-    PGparam *el = b->el;
-    PQparamReset(el);
-    PGinterval delay, backoff, commit;
-    pqmq__ms_to_interval(m->delay_ms, &delay);
-    pqmq__ms_to_interval(m->backoff_ms, &backoff);
-    pqmq__ms_to_interval(m->commit_interval_ms, &commit);
-    PGbytea bytes = {(int)m->bytes_len, (char *)m->bytes};
-    int ok =
-        PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG1), (PGuuid)m->id, &delay, m->retries, &backoff,
-               m->channel, m->args ? m->args : "") &&
-        PQputf(el, pqmq__spec(c, PQMQ__SPEC_MSG2), m->commit_interval_ms >= 0 ? &commit : NULL,
-               (PGbool)m->ordered, m->name ? m->name : "", m->json, m->bytes ? &bytes : NULL) &&
-        PQputf(array, "%mq_new_t", el);
-    return ok;
+    const pqmq_msg *g[GROUP] = {0};
+    size_t k = 0;
+    for (size_t j = i * GROUP; j < b->n && k < GROUP; j++)
+        g[k++] = b->msgs[j];
+    /* (Arguments past the format's k are not read.) */
+    return PQputf(array, formats[k], g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
 }
 
 static int put_key(pqmq_client *c, PGparam *array, const void *items, size_t i)
@@ -177,10 +178,9 @@ int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const 
 
 int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys)
 {
-    struct batch b = {msgs, pqmq__param(c)};
-    int rc = b.el ? pqmq__put_array(c, param, "%mq_new_t[]", &b, n, put_msg, "pqmq_insert")
-                  : PQMQ_ENOMEM;
-    PQparamClear(b.el);
+    struct batch b = {msgs, n};
+    int rc = pqmq__put_array(c, param, "%mq_new_t[]", &b, (n + GROUP - 1) / GROUP, put_group,
+                             "pqmq_insert");
     if (!rc && keys)
         rc = pqmq__put_array(c, param, "%text[]", msgs, n, put_key, "pqmq_insert");
     return rc;

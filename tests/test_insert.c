@@ -51,6 +51,57 @@ static void test_insert_one_round_trip_fields(void)
     pqmq_msg_free(m);
 }
 
+/* The client writes a batch's elements eight to a call (new_msg.c): every
+ * batch size up to three groups and a part keeps each message's own fields,
+ * with and without the NULL ones (JSON, binary payload, two-phase). */
+static void test_every_batch_size_keeps_each_message(void)
+{
+    for (int n = 1; n <= 25; n++) {
+        t_truncate();
+        pqmq_msg *msgs[25];
+        for (int i = 0; i < n; i++) {
+            char args[16], json[32];
+            snprintf(args, sizeof args, "a%d", i);
+            snprintf(json, sizeof json, "{\"i\": %d}", i);
+            msgs[i] = t_msg("sizes", args, i % 2 ? "odd" : "even", i % 3 ? json : NULL, 0);
+            unsigned char bin[2] = {(unsigned char)i, 0xee};
+            if (i % 3 == 0)
+                CHECK_OK(q, pqmq_msg_set_bytes(msgs[i], bin, sizeof bin));
+            CHECK_OK(q, pqmq_msg_set_retries(msgs[i], i));
+            CHECK_OK(q, pqmq_msg_set_backoff(msgs[i], 1000 + i));
+            if (i % 4 == 1)
+                CHECK_OK(q, pqmq_msg_set_commit_interval(msgs[i], 60000));
+        }
+        CHECK_OK(q, pqmq_insert(q, msgs, (size_t)n));
+        /* Message i: args a<i>, i + 1 attempts, backoff 1000 + i ms, its
+         * name, JSON or none, binary payload or none, two-phase or not. */
+        long long wrong = 0;
+        for (int i = 0; i < n; i++) {
+            uuid_t id;
+            char ids[37];
+            pqmq_msg_id(msgs[i], id);
+            uuid_unparse_lower(id, ids);
+            wrong += t_sql_int(pg,
+                               "SELECT count(*) FILTER (WHERE NOT ("
+                               "m.channel_args = 'a%d' AND m.attempts = %d + 1 "
+                               "AND m.retry_backoff = interval '1 ms' * (1000 + %d) "
+                               "AND m.name = CASE WHEN %d %% 2 = 1 THEN 'odd' ELSE 'even' END "
+                               "AND (m.payload_json->>'i') IS NOT DISTINCT FROM "
+                               "    CASE WHEN %d %% 3 <> 0 THEN '%d' END "
+                               "AND m.payload_bytes IS NOT DISTINCT FROM "
+                               "    CASE WHEN %d %% 3 = 0 THEN decode(lpad(to_hex(%d), 2, '0') "
+                               "|| 'ee', 'hex') END "
+                               "AND (m.commit_interval IS NOT NULL) = (%d %% 4 = 1))) "
+                               "+ 1 - count(*) FROM mq_msgs m WHERE m.id = '%s'",
+                               i, i, i, i, i, i, i, i, i, ids);
+        }
+        CHECK_INT(wrong, 0);
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), n);
+        for (int i = 0; i < n; i++)
+            pqmq_msg_free(msgs[i]);
+    }
+}
+
 /* Counts the Sync messages (one per round trip) the client sends in fn. */
 static int round_trips(pqmq_client *c, int (*fn)(pqmq_client *, void *), void *arg)
 {
@@ -570,6 +621,7 @@ int main(void)
     q = t_client();
     pg = t_pg();
     T_RUN(test_insert_one_round_trip_fields);
+    T_RUN(test_every_batch_size_keeps_each_message);
     T_RUN(test_insert_batch_is_one_round_trip);
     T_RUN(test_rejected_batch_leaves_no_trace);
     T_RUN(test_server_rejects_invalid_json_atomically);
