@@ -150,6 +150,8 @@ static const struct {
 } spec_defs[PQMQ__NSPECS] = {
     [PQMQ__SPEC_UUID] = {"@pqmq_uuid", "%uuid"},
     [PQMQ__SPEC_INT4] = {"@pqmq_int4", "%int4"},
+    [PQMQ__SPEC_UUID8] = {"@pqmq_uuid8", "%uuid %uuid %uuid %uuid %uuid %uuid %uuid %uuid"},
+    [PQMQ__SPEC_INT4_8] = {"@pqmq_int4_8", "%int4 %int4 %int4 %int4 %int4 %int4 %int4 %int4"},
     [PQMQ__SPEC_JOB1] = {"@pqmq_job1", pqmq__job_format1},
     [PQMQ__SPEC_JOB2] = {"@pqmq_job2", pqmq__job_format2},
 };

@@ -62,10 +62,12 @@ int pqmq__reset_conn(pqmq_client *c);
  * types, and misbehaves removing one, so long formats come in parts and
  * specs are never removed. The formats live beside their readers. */
 enum pqmq__spec {
-    PQMQ__SPEC_UUID, /* "%uuid" */
-    PQMQ__SPEC_INT4, /* "%int4" */
-    PQMQ__SPEC_JOB1, /* an mq_job_t's columns 0-6 (job.c) */
-    PQMQ__SPEC_JOB2, /* and 7-12 */
+    PQMQ__SPEC_UUID,   /* "%uuid" */
+    PQMQ__SPEC_INT4,   /* "%int4" */
+    PQMQ__SPEC_UUID8,  /* eight of "%uuid" (stmt.c) */
+    PQMQ__SPEC_INT4_8, /* eight of "%int4" */
+    PQMQ__SPEC_JOB1,   /* an mq_job_t's columns 0-6 (job.c) */
+    PQMQ__SPEC_JOB2,   /* and 7-12 */
     PQMQ__NSPECS
 };
 /* "@name" when the spec is prepared on the connection, else its format:

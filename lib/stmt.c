@@ -216,22 +216,73 @@ int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format, co
     return 0;
 }
 
+/* Ids and attempt numbers go eight a PQputf (every PQputf clears
+ * libpqtypes' 18 KB error state: new_msg.c): group i of the array is its
+ * elements 8i to 8i + 7, the last group fewer, put one a call. */
+#define GROUP 8
+
+struct group {
+    const void *items;
+    size_t n;
+};
+
+static size_t group_len(const struct group *g, size_t i)
+{
+    size_t left = g->n - i * GROUP;
+    return left < GROUP ? left : GROUP;
+}
+
+static size_t groups(size_t n)
+{
+    return (n + GROUP - 1) / GROUP;
+}
+
+static int put_uuids(pqmq_client *c, PGparam *array, PGuuid *u, size_t k)
+{
+    if (k == GROUP)
+        return PQputf(array, pqmq__spec(c, PQMQ__SPEC_UUID8), u[0], u[1], u[2], u[3], u[4],
+                      u[5], u[6], u[7]);
+    int ok = 1;
+    for (size_t j = 0; ok && j < k; j++)
+        ok = PQputf(array, pqmq__spec(c, PQMQ__SPEC_UUID), u[j]);
+    return ok;
+}
+
 static int put_id(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
-    const uuid_t *ids = items;
-    return PQputf(array, pqmq__spec(c, PQMQ__SPEC_UUID), (PGuuid)ids[i]);
+    const struct group *g = items;
+    const uuid_t *ids = (const uuid_t *)g->items + i * GROUP;
+    PGuuid u[GROUP];
+    size_t k = group_len(g, i);
+    for (size_t j = 0; j < k; j++)
+        u[j] = (PGuuid)ids[j];
+    return put_uuids(c, array, u, k);
 }
 
 static int put_delivery_id(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
-    const pqmq__delivery *d = items;
-    return PQputf(array, pqmq__spec(c, PQMQ__SPEC_UUID), (PGuuid)d[i].id);
+    const struct group *g = items;
+    const pqmq__delivery *d = (const pqmq__delivery *)g->items + i * GROUP;
+    PGuuid u[GROUP];
+    size_t k = group_len(g, i);
+    for (size_t j = 0; j < k; j++)
+        u[j] = (PGuuid)d[j].id;
+    return put_uuids(c, array, u, k);
 }
 
 static int put_delivery_attempt(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
-    const pqmq__delivery *d = items;
-    return PQputf(array, pqmq__spec(c, PQMQ__SPEC_INT4), d[i].attempt);
+    const struct group *g = items;
+    const pqmq__delivery *d = (const pqmq__delivery *)g->items + i * GROUP;
+    size_t k = group_len(g, i);
+    if (k == GROUP)
+        return PQputf(array, pqmq__spec(c, PQMQ__SPEC_INT4_8), d[0].attempt, d[1].attempt,
+                      d[2].attempt, d[3].attempt, d[4].attempt, d[5].attempt, d[6].attempt,
+                      d[7].attempt);
+    int ok = 1;
+    for (size_t j = 0; ok && j < k; j++)
+        ok = PQputf(array, pqmq__spec(c, PQMQ__SPEC_INT4), d[j].attempt);
+    return ok;
 }
 
 static int put_text(pqmq_client *c, PGparam *array, const void *items, size_t i)
@@ -244,16 +295,19 @@ static int put_text(pqmq_client *c, PGparam *array, const void *items, size_t i)
 int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n, const char *what)
 {
     int rc = pqmq__check_ids(c, ids, n, what);
-    return rc ? rc : pqmq__put_array(c, param, "%uuid[]", ids, n, put_id, what);
+    struct group g = {ids, n};
+    return rc ? rc : pqmq__put_array(c, param, "%uuid[]", &g, groups(n), put_id, what);
 }
 
 int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n,
                          const char *what)
 {
     int rc = pqmq__check_ids(c, d, n, what);
+    struct group g = {d, n};
     if (!rc)
-        rc = pqmq__put_array(c, param, "%uuid[]", d, n, put_delivery_id, what);
-    return rc ? rc : pqmq__put_array(c, param, "%int4[]", d, n, put_delivery_attempt, what);
+        rc = pqmq__put_array(c, param, "%uuid[]", &g, groups(n), put_delivery_id, what);
+    return rc ? rc
+              : pqmq__put_array(c, param, "%int4[]", &g, groups(n), put_delivery_attempt, what);
 }
 
 int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels, size_t n,

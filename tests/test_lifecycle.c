@@ -413,6 +413,37 @@ static void test_complete_many(void)
     CHECK_ERR(q, pqmq_complete(q, NULL, 0), PQMQ_EINVAL, "no ids");
 }
 
+/* A completion sends its ids and attempt numbers eight a call (stmt.c):
+ * for every batch size up to three groups and a part, each job is fenced
+ * by its own attempt number (all different). One job, chosen in turn, was delivered again
+ * meanwhile (its deliveries bumped): it alone is left, and the call says
+ * one was stale. */
+static void test_complete_every_batch_size(void)
+{
+    for (int n = 1; n <= 25; n++) {
+        t_truncate();
+        t_insert_spread(q, n, "sizes", "job", "{}", 0, 3, 60000);
+        /* Each job gets an attempt number of its own (an earlier delivery
+         * count), so one sent beside another's id would not match. */
+        t_exec(pg, "UPDATE mq_msgs m SET deliveries = s.r FROM "
+                   "(SELECT id, row_number() OVER (ORDER BY id) AS r FROM mq_msgs) s "
+                   "WHERE m.id = s.id");
+        pqmq_batch *b = NULL;
+        CHECK_OK(q, pqmq_poll(q, NULL, 0, n, &b));
+        CHECK_INT((long long)pqmq_batch_count(b), n);
+        size_t stale = (size_t)(n * 5 / 7);
+        uuid_t id;
+        char ids[37];
+        pqmq_job_id(pqmq_batch_job(b, stale), id);
+        uuid_unparse_lower(id, ids);
+        t_exec(pg, "UPDATE mq_msgs SET deliveries = deliveries + 1 WHERE id = '%s'", ids);
+        CHECK_INT(pqmq_complete_batch(q, b), PQMQ_ESTALE);
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 1);
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE id = '%s'", ids), 1);
+        pqmq_batch_free(b);
+    }
+}
+
 /* Keep-alive skips a row locked by another transaction (a consumer
  * completing in its own transaction) instead of waiting for it. */
 static void test_keep_alive_skips_locked_rows(void)
@@ -464,6 +495,7 @@ int main(void)
     T_RUN(test_fail_on_final_attempt_is_dead);
     T_RUN(test_fail_when_not_held);
     T_RUN(test_complete_many);
+    T_RUN(test_complete_every_batch_size);
     T_RUN(test_keep_alive_skips_locked_rows);
     pqmq_client_free(q);
     PQfinish(pg);
