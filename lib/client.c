@@ -152,8 +152,6 @@ static const struct {
     [PQMQ__SPEC_INT4] = {"@pqmq_int4", "%int4"},
     [PQMQ__SPEC_UUID8] = {"@pqmq_uuid8", "%uuid %uuid %uuid %uuid %uuid %uuid %uuid %uuid"},
     [PQMQ__SPEC_INT4_8] = {"@pqmq_int4_8", "%int4 %int4 %int4 %int4 %int4 %int4 %int4 %int4"},
-    [PQMQ__SPEC_JOB1] = {"@pqmq_job1", pqmq__job_format1},
-    [PQMQ__SPEC_JOB2] = {"@pqmq_job2", pqmq__job_format2},
 };
 
 const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s)

@@ -41,50 +41,99 @@ static const char *const job_columns[] = {"id",           "is_committed",  "name
                                           "blocking"};
 enum { JOB_COLUMNS = sizeof job_columns / sizeof *job_columns, COL_WAIT = 6 };
 
-/* Their types, as two libpqtypes formats of at most 8 (client.c prepares
- * them once per connection). */
-const char pqmq__job_format1[] = "%uuid %bool %text %text %bytea %interval %interval";
-const char pqmq__job_format2[] = "%text %text %int4 %int4 %text %bool";
+/* Their types, which a result must have, in binary: the rows
+ * are read field by field from libpq. (libpqtypes' PQgetf clears its
+ * thread's 18 KB error state at every call, and a row took two: new_msg.c.) */
+static const Oid job_types[] = {
+    PQMQ__OID_UUID,     PQMQ__OID_BOOL,     PQMQ__OID_TEXT, PQMQ__OID_TEXT, PQMQ__OID_BYTEA,
+    PQMQ__OID_INTERVAL, PQMQ__OID_INTERVAL, PQMQ__OID_TEXT, PQMQ__OID_TEXT, PQMQ__OID_INT4,
+    PQMQ__OID_INT4,     PQMQ__OID_TEXT,     PQMQ__OID_BOOL};
+_Static_assert(sizeof job_types / sizeof *job_types == JOB_COLUMNS, "a type per column");
 
 static int columns_ok(const PGresult *r)
 {
     if (PQnfields(r) < JOB_COLUMNS)
         return 0;
     for (int i = 0; i < JOB_COLUMNS; i++)
-        if (strcmp(PQfname(r, i), job_columns[i]) != 0)
+        if (strcmp(PQfname(r, i), job_columns[i]) != 0 || PQftype(r, i) != job_types[i] ||
+            PQfformat(r, i) != 1)
             return 0;
     return 1;
 }
 
-/* Reads row i into job j. */
-static int read_job(const pqmq_client *c, PGresult *r, int i, pqmq_job *j)
+/* Field (row, col) as a value of len bytes, or NULL if it is NULL or (a
+ * malformed row: *bad set) of another length. */
+static const unsigned char *fixed(const PGresult *r, int row, int col, int len, int *bad)
 {
-    PGuuid id = NULL;
-    PGbool committed = 0, blocking = 0;
-    PGtext name = NULL, json = NULL, chan = NULL, args = NULL, last_error = NULL;
-    PGbytea bytes = {0, NULL};
-    PGinterval lease, wait;
-    PGint4 attempt = 0, left = 0;
-    memset(&lease, 0, sizeof lease);
-    if (!PQgetf(r, i, pqmq__spec(c, PQMQ__SPEC_JOB1), 0, &id, 1, &committed, 2, &name, 3, &json,
-                4, &bytes, 5, &lease, 6, &wait) ||
-        !PQgetf(r, i, pqmq__spec(c, PQMQ__SPEC_JOB2), 7, &chan, 8, &args, 9, &attempt, 10,
-                &left, 11, &last_error, 12, &blocking))
+    if (PQgetisnull(r, row, col))
+        return NULL;
+    if (PQgetlength(r, row, col) != len) {
+        *bad = 1;
+        return NULL;
+    }
+    return (const unsigned char *)PQgetvalue(r, row, col);
+}
+
+static int64_t be_int(const unsigned char *p, int len)
+{
+    uint64_t v = 0;
+    for (int k = 0; k < len; k++)
+        v = v << 8 | p[k];
+    /* Sign-extended from len bytes. */
+    return len < 8 && (v >> (8 * len - 1)) ? (int64_t)(v - ((uint64_t)1 << (8 * len)))
+                                           : (int64_t)v;
+}
+
+static int get_int4(const PGresult *r, int row, int col, int *bad)
+{
+    const unsigned char *p = fixed(r, row, col, 4, bad);
+    return p ? (int)be_int(p, 4) : 0;
+}
+
+static int get_bool(const PGresult *r, int row, int col, int *bad)
+{
+    const unsigned char *p = fixed(r, row, col, 1, bad);
+    return p && *p;
+}
+
+/* An interval in ms: its microseconds, days and months (of 30 days, as
+ * PostgreSQL counts them). A part of a millisecond rounds up, so that
+ * "wait 0.2 ms" never becomes a busy "wait 0 ms". */
+static int64_t get_ms(const PGresult *r, int row, int col, int *bad)
+{
+    const unsigned char *p = fixed(r, row, col, 16, bad);
+    if (!p)
+        return 0;
+    int64_t us = be_int(p, 8), days = be_int(p + 8, 4) + be_int(p + 12, 4) * 30;
+    return days * 86400000 + us / 1000 + (us % 1000 > 0);
+}
+
+static const char *get_text(const PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? NULL : PQgetvalue(r, row, col);
+}
+
+/* Reads row i into job j; -1 if a field is malformed. */
+static int read_job(PGresult *r, int i, pqmq_job *j)
+{
+    int bad = 0;
+    const unsigned char *id = fixed(r, i, 0, sizeof(uuid_t), &bad);
+    if (!id)
         return -1;
     memcpy(j->delivery.id, id, sizeof(uuid_t));
-    j->delivery.attempt = attempt;
-    j->committed = committed;
-    j->name = name ? name : "";
-    j->channel = chan ? chan : "";
-    j->args = args ? args : "";
-    j->json = PQgetisnull(r, i, 3) ? NULL : json;
-    j->bytes = PQgetisnull(r, i, 4) ? NULL : bytes.data;
-    j->bytes_len = j->bytes ? (size_t)bytes.len : 0;
-    j->last_error = PQgetisnull(r, i, 11) ? NULL : last_error;
-    j->blocking = blocking;
-    j->retries_left = left;
-    j->lease_ms = pqmq__interval_to_ms(&lease);
-    return 0;
+    j->committed = get_bool(r, i, 1, &bad);
+    j->name = PQgetvalue(r, i, 2); /* "" when NULL */
+    j->json = get_text(r, i, 3);
+    j->bytes = get_text(r, i, 4);
+    j->bytes_len = j->bytes ? (size_t)PQgetlength(r, i, 4) : 0;
+    j->lease_ms = get_ms(r, i, 5, &bad);
+    j->channel = PQgetvalue(r, i, 7);
+    j->args = PQgetvalue(r, i, 8);
+    j->delivery.attempt = get_int4(r, i, 9, &bad);
+    j->retries_left = get_int4(r, i, 10, &bad);
+    j->last_error = get_text(r, i, 11);
+    j->blocking = get_bool(r, i, 12, &bad);
+    return bad ? -1 : 0;
 }
 
 static int fill_batch(pqmq_client *c, pqmq_batch *b, const char *what)
@@ -97,20 +146,19 @@ static int fill_batch(pqmq_client *c, pqmq_batch *b, const char *what)
                             what);
     if (rows == 0 || (rows == 1 && PQgetisnull(b->res, 0, 0))) {
         /* Nothing ready: the one row carries wait_time. */
-        PGinterval wait;
+        int bad = 0;
         if (rows && !PQgetisnull(b->res, 0, COL_WAIT)) {
-            if (!PQgetf(b->res, 0, "%interval", COL_WAIT, &wait))
-                return pqmq__seterr(c, PQMQ_ESERVER, "%s: bad wait_time: %s", what,
-                                    PQgeterror());
-            b->wait_ms = pqmq__interval_to_ms(&wait);
+            b->wait_ms = get_ms(b->res, 0, COL_WAIT, &bad);
+            if (bad)
+                return pqmq__seterr(c, PQMQ_ESERVER, "%s: bad wait_time", what);
         }
         return 0;
     }
     if (!(b->jobs = calloc((size_t)rows, sizeof *b->jobs)))
         return pqmq__seterr(c, PQMQ_ENOMEM, "%s: out of memory", what);
     for (int i = 0; i < rows; i++)
-        if (read_job(c, b->res, i, &b->jobs[i]))
-            return pqmq__seterr(c, PQMQ_ESERVER, "%s: bad row %d: %s", what, i, PQgeterror());
+        if (read_job(b->res, i, &b->jobs[i]))
+            return pqmq__seterr(c, PQMQ_ESERVER, "%s: bad row %d", what, i);
     b->n = (size_t)rows;
     b->wait_ms = 0;
     return 0;

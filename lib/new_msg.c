@@ -14,17 +14,6 @@
 
 #include "pqmq-int.h"
 
-/* The built-in types of mq_new_t's fields (pg_type.dat); the server checks
- * each against the type's column (record_recv). */
-enum {
-    OID_BOOL = 16,
-    OID_BYTEA = 17,
-    OID_INT4 = 23,
-    OID_TEXT = 25,
-    OID_INTERVAL = 1186,
-    OID_UUID = 2950,
-};
-
 #define NFIELDS 11
 
 static char *put32(char *p, uint32_t v)
@@ -52,7 +41,7 @@ static char *put_field(char *p, uint32_t oid, const void *data, size_t len)
 static char *put_interval(char *p, int64_t ms)
 {
     uint64_t us = (uint64_t)(ms * 1000);
-    p = put32(put32(p, OID_INTERVAL), 16);
+    p = put32(put32(p, PQMQ__OID_INTERVAL), 16);
     p = put32(put32(p, (uint32_t)(us >> 32)), (uint32_t)us);
     return put32(put32(p, 0), 0);
 }
@@ -76,20 +65,20 @@ int pqmq__put_new_msg(PGtypeArgs *args)
     if (need > INT_MAX || args->put.expandBuffer(args, (int)need) == -1)
         return args->errorf(args, "message of %zu bytes", need);
     char *p = put32(args->put.out, NFIELDS);
-    p = put_field(p, OID_UUID, m->id, sizeof(uuid_t));
+    p = put_field(p, PQMQ__OID_UUID, m->id, sizeof(uuid_t));
     p = put_interval(p, m->delay_ms);
     char n[4];
     put32(n, (uint32_t)m->retries);
-    p = put_field(p, OID_INT4, n, 4);
+    p = put_field(p, PQMQ__OID_INT4, n, 4);
     p = put_interval(p, m->backoff_ms);
-    p = put_field(p, OID_TEXT, m->channel, text_len(m->channel));
-    p = put_field(p, OID_TEXT, m->args ? m->args : "", text_len(m->args));
+    p = put_field(p, PQMQ__OID_TEXT, m->channel, text_len(m->channel));
+    p = put_field(p, PQMQ__OID_TEXT, m->args ? m->args : "", text_len(m->args));
     p = m->commit_interval_ms >= 0 ? put_interval(p, m->commit_interval_ms)
-                                   : put_field(p, OID_INTERVAL, NULL, 0);
+                                   : put_field(p, PQMQ__OID_INTERVAL, NULL, 0);
     char b = m->ordered ? 1 : 0;
-    p = put_field(p, OID_BOOL, &b, 1);
-    p = put_field(p, OID_TEXT, m->name ? m->name : "", text_len(m->name));
-    p = put_field(p, OID_TEXT, m->json, text_len(m->json));
-    p = put_field(p, OID_BYTEA, m->bytes, m->bytes_len);
+    p = put_field(p, PQMQ__OID_BOOL, &b, 1);
+    p = put_field(p, PQMQ__OID_TEXT, m->name ? m->name : "", text_len(m->name));
+    p = put_field(p, PQMQ__OID_TEXT, m->json, text_len(m->json));
+    p = put_field(p, PQMQ__OID_BYTEA, m->bytes, m->bytes_len);
     return (int)(p - args->put.out);
 }

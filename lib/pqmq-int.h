@@ -66,8 +66,6 @@ enum pqmq__spec {
     PQMQ__SPEC_INT4,   /* "%int4" */
     PQMQ__SPEC_UUID8,  /* eight of "%uuid" (stmt.c) */
     PQMQ__SPEC_INT4_8, /* eight of "%int4" */
-    PQMQ__SPEC_JOB1,   /* an mq_job_t's columns 0-6 (job.c) */
-    PQMQ__SPEC_JOB2,   /* and 7-12 */
     PQMQ__NSPECS
 };
 /* "@name" when the spec is prepared on the connection, else its format:
@@ -144,9 +142,8 @@ int pqmq__ids_call(pqmq_client *c, const char *what, const char *sql, const uuid
 /* Checks an id array argument: non-NULL, 1 <= n <= PQMQ_MAX_BATCH. */
 int pqmq__check_ids(pqmq_client *c, const void *ids, size_t n, const char *what);
 
-/* Milliseconds <-> libpqtypes intervals (30-day months, as PostgreSQL). */
+/* Milliseconds as a libpqtypes interval. */
 void pqmq__ms_to_interval(int64_t ms, PGinterval *iv);
-int64_t pqmq__interval_to_ms(const PGinterval *iv);
 /* Checks 0 <= ms <= PQMQ_MAX_DURATION_MS; sets the error naming the value
  * as fmt formats it, which happens only for an error (a batch checks three
  * durations a message). */
@@ -155,7 +152,6 @@ int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *fmt, ...)
 
 /* ---- job.c: batches of mq_job_t rows ---------------------------------- */
 
-extern const char pqmq__job_format1[], pqmq__job_format2[];
 /* The prologue of calls that make a batch: *out = NULL, the error cleared,
  * PQMQ_EINVAL when c or out is NULL. */
 int pqmq__begin_batch(pqmq_client *c, pqmq_batch **out,
@@ -208,6 +204,18 @@ int pqmq__complete_poll(pqmq_client *c, const pqmq__delivery *d, size_t n,
                         const char *what, pqmq_batch **out, size_t *done);
 
 /* ---- new_msg.c -------------------------------------------------------- */
+
+/* The built-in types the client writes and reads in binary (pg_type.dat):
+ * mq_new_t's fields here, mq_job_t's columns in job.c. The server checks a
+ * record's field types against its type's (record_recv). */
+enum {
+    PQMQ__OID_BOOL = 16,
+    PQMQ__OID_BYTEA = 17,
+    PQMQ__OID_INT4 = 23,
+    PQMQ__OID_TEXT = 25,
+    PQMQ__OID_INTERVAL = 1186,
+    PQMQ__OID_UUID = 2950,
+};
 
 /* libpqtypes' put handler of mq_new_t (registered by pqmq__need_composite):
  * PQputf(param, "%mq_new_t", const pqmq_msg *) puts the message as one

@@ -436,15 +436,6 @@ void pqmq__ms_to_interval(int64_t ms, PGinterval *iv)
     iv->usecs = (int)(ms % 1000) * 1000;
 }
 
-int64_t pqmq__interval_to_ms(const PGinterval *iv)
-{
-    int64_t days = ((int64_t)iv->years * 12 + iv->mons) * 30 + iv->days;
-    int64_t ms = days * 86400000 + (int64_t)iv->hours * 3600000 + (int64_t)iv->mins * 60000 +
-                 (int64_t)iv->secs * 1000;
-    /* Round up so that "wait 0.2 ms" never becomes a busy "wait 0 ms". */
-    return ms + (iv->usecs + 999) / 1000;
-}
-
 int pqmq__check_ms(pqmq_client *c, int64_t ms, const char *fmt, ...)
 {
     if (ms >= 0 && ms <= PQMQ_MAX_DURATION_MS)

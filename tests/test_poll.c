@@ -501,8 +501,8 @@ static void test_poll_bad_inputs(void)
 }
 
 /* A result that is not the job row (a schema whose claim, mq_claim_lane,
- * returns other columns, as a foreign schema might) is refused, not
- * misread. */
+ * returns other columns or other types, as a foreign schema might) is
+ * refused, not misread. */
 static void test_foreign_row_is_refused(void)
 {
     char schema[96];
@@ -521,6 +521,19 @@ static void test_foreign_row_is_refused(void)
     pqmq_client *c = NULL;
     CHECK_INT(pqmq_wrap(conn, &c), 0);
     pqmq_batch *b = NULL;
+    CHECK_ERR(c, pqmq_poll(c, NULL, 0, 10, &b), PQMQ_ESCHEMA, "not a job row");
+    CHECK(b == NULL);
+    /* The job row's names with a column of another type (the row is read
+     * field by field in binary, job.c): refused too. */
+    t_exec(conn, "DROP FUNCTION %s.mq_claim_lane(text[], int, int)", schema);
+    t_exec(conn,
+           "CREATE FUNCTION %s.mq_claim_lane(text[], int, int) RETURNS TABLE(id uuid, "
+           "is_committed boolean, name text, payload_json text, payload_bytes bytea, "
+           "retry_backoff interval, wait_time interval, channel_name text, channel_args text, "
+           "attempt bigint, attempts_left int, last_error text, blocking boolean) "
+           "LANGUAGE sql AS $$ SELECT gen_random_uuid(), true, 'x', NULL, NULL::bytea, "
+           "interval '1 second', NULL::interval, 'c', '', 1::bigint, 3, NULL, false $$",
+           schema);
     CHECK_ERR(c, pqmq_poll(c, NULL, 0, 10, &b), PQMQ_ESCHEMA, "not a job row");
     CHECK(b == NULL);
     pqmq_client_free(c);
