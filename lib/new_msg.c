@@ -59,10 +59,12 @@ int pqmq__put_new_msg(PGtypeArgs *args)
     const pqmq_msg *m = va_arg(args->ap, const pqmq_msg *);
     if (!m)
         return args->errorf(args, "message is NULL");
-    size_t data = text_len(m->channel) + text_len(m->args) + text_len(m->name) +
-                  text_len(m->json) + m->bytes_len;
+    /* Each text's length once: a JSON payload may be 16 MiB. */
+    size_t chan = text_len(m->channel), margs = text_len(m->args), name = text_len(m->name),
+           json = text_len(m->json);
     /* The field count, each field's type and length, the fixed sizes. */
-    size_t need = 4 + NFIELDS * 8 + 16 + 3 * 16 + 4 + 1 + data;
+    size_t need =
+        4 + NFIELDS * 8 + 16 + 3 * 16 + 4 + 1 + chan + margs + name + json + m->bytes_len;
     if (need > INT_MAX || args->put.expandBuffer(args, (int)need) == -1)
         return args->errorf(args, "message of %zu bytes", need);
     char *p = put32(args->put.out, NFIELDS);
@@ -72,14 +74,14 @@ int pqmq__put_new_msg(PGtypeArgs *args)
     put32(n, (uint32_t)m->retries);
     p = put_field(p, PQMQ__OID_INT4, n, 4);
     p = put_interval(p, m->backoff_ms);
-    p = put_field(p, PQMQ__OID_TEXT, m->channel, text_len(m->channel));
-    p = put_field(p, PQMQ__OID_TEXT, m->args ? m->args : "", text_len(m->args));
+    p = put_field(p, PQMQ__OID_TEXT, m->channel, chan);
+    p = put_field(p, PQMQ__OID_TEXT, m->args ? m->args : "", margs);
     p = m->commit_interval_ms >= 0 ? put_interval(p, m->commit_interval_ms)
                                    : put_field(p, PQMQ__OID_INTERVAL, NULL, 0);
     char b = m->ordered ? 1 : 0;
     p = put_field(p, PQMQ__OID_BOOL, &b, 1);
-    p = put_field(p, PQMQ__OID_TEXT, m->name ? m->name : "", text_len(m->name));
-    p = put_field(p, PQMQ__OID_TEXT, m->json, text_len(m->json));
+    p = put_field(p, PQMQ__OID_TEXT, m->name ? m->name : "", name);
+    p = put_field(p, PQMQ__OID_TEXT, m->json, json);
     p = put_field(p, PQMQ__OID_BYTEA, m->bytes, m->bytes_len);
     return (int)(p - args->put.out);
 }

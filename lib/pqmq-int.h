@@ -74,6 +74,11 @@ const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
 
 /* ---- stmt.c: parameters, prologues, running statements ---------------- */
 
+/* Array elements put in one PQputf (mq_new_t's in produce.c, ids and
+ * attempt numbers in stmt.c): every PQputf clears libpqtypes' 18 KB error
+ * state (new_msg.c), and a prepared spec holds at most 8 types. */
+#define PQMQ__GROUP 8
+
 /* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
 PGparam *pqmq__param(pqmq_client *c);
 /* A statement's last result: returns it when it succeeded, else clears it,

@@ -111,13 +111,11 @@ struct batch {
     size_t n;
 };
 
-#define GROUP 8
-
 /* Puts group i: messages 8i up to 8i + 7, or to the batch's end. */
 static int put_group(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
     (void)c;
-    static const char *const formats[GROUP + 1] = {
+    static const char *const formats[PQMQ__GROUP + 1] = {
         "",
         "%mq_new_t",
         "%mq_new_t %mq_new_t",
@@ -129,9 +127,9 @@ static int put_group(pqmq_client *c, PGparam *array, const void *items, size_t i
         "%mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t",
     };
     const struct batch *b = items;
-    const pqmq_msg *g[GROUP] = {0};
+    const pqmq_msg *g[PQMQ__GROUP] = {0};
     size_t k = 0;
-    for (size_t j = i * GROUP; j < b->n && k < GROUP; j++)
+    for (size_t j = i * PQMQ__GROUP; j < b->n && k < PQMQ__GROUP; j++)
         g[k++] = b->msgs[j];
     /* (Arguments past the format's k are not read.) */
     return PQputf(array, formats[k], g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
@@ -179,8 +177,8 @@ int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const 
 int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys)
 {
     struct batch b = {msgs, n};
-    int rc = pqmq__put_array(c, param, "%mq_new_t[]", &b, (n + GROUP - 1) / GROUP, put_group,
-                             "pqmq_insert");
+    int rc = pqmq__put_array(c, param, "%mq_new_t[]", &b, (n + PQMQ__GROUP - 1) / PQMQ__GROUP,
+                             put_group, "pqmq_insert");
     if (!rc && keys)
         rc = pqmq__put_array(c, param, "%text[]", msgs, n, put_key, "pqmq_insert");
     return rc;

@@ -219,8 +219,6 @@ int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format, co
 /* Ids and attempt numbers go eight a PQputf (every PQputf clears
  * libpqtypes' 18 KB error state: new_msg.c): group i of the array is its
  * elements 8i to 8i + 7, the last group fewer, put one a call. */
-#define GROUP 8
-
 struct group {
     const void *items;
     size_t n;
@@ -228,18 +226,18 @@ struct group {
 
 static size_t group_len(const struct group *g, size_t i)
 {
-    size_t left = g->n - i * GROUP;
-    return left < GROUP ? left : GROUP;
+    size_t left = g->n - i * PQMQ__GROUP;
+    return left < PQMQ__GROUP ? left : PQMQ__GROUP;
 }
 
 static size_t groups(size_t n)
 {
-    return (n + GROUP - 1) / GROUP;
+    return (n + PQMQ__GROUP - 1) / PQMQ__GROUP;
 }
 
 static int put_uuids(pqmq_client *c, PGparam *array, PGuuid *u, size_t k)
 {
-    if (k == GROUP)
+    if (k == PQMQ__GROUP)
         return PQputf(array, pqmq__spec(c, PQMQ__SPEC_UUID8), u[0], u[1], u[2], u[3], u[4],
                       u[5], u[6], u[7]);
     int ok = 1;
@@ -251,8 +249,8 @@ static int put_uuids(pqmq_client *c, PGparam *array, PGuuid *u, size_t k)
 static int put_id(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
     const struct group *g = items;
-    const uuid_t *ids = (const uuid_t *)g->items + i * GROUP;
-    PGuuid u[GROUP];
+    const uuid_t *ids = (const uuid_t *)g->items + i * PQMQ__GROUP;
+    PGuuid u[PQMQ__GROUP];
     size_t k = group_len(g, i);
     for (size_t j = 0; j < k; j++)
         u[j] = (PGuuid)ids[j];
@@ -262,8 +260,8 @@ static int put_id(pqmq_client *c, PGparam *array, const void *items, size_t i)
 static int put_delivery_id(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
     const struct group *g = items;
-    const pqmq__delivery *d = (const pqmq__delivery *)g->items + i * GROUP;
-    PGuuid u[GROUP];
+    const pqmq__delivery *d = (const pqmq__delivery *)g->items + i * PQMQ__GROUP;
+    PGuuid u[PQMQ__GROUP];
     size_t k = group_len(g, i);
     for (size_t j = 0; j < k; j++)
         u[j] = (PGuuid)d[j].id;
@@ -273,9 +271,9 @@ static int put_delivery_id(pqmq_client *c, PGparam *array, const void *items, si
 static int put_delivery_attempt(pqmq_client *c, PGparam *array, const void *items, size_t i)
 {
     const struct group *g = items;
-    const pqmq__delivery *d = (const pqmq__delivery *)g->items + i * GROUP;
+    const pqmq__delivery *d = (const pqmq__delivery *)g->items + i * PQMQ__GROUP;
     size_t k = group_len(g, i);
-    if (k == GROUP)
+    if (k == PQMQ__GROUP)
         return PQputf(array, pqmq__spec(c, PQMQ__SPEC_INT4_8), d[0].attempt, d[1].attempt,
                       d[2].attempt, d[3].attempt, d[4].attempt, d[5].attempt, d[6].attempt,
                       d[7].attempt);
