@@ -54,7 +54,10 @@ static void test_insert_one_round_trip_fields(void)
 /* The client writes a batch's elements eight to a call (new_msg.c): every
  * batch size up to three groups and a part keeps each message's own fields,
  * with and without the NULL ones (JSON, binary payload, two-phase). */
-static void test_every_batch_size_keeps_each_message(void)
+/* Batches of 1 to 25 messages (groups of eight and a rest, new_msg.c and
+ * produce.c), every field of every message checked; with extras, each
+ * message also has a priority and every other one a unique key. */
+static void every_batch_size_keeps_each_message(int extras)
 {
     for (int n = 1; n <= 25; n++) {
         t_truncate();
@@ -71,6 +74,12 @@ static void test_every_batch_size_keeps_each_message(void)
             CHECK_OK(q, pqmq_msg_set_backoff(msgs[i], 1000 + i));
             if (i % 4 == 1)
                 CHECK_OK(q, pqmq_msg_set_commit_interval(msgs[i], 60000));
+            char key[16];
+            snprintf(key, sizeof key, "k%d", i);
+            if (extras)
+                CHECK_OK(q, pqmq_msg_set_priority(msgs[i], i * 37 % 1000 + 1));
+            if (extras && i % 2 == 0)
+                CHECK_OK(q, pqmq_msg_set_unique_key(msgs[i], key));
         }
         CHECK_OK(q, pqmq_insert(q, msgs, (size_t)n));
         /* Message i: args a<i>, i + 1 attempts, backoff 1000 + i ms, its
@@ -91,15 +100,29 @@ static void test_every_batch_size_keeps_each_message(void)
                                "AND m.payload_bytes IS NOT DISTINCT FROM "
                                "    CASE WHEN %d %% 3 = 0 THEN decode(lpad(to_hex(%d), 2, '0') "
                                "|| 'ee', 'hex') END "
-                               "AND (m.commit_interval IS NOT NULL) = (%d %% 4 = 1))) "
+                               "AND (m.commit_interval IS NOT NULL) = (%d %% 4 = 1) "
+                               "AND m.priority = CASE WHEN %d = 1 THEN %d * 37 %% 1000 + 1 "
+                               "    ELSE 0 END "
+                               "AND m.unique_key IS NOT DISTINCT FROM "
+                               "    CASE WHEN %d = 1 AND %d %% 2 = 0 THEN 'k%d' END)) "
                                "+ 1 - count(*) FROM mq_msgs m WHERE m.id = '%s'",
-                               i, i, i, i, i, i, i, i, i, ids);
+                               i, i, i, i, i, i, i, i, i, extras, i, extras, i, i, ids);
         }
         CHECK_INT(wrong, 0);
         CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), n);
         for (int i = 0; i < n; i++)
             pqmq_msg_free(msgs[i]);
     }
+}
+
+static void test_every_batch_size_keeps_each_message(void)
+{
+    every_batch_size_keeps_each_message(0);
+}
+
+static void test_every_batch_size_keeps_priorities_and_keys(void)
+{
+    every_batch_size_keeps_each_message(1);
 }
 
 /* Counts the Sync messages (one per round trip) the client sends in fn. */
@@ -622,6 +645,7 @@ int main(void)
     pg = t_pg();
     T_RUN(test_insert_one_round_trip_fields);
     T_RUN(test_every_batch_size_keeps_each_message);
+    T_RUN(test_every_batch_size_keeps_priorities_and_keys);
     T_RUN(test_insert_batch_is_one_round_trip);
     T_RUN(test_rejected_batch_leaves_no_trace);
     T_RUN(test_server_rejects_invalid_json_atomically);
