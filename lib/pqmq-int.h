@@ -78,6 +78,11 @@ const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
  * attempt numbers in stmt.c): every PQputf clears libpqtypes' 18 KB error
  * state (new_msg.c), and a prepared spec holds at most 8 types. */
 #define PQMQ__GROUP 8
+/* How many groups n elements make. */
+static inline size_t pqmq__groups(size_t n)
+{
+    return (n + PQMQ__GROUP - 1) / PQMQ__GROUP;
+}
 
 /* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
 PGparam *pqmq__param(pqmq_client *c);

@@ -112,12 +112,7 @@ struct batch {
     size_t n;
 };
 
-static size_t groups_of(size_t n)
-{
-    return (n + PQMQ__GROUP - 1) / PQMQ__GROUP;
-}
-
-/* Group i of the batch (i < groups_of(n)): messages 8i up to 8i + 7, or to
+/* Group i of the batch (i < pqmq__groups(n)): messages 8i up to 8i + 7, or to
  * the batch's end, in g; returns how many, at least one. */
 static size_t group_of(const struct batch *b, size_t i, const pqmq_msg **g)
 {
@@ -201,7 +196,7 @@ int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const 
 {
     struct batch b = {msgs, n};
     *put = has_priorities(msgs, n);
-    return *put ? pqmq__put_array(c, param, "%int4[]", &b, groups_of(n), put_priorities,
+    return *put ? pqmq__put_array(c, param, "%int4[]", &b, pqmq__groups(n), put_priorities,
                                   "pqmq_insert")
                 : 0;
 }
@@ -210,9 +205,9 @@ int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_
 {
     struct batch b = {msgs, n};
     int rc =
-        pqmq__put_array(c, param, "%mq_new_t[]", &b, groups_of(n), put_group, "pqmq_insert");
+        pqmq__put_array(c, param, "%mq_new_t[]", &b, pqmq__groups(n), put_group, "pqmq_insert");
     if (!rc && keys)
-        rc = pqmq__put_array(c, param, "%text[]", &b, groups_of(n), put_keys, "pqmq_insert");
+        rc = pqmq__put_array(c, param, "%text[]", &b, pqmq__groups(n), put_keys, "pqmq_insert");
     return rc;
 }
 

@@ -230,11 +230,6 @@ static size_t group_len(const struct group *g, size_t i)
     return left < PQMQ__GROUP ? left : PQMQ__GROUP;
 }
 
-static size_t groups(size_t n)
-{
-    return (n + PQMQ__GROUP - 1) / PQMQ__GROUP;
-}
-
 static int put_uuids(pqmq_client *c, PGparam *array, PGuuid *u, size_t k)
 {
     if (k == PQMQ__GROUP)
@@ -294,7 +289,7 @@ int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n, c
 {
     int rc = pqmq__check_ids(c, ids, n, what);
     struct group g = {ids, n};
-    return rc ? rc : pqmq__put_array(c, param, "%uuid[]", &g, groups(n), put_id, what);
+    return rc ? rc : pqmq__put_array(c, param, "%uuid[]", &g, pqmq__groups(n), put_id, what);
 }
 
 int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n,
@@ -303,9 +298,10 @@ int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d
     int rc = pqmq__check_ids(c, d, n, what);
     struct group g = {d, n};
     if (!rc)
-        rc = pqmq__put_array(c, param, "%uuid[]", &g, groups(n), put_delivery_id, what);
+        rc = pqmq__put_array(c, param, "%uuid[]", &g, pqmq__groups(n), put_delivery_id, what);
     return rc ? rc
-              : pqmq__put_array(c, param, "%int4[]", &g, groups(n), put_delivery_attempt, what);
+              : pqmq__put_array(c, param, "%int4[]", &g, pqmq__groups(n), put_delivery_attempt,
+                                what);
 }
 
 int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels, size_t n,
