@@ -77,8 +77,8 @@ BEGIN
            -- Whether a month or day field is set: the binary form of an
            -- interval (interval_send) is its time (8 bytes), days (4) and
            -- months (4). Exact, where a comparison is not ('1 day' =
-           -- '24 hours'), and a third of the price of date_part, which
-           -- parses its unit's name at every call.
+           -- '24 hours'), and cheaper than date_part, which parses its
+           -- unit's name at every call.
            pg_catalog.bool_or(
                pg_catalog.substr(pg_catalog.interval_send(t.delay), 9)
                    <> pg_catalog.decode('0000000000000000', 'hex')
@@ -200,8 +200,8 @@ BEGIN
     IF pass.first_name = pass.last_name THEN
         -- A batch on one channel (the common case) does mq_count_batch's and
         -- mq_wake's work here: a call of a function that pins settings costs
-        -- about 40k server instructions, and these two were a ninth of a
-        -- one-message insert (bench/insert_instructions.sh). Same statements.
+        -- more than these statements, a large part of a one-message insert
+        -- (bench/insert_instructions.sh). Same statements.
         INSERT INTO mq_count_batches (sign, names, totals, waits)
         VALUES (1, ARRAY[pass.first_name], ARRAY[cardinality(new_messages)],
                 ARRAY[pass.waiting::int]);

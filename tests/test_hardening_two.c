@@ -1,6 +1,6 @@
 /*
  * test_hardening_two.c: the second round of hostile and careless callers
- * (issue 31, migration 0019): schedules owned by the role that first
+ * (issue 31): schedules owned by the role that first
  * evaluated them, the schedules' key namespace, checked bit sets, bounded
  * backfill and slot spans; an install refused in a schema whose owner is not
  * trusted; producers with unique keys racing consumers without deadlock; and

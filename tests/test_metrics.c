@@ -1,5 +1,5 @@
 /*
- * test_metrics.c: mq_metrics (migration 0004) against a full scan of the
+ * test_metrics.c: mq_metrics against a full scan of the
  * queue, its counters across inserts, completions, relinks, skips, purges,
  * folds and TRUNCATE, and `pqmq metrics` read back through a parser of the
  * Prometheus text format (not compared as text).
