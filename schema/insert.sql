@@ -59,8 +59,8 @@ BEGIN
     -- One read of the batch answers every question asked of it: is a
     -- message bad (named below, off the hot path), are months or days in an
     -- interval, is an id there twice, is any message ordered, and is the
-    -- batch on one channel (for the counters and the wake-ups). (Five reads,
-    -- each unpacking every message, were a quarter of an insert.) The
+    -- batch on one channel (for the counters and the wake-ups). (A read per
+    -- question would unpack every message each time.) The
     -- interval checks hold before and after mq_fixed_length: interval
     -- comparison already counts months as 30 days and days as 24 hours.
     SELECT pg_catalog.min(t.ordinality) FILTER (WHERE
@@ -184,7 +184,8 @@ BEGIN
            LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
            COALESCE(t.retry_backoff, interval '1 second'),
            t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
-           -- The seed's mark of an ordered message (no longer a link).
+           -- The seed's mark of an ordered message (not a link: chains are
+           -- kept by place).
            CASE WHEN t.ordered THEN '00000000-0000-0000-0000-000000000000'::uuid END,
            r.at, COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes,
            unique_keys[t.ordinality::int],

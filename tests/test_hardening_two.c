@@ -488,8 +488,7 @@ static void test_batch_shapes_are_named(void)
 }
 
 /* Replacing the key of a chain member would run the new payload ahead of
- * messages inserted before it (or, for a waiting member, lock a row that
- * completions relink): kept instead. An ordered message alone in its chain
+ * messages inserted before it: kept instead. An ordered message alone in its chain
  * may be replaced (it is where the new message would go). */
 static void test_replace_keeps_a_chain_in_order(void)
 {
