@@ -24,9 +24,10 @@
 #       name ending in .md must exist at ROOT, in docs/ or beside its citer.
 #   (c) no missing section: "DESIGN.md section N" and "section N of
 #       DESIGN.md" need a heading "## N. ..." in DESIGN.md; a document
-#       followed by a comma and a name (DESIGN.md, "Chains" or DESIGN.md,
-#       Plans) needs a heading of that document (its "N. " dropped) or a
-#       bold lead-in (**Chains.**) of that name, case and spacing aside.
+#       followed by a comma and a quoted name (DESIGN.md, "Chains") or a
+#       bare one that ends at ")" or ";" ((DESIGN.md, Plans)) needs a heading
+#       of that document (its "N. " dropped) or a bold lead-in (**Chains.**)
+#       of that name, case and spacing aside.
 #   (d) no missing migration: "migration" or "migrations" followed by a
 #       four-digit number or range, or "CHANGELOG, " and such a number, need
 #       a file in migrations/ whose name starts with each number. There is
@@ -197,7 +198,7 @@ sub check_text {
                 unless $sections{"DESIGN.md"}{$n};
         }
     }
-    while ($text =~ /\b([\w\/.-]*?([\w-]+\.md))(?:\]\(([^)]*)\))?,\s*(?:"([^"]+)"|([A-Za-z][\w ]*?)\s*[);:.,])/g) {
+    while ($text =~ /\b([\w\/.-]*?([\w-]+\.md))(?:\]\(([^)]*)\))?,\s*(?:"([^"]+)"|([A-Za-z][\w ]*?)\s*[);])/g) {
         my ($shown, $base, $link, $q, $bare, $off) = ($1, $2, $3, $4, $5, $-[1]);
         my $name = defined $q ? $q : $bare;
         next if $name =~ /^section\s/i;
