@@ -1,5 +1,5 @@
 -- bench/in_flight.sql: what messages in flight cost a poll. A claim leaves
--- a message's place in the ready indexes (migration 0009), so polls step
+-- a message's place in the ready indexes (a HOT update), so polls step
 -- over the short jobs in flight; this times a poll of 100 over 2,000 ready
 -- messages, first alone, then behind 10,000 messages in flight (claimed,
 -- leases of an hour), on :channels channels (default 100).

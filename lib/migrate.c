@@ -112,7 +112,7 @@ static int citus_prepare(pqmq_client *c)
 /* Settings of the queue's functions on Citus, after every pqmq_migrate (a
  * migration that redefines a function resets them): pqmq.citus = on, which
  * selects the forms of the few statements that Citus plans differently
- * (migration 0017; DESIGN.md, "Citus"), and custom plans for those that pin generic ones for a
+ * (DESIGN.md, "Citus"), and custom plans for those that pin generic ones for a
  * single server's plan cache: Citus plans a statement with parameters only
  * when it sees their values. A function with a standard SQL body gets none:
  * it reads no setting, and one would keep the planner from inlining it. */

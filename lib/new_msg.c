@@ -4,11 +4,11 @@
  *
  * libpqtypes puts a composite field by field: two PQputf calls for the
  * fields (its prepared specs hold 8 types at most) and a third for the
- * element. Every PQputf first clears its thread's error state, an 18 KB
- * memset, and those three were 27% of a producer's CPU (perf record, 100
- * messages a batch). Registered as mq_new_t's handler, this writes the
- * element from the message itself, and produce.c puts eight elements a
- * PQputf.
+ * element. Every PQputf first clears its thread's error state, a memset of
+ * many kilobytes, which at three calls a message is a large part of a
+ * producer's CPU (docs/performance.md). Registered as mq_new_t's handler,
+ * this writes the element from the message itself, and produce.c puts
+ * eight elements a PQputf.
  */
 #include <limits.h>
 #include <string.h>

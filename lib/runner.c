@@ -24,9 +24,9 @@
 /* With the locked lane, the loop's lease claims come at most this often
  * (ms); while they find nothing though messages are ready (first
  * deliveries, the workers'), the gap doubles up to LEFT_POLL_MAX_MS: such
- * a claim reads every ready row of the channels it visits (240 ms a call
- * with 50,000 queued), and at 250 ms apart it took as much of the server as
- * the workers' own claims. */
+ * a claim reads every ready row of the channels it visits, which with a
+ * large backlog takes a good part of a second; claims that close together
+ * would take as much of the server as the workers' own claims. */
 #define LEFT_POLL_MS 250
 #define LEFT_POLL_MAX_MS 4000
 /* Commit batches (pqmq_runner_set_commit_batch): the most jobs a batch

@@ -13,8 +13,8 @@
  *
  * The random bits come from getrandom(2), 64 ids' worth per call, kept per
  * thread: libuuid's uuid_generate_random reseeds its fallback generator
- * with four system calls on every call (2 us per id, a fifth of a
- * producer's CPU). libuuid remains the generator when getrandom fails.
+ * with four system calls on every call, a large share of a producer's CPU.
+ * libuuid remains the generator when getrandom fails.
  */
 #include "pqmq.h"
 

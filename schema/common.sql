@@ -28,8 +28,8 @@ BEGIN
         RETURN;
     END IF;
     IF cardinality(channel_names) = 1 THEN
-        -- (A batch on one channel passes its name once: the DISTINCT
-        -- below costs a call about 20k server instructions.)
+        -- (A batch on one channel passes its name once, and skips the
+        -- DISTINCT below, which costs more than the notification.)
         IF octet_length(channel_names[1]) <= 60 THEN
             PERFORM pg_notify('mq_' || channel_names[1], '');
         END IF;
@@ -48,9 +48,8 @@ $$;
 -- queue's intervals have a fixed length (mq_fixed_length), so it is. Used
 -- on Citus, and in statements too rare for a call per row to matter. A
 -- standard SQL body, whose operator was resolved when the schema was
--- applied: so no settings, which a call would set and restore (mq_commit,
--- two calls a row: 100k server instructions a message with them, 85k
--- without). The planner still calls it, as it inlines no immutable function
+-- applied: so no settings, which a call would set and restore (mq_commit
+-- makes two calls a row). The planner still calls it, as it inlines no immutable function
 -- around a stable operator.
 CREATE OR REPLACE FUNCTION mq_at(at timestamptz, d interval)
 RETURNS timestamptz

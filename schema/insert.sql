@@ -59,8 +59,8 @@ BEGIN
     -- One read of the batch answers every question asked of it: is a
     -- message bad (named below, off the hot path), are months or days in an
     -- interval, is an id there twice, is any message ordered, and is the
-    -- batch on one channel (for the counters and the wake-ups). (Five reads,
-    -- each unpacking every message, were a quarter of an insert.) The
+    -- batch on one channel (for the counters and the wake-ups). (A read per
+    -- question would unpack every message each time.) The
     -- interval checks hold before and after mq_fixed_length: interval
     -- comparison already counts months as 30 days and days as 24 hours.
     SELECT pg_catalog.min(t.ordinality) FILTER (WHERE
@@ -77,8 +77,8 @@ BEGIN
            -- Whether a month or day field is set: the binary form of an
            -- interval (interval_send) is its time (8 bytes), days (4) and
            -- months (4). Exact, where a comparison is not ('1 day' =
-           -- '24 hours'), and a third of the price of date_part, which
-           -- parses its unit's name at every call.
+           -- '24 hours'), and cheaper than date_part, which parses its
+           -- unit's name at every call.
            pg_catalog.bool_or(
                pg_catalog.substr(pg_catalog.interval_send(t.delay), 9)
                    <> pg_catalog.decode('0000000000000000', 'hex')
@@ -184,7 +184,8 @@ BEGIN
            LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
            COALESCE(t.retry_backoff, interval '1 second'),
            t.channel_name, COALESCE(t.channel_args, ''), t.commit_interval,
-           -- The seed's mark of an ordered message (no longer a link).
+           -- The seed's mark of an ordered message (not a link: chains are
+           -- kept by place).
            CASE WHEN t.ordered THEN '00000000-0000-0000-0000-000000000000'::uuid END,
            r.at, COALESCE(t.name, ''), t.payload_json::jsonb, t.payload_bytes,
            unique_keys[t.ordinality::int],
@@ -200,8 +201,8 @@ BEGIN
     IF pass.first_name = pass.last_name THEN
         -- A batch on one channel (the common case) does mq_count_batch's and
         -- mq_wake's work here: a call of a function that pins settings costs
-        -- about 40k server instructions, and these two were a ninth of a
-        -- one-message insert (bench/insert_instructions.sh). Same statements.
+        -- more than these statements, a large part of a one-message insert
+        -- (bench/insert_instructions.sh). Same statements.
         INSERT INTO mq_count_batches (sign, names, totals, waits)
         VALUES (1, ARRAY[pass.first_name], ARRAY[cardinality(new_messages)],
                 ARRAY[pass.waiting::int]);

@@ -15,10 +15,9 @@
 -- included, so it must cost what the expression costs: the planner inlines
 -- it into each scan. That is why it has a standard SQL body (RETURN) and no
 -- pinned search_path: PostgreSQL never inlines a function with settings,
--- and a call per row cost a fifth of the locked lane's poll (7.9 us against
--- 0.45 us a row). Its names are resolved once, when the schema is applied,
--- and kept by OID, so no path at call time can change what it runs
--- (DESIGN.md, Security).
+-- and a call per row costs many times the inlined test. Its names are
+-- resolved once, when the schema is applied, and kept by OID, so no path at
+-- call time can change what it runs (docs/security.md).
 CREATE OR REPLACE FUNCTION mq_lane_admits(lane int, deliveries int, locker xid,
                                           me bigint, me_lo bigint)
 RETURNS boolean
@@ -399,8 +398,8 @@ DECLARE
     found_at timestamptz;
 BEGIN
     -- Three runs of 1 to 17 digits. (No regular expression: its matcher
-    -- cost about 92k server instructions a read, and an empty poll reads
-    -- the mark three times.)
+    -- costs more than the rest of a read, and an empty poll reads the mark
+    -- three times.)
     IF cardinality(parts) = 3 AND btrim(kept, '0123456789,') = ''
        AND length(parts[1]) BETWEEN 1 AND 17 AND length(parts[2]) BETWEEN 1 AND 17
        AND length(parts[3]) BETWEEN 1 AND 17 THEN
@@ -484,8 +483,7 @@ $$;
 CREATE OR REPLACE FUNCTION mq_next_head_at(lo bigint, hi bigint, only_name text)
 RETURNS timestamptz
 -- (PL/pgSQL keeps its plan: a SQL function with a SET clause is parsed and
--- planned again at every call, about 270k server instructions, a seventh of
--- an empty poll.)
+-- planned again at every call, a large part of an empty poll.)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -514,7 +512,7 @@ DECLARE
 BEGIN
     -- chained is mq_pick_set's probe, made once a poll: a queue without
     -- chains has no head to come due, and skips their walk
-    -- (mq_next_head_at: 133k server instructions, a tenth of an empty poll).
+    -- (mq_next_head_at, a good part of an empty poll).
     IF channel_names IS NULL THEN
         SELECT LEAST(
             (SELECT m.ready_at FROM mq_msgs m
@@ -610,7 +608,7 @@ BEGIN
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
     -- Looked for first, as mq_reap_dead looks: a call of it that finds
-    -- none (most) cost 96k server instructions, 7% of an idle poll.
+    -- none (most calls) costs more than the probe.
     IF cardinality(picked) < batch_size AND EXISTS (
            SELECT 1 FROM mq_msgs l
            WHERE l.dead_since IS NULL
@@ -847,9 +845,9 @@ BEGIN
             -- The probe has no upper bound: every entry of mq_msgs_chain
             -- qualifies, so it stops at the first one whatever the bounds,
             -- but PostgreSQL 15 tests each entry left on the index page
-            -- against each bound, once a chain (a pick of 100 heads: 5.1M
-            -- server instructions against 5.9M). The key found past the
-            -- range ends the walk and is not taken.
+            -- against each bound, once a chain, so a bound it does not need
+            -- costs every pick. The key found past the range ends the walk
+            -- and is not taken.
             WITH RECURSIVE walk(k, at, n) AS (
                 SELECT NULL::bigint, NULL::tid, 0 WHERE d.a <= d.b
                 UNION ALL

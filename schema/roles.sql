@@ -16,8 +16,9 @@ AS $$
     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')
 $$;
 
--- Which function belongs to which duty. Later migrations that add a
--- function to a duty replace this and call mq_regrant().
+-- Which function belongs to which duty. A function given to a duty is added
+-- here; every install and upgrade applies this file again and calls
+-- mq_regrant() (at the end), so holders of the duty get it.
 CREATE OR REPLACE FUNCTION mq_duties()
 RETURNS TABLE(duty text, function_name text)
 LANGUAGE sql IMMUTABLE

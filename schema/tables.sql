@@ -153,10 +153,10 @@ END
 $$;
 
 -- One row per message: what a poll reads and writes, and the payload, which
--- is written once and read once per delivery. (Until migration 0011 the
--- payload had a table of its own, mq_payloads, now a view of these columns:
--- a second row and index entry per message on insert, a second probe per
--- claim and a second delete per completion.)
+-- is written once and read once per delivery. mq_payloads is a view of these
+-- columns: a table of its own would cost a second row and index entry per
+-- message on insert, a second probe per claim and a second delete per
+-- completion.
 CREATE TABLE IF NOT EXISTS mq_msgs (
     id               uuid PRIMARY KEY,
     created_at       timestamptz NOT NULL DEFAULT now(),
@@ -274,7 +274,7 @@ ALTER TABLE mq_msgs SET (
     fillfactor = 50
 );
 
--- The seed's payload table, as a view of mq_msgs (migration 0011): readable
+-- The seed's payload table, as a view of mq_msgs: readable
 -- and lockable by id as before; an UPDATE through it changes the message, a
 -- DELETE completes it and an INSERT is refused (schema/payloads.sql).
 CREATE OR REPLACE VIEW mq_payloads AS
@@ -360,8 +360,8 @@ ALTER TABLE mq_count_deltas SET (
 -- waiting when ordered and, deleted, 1 in removed. A statement on one
 -- channel, as most are, writes one element; one on several writes an
 -- element per message, ungrouped. (Grouping the batch by channel and
--- writing a delta row per channel cost more server instructions, most on
--- many channels: CHANGELOG, 1.0.0.)
+-- writing a delta row per channel costs more server instructions, most on
+-- many channels.)
 CREATE TABLE IF NOT EXISTS mq_count_batches (
     sign   int NOT NULL,
     names  text[] NOT NULL,

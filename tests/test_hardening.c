@@ -1,9 +1,9 @@
 /*
- * test_hardening.c: answers to hostile and careless callers (migration
- * 0006): intervals with month and day parts, a schema others can create
- * in, helpers PUBLIC cannot call, precise refusals, and a hostile role that
- * plants overloads of built-ins on a privileged caller's path and must gain
- * nothing when that caller runs the whole life cycle.
+ * test_hardening.c: answers to hostile and careless callers: intervals
+ * with month and day parts, a schema others can create in, helpers PUBLIC
+ * cannot call, precise refusals, and a hostile role that plants overloads
+ * of built-ins on a privileged caller's path and must gain nothing when
+ * that caller runs the whole life cycle.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* asprintf */

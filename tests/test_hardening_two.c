@@ -1,6 +1,6 @@
 /*
  * test_hardening_two.c: the second round of hostile and careless callers
- * (issue 31, migration 0019): schedules owned by the role that first
+ * (issue 31): schedules owned by the role that first
  * evaluated them, the schedules' key namespace, checked bit sets, bounded
  * backfill and slot spans; an install refused in a schema whose owner is not
  * trusted; producers with unique keys racing consumers without deadlock; and
@@ -488,8 +488,7 @@ static void test_batch_shapes_are_named(void)
 }
 
 /* Replacing the key of a chain member would run the new payload ahead of
- * messages inserted before it (or, for a waiting member, lock a row that
- * completions relink): kept instead. An ordered message alone in its chain
+ * messages inserted before it: kept instead. An ordered message alone in its chain
  * may be replaced (it is where the new message would go). */
 static void test_replace_keeps_a_chain_in_order(void)
 {

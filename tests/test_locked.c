@@ -291,7 +291,7 @@ static void test_sql_clients_use_the_lane(void)
 
 /* The lane test (mq_lane_admits) runs once per row a locking scan passes,
  * rows other consumers hold included: the planner must inline it into every
- * scan, since a call per row cost a fifth of the lane's poll; and the ready
+ * scan, since a call per row costs many times the inlined test; and the ready
  * test (mq_claimable) and the walks' next key (mq_walk_next) too, whose
  * conditions bound the scans. A function the
  * planner inlines is never called, so with track_functions on, the

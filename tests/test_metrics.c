@@ -1,6 +1,6 @@
 /*
- * test_metrics.c: mq_metrics (migration 0004) against a full scan of the
- * queue, its counters across inserts, completions, relinks, skips, purges,
+ * test_metrics.c: mq_metrics against a full scan of the
+ * queue, its counters across inserts, completions, chains, skips, purges,
  * folds and TRUNCATE, and `pqmq metrics` read back through a parser of the
  * Prometheus text format (not compared as text).
  */
@@ -159,7 +159,8 @@ static void test_metrics_match_a_full_scan(void)
     CHECK_INT(metric("retrying", "in_flight"), 1);
     CHECK(metric("plain", "oldest_ready_age") >= 0);
 
-    /* Completing a chain head relinks its successor: one fewer waiting. */
+    /* Completing a chain head makes its successor the head: one fewer
+     * waiting. */
     pqmq_batch *b = poll_ch(odd_channel, 10);
     CHECK_INT(pqmq_batch_count(b), 2);
     CHECK_OK(q, pqmq_complete_batch(q, b));

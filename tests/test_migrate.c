@@ -704,7 +704,7 @@ static void test_other_versions_refused(void)
 /* ---- pinned search_path ------------------------------------------------ */
 
 /* The queue's schema, then pg_temp: written last, a caller's temporary
- * table cannot stand in for a queue table (migration 0004). */
+ * table cannot stand in for a queue table. */
 static void test_every_function_pins_search_path(void)
 {
     long long n = t_sql_int(cat,
@@ -787,7 +787,7 @@ static void test_pin_is_only_the_queue_schema(void)
 
 static void test_seed_signatures(void)
 {
-    /* DESIGN.md section 2: these signatures must not change. */
+    /* DESIGN.md section 3: these signatures must not change. */
     static const char *const sigs[] = {"mq_insert(@.mq_new_t[])",
                                        "mq_poll(text[], integer)",
                                        "mq_commit(uuid[])",

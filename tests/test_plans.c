@@ -420,7 +420,7 @@ static void api_workload(pqmq_client *q, PGconn *locker)
     begin_call("pqmq_complete");
     CHECK_OK(q, pqmq_complete(q, held, nheld));
 
-    /* Completing chain heads relinks their successors. */
+    /* Completing chain heads makes their successors heads. */
     pqmq_batch *next = NULL, *last = NULL;
     begin_call("pqmq_complete_and_poll (ordered channel)");
     const char *ord[1] = {"api-ord"};

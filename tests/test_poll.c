@@ -171,9 +171,9 @@ static void one_name_backlog(void)
 /* The channels of one name sit in one narrow range of chain keys (the
  * name's hash, then the args'): unfiltered polls must still go round all of
  * them. Each poll of 100 takes 25 from 4 channels, so 10 polls serve all 40.
- * Before migration 0016 each poll started at a random key of the whole
- * space, almost always outside the name's range, hence at its first
- * channel: 10 polls served 4 to 8. Behind a pooler that resets sessions
+ * A poll that started at a random key of the whole space would almost
+ * always fall outside the name's range, hence start at its first channel:
+ * 10 polls would serve 4 to 8. Behind a pooler that resets sessions
  * there is no turn to keep: see the next test. */
 static void test_channels_of_one_name_are_served_in_turn(void)
 {
@@ -325,7 +325,7 @@ static void test_poll_cost_does_not_grow_with_backlog(void)
 
 /* A poll takes each channel's oldest ready rows in index order and stops
  * there: it must not read (and sort) a whole channel to return a few of its
- * rows, whatever plan the statistics suggest (migration 0002). */
+ * rows, whatever plan the statistics suggest. */
 static void test_poll_reads_channels_in_index_order(void)
 {
     if (t_citus_skip("the statistics counters read are the worker's"))
@@ -343,8 +343,8 @@ static void test_poll_reads_channels_in_index_order(void)
  * 800 of one channel's 1,000 messages are in flight at the head of the
  * channel; an unfiltered poll of 100 takes 25 from the channel's scan and
  * tops up from the time index, which starts where the first claimable
- * message is instead of at the head again (migration 0011; before, the
- * top-up stepped over the 800 a second time: about 1,700 rows). */
+ * message is instead of at the head again (a top-up from the head would
+ * step over the 800 a second time: about 1,700 rows). */
 static void test_in_flight_are_stepped_over_once(void)
 {
     if (t_citus_skip("the statistics counters read are the worker's"))
@@ -380,8 +380,8 @@ static void update_counts(long long out[2])
 
 /* A claim changes no indexed column, so PostgreSQL writes it as a HOT
  * update: a new row version on the same page and no index entry at all
- * (migration 0009). A claim that moved an indexed column (the lease in the
- * candidate indexes, as before) would count 0 HOT updates here. */
+ * A claim that moved an indexed column (the lease in the candidate
+ * indexes) would count 0 HOT updates here. */
 static void test_claim_writes_no_index_entry(void)
 {
     if (t_citus_skip("the statistics counters read are the worker's"))
@@ -542,7 +542,7 @@ static void test_foreign_row_is_refused(void)
     t_exec(pg, "DROP SCHEMA %s CASCADE", schema);
 }
 
-/* ---- the low-water mark (migration 0014) --------------------------------- */
+/* ---- the low-water mark ---------------------------------------------------- */
 
 /* While another transaction holds back the xmin horizon, deleted messages
  * stay in the indexes and their row versions in the heap. A poll starts

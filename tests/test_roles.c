@@ -1,5 +1,5 @@
 /*
- * test_roles.c: least privilege (migration 0004). Roles granted a duty with
+ * test_roles.c: least privilege. Roles granted a duty with
  * mq_grant do that duty through the functions and nothing else: no table
  * rights, no other duty's functions, no internal helpers; and nothing a
  * caller puts on its own search_path (functions, operators, temporary

@@ -9,9 +9,9 @@
  * retry statements on the error codes it treats as transient. It runs next
  * to C consumers on the same channels, and on a database created by the
  * original schema and adopted in place by pqmq's migrations. The crate's
- * statements that write mq_payloads (a view of mq_msgs since migration
- * 0011) run alone and from several sessions at once, some of its consumers
- * completing through the view.
+ * statements that write mq_payloads (a view of mq_msgs) run alone and from
+ * several sessions at once, some of its consumers completing through the
+ * view.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* asprintf */
@@ -68,7 +68,7 @@ static const struct {
      * bodies of the crate's own SQL functions, which SQL written after its
      * migrations repeats, and its test suite's reset. Each is written as in
      * the crate, its function parameters numbered ($n). */
-    /* mq_delete's second statement, migrations/20210316025847_setup.up.sql
+    /* mq_delete's second statement, the crate's 20210316025847_setup.up.sql
      * (Diggsey/sqlxmq, every version; msg_ids). */
     {"payload_delete", "DELETE FROM mq_payloads WHERE id = ANY($1)", 1, {OID_UUID_ARRAY}},
     /* mq_checkpoint's second statement, same file (new_payload_json,
@@ -95,7 +95,7 @@ static const struct {
     {"payload_truncate", "TRUNCATE TABLE mq_payloads", 0, {0}},
 };
 
-/* mq_insert's first statement, migrations/20210316025847_setup.up.sql and
+/* mq_insert's first statement, the crate's 20210316025847_setup.up.sql and
  * 20220204230312_locks.up.sql (new_messages, an mq_new_t[]: its type's oid
  * depends on the schema, so it is prepared apart). */
 static const char payload_insert_sql[] =
