@@ -64,6 +64,9 @@ secs=${2:-5}
 rounds=${3:-3}
 n=${4:-1000000}
 held=${HELD:-60}
+# The floor drains several times faster than any layout: it gets a bigger
+# backlog, so that it never runs dry.
+floor_x=3
 rate_offered=${RATE:-5000}
 here=$(cd "$(dirname "$0")" && pwd)
 pqmq=${PQMQ_CMD:-$here/../build/tools/pqmq}
@@ -72,274 +75,41 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 q() { psql -X -q -v ON_ERROR_STOP=1 -d "$dsn" "$@"; }
 qa() { q -At "$@"; }
+# The planner settings of the queue's hot functions (schema/trust.sql), for
+# every layout's statements alike.
+planner="-c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off -c jit=off"
+planner+=" -c plan_cache_mode=force_generic_plan"
+
+# shellcheck source=bench/layouts-forms.sh
+. "$here/layouts-forms.sh"
 
 # ---- the layouts' tables ------------------------------------------------------
 
 q -c 'SET client_min_messages = warning' \
     -c 'CREATE EXTENSION IF NOT EXISTS pgstattuple' \
     -c 'DROP SCHEMA IF EXISTS lay_floor, lay_a, lay_b, lay_c CASCADE' \
-    -c 'CREATE SCHEMA lay_floor' -c 'CREATE SCHEMA lay_a' -c 'CREATE SCHEMA lay_b' -c 'CREATE SCHEMA lay_c'
-q <<'EOF'
-CREATE TABLE lay_floor.msgs (id uuid PRIMARY KEY, channel text NOT NULL, payload jsonb,
-                             created_at timestamptz NOT NULL DEFAULT now());
-CREATE INDEX ON lay_floor.msgs (created_at);
-
-CREATE TABLE lay_b.msgs (
-    id            uuid PRIMARY KEY,
-    channel_key   bigint NOT NULL,
-    ready_at      timestamptz NOT NULL,
-    attempt_at    timestamptz NOT NULL,
-    attempts      smallint NOT NULL,
-    deliveries    smallint NOT NULL DEFAULT 0,
-    priority      smallint NOT NULL DEFAULT 0,
-    backoff_ms    int NOT NULL,
-    chain_seq     bigint,
-    channel_name  text NOT NULL,
-    name          text NOT NULL,
-    payload_json  jsonb,
-    payload_bytes bytea
-) WITH (fillfactor = 50, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 500,
-        autovacuum_vacuum_cost_delay = 0);
-CREATE INDEX msgs_ready ON lay_b.msgs (channel_key, ready_at) WHERE chain_seq IS NULL;
-CREATE INDEX msgs_chain ON lay_b.msgs (channel_key, chain_seq) WHERE chain_seq IS NOT NULL;
-CREATE TABLE lay_b.extra (id uuid PRIMARY KEY, channel_args text, commit_interval interval,
-                          unique_key text, key_retention interval, last_error text,
-                          dead_since timestamptz, created_at timestamptz);
-
-CREATE SEQUENCE lay_c.seq INCREMENT BY 128;
-CREATE TABLE lay_c.log (
-    seq           bigint NOT NULL,
-    channel_key   bigint NOT NULL,
-    id            uuid NOT NULL,
-    attempts      smallint NOT NULL,
-    backoff_ms    int NOT NULL,
-    channel_name  text NOT NULL,
-    name          text NOT NULL,
-    payload_json  jsonb,
-    payload_bytes bytea
-) WITH (autovacuum_enabled = false);
-CREATE INDEX log_place ON lay_c.log (channel_key, seq);
-CREATE UNIQUE INDEX log_id ON lay_c.log (id);
-CREATE TABLE lay_c.cursors (channel_key bigint PRIMARY KEY, pos bigint NOT NULL DEFAULT 0,
-                            inflight bigint, lease_until timestamptz)
-    WITH (fillfactor = 50);
-CREATE TABLE lay_c.claims (keys bigint[] NOT NULL, los bigint[] NOT NULL, his bigint[] NOT NULL,
-                           lease_until timestamptz NOT NULL) WITH (autovacuum_enabled = false);
-CREATE TABLE lay_c.done (seqs bigint[] NOT NULL) WITH (autovacuum_enabled = false);
-EOF
+    -c 'CREATE SCHEMA lay_floor' -c 'CREATE SCHEMA lay_a' -c 'CREATE SCHEMA lay_b' -c 'CREATE SCHEMA lay_c' \
+    -c 'DROP TABLE IF EXISTS lay_st'
+layouts_ddl | q
 "$pqmq" -d "$dsn" --schema lay_a migrate >/dev/null
 q -c 'ALTER TABLE lay_a.mq_msgs DISABLE TRIGGER USER'
 
-tables_of() {
-    case $1 in
-    floor) echo "'lay_floor.msgs'" ;;
-    a) echo "'lay_a.mq_msgs'" ;;
-    b) echo "'lay_b.msgs', 'lay_b.extra'" ;;
-    c) echo "'lay_c.log', 'lay_c.cursors', 'lay_c.claims', 'lay_c.done'" ;;
-    esac
-}
-
-# ---- fills: MESSAGES rows over CH channels (chained when ORDERED=1) -----------
-
+# fill LAYOUT CHANNELS ORDERED: the backlog of a drain (the floor's bigger).
 fill() {
-    local lay=$1 ch=$2 ordered=$3
-    local t="now() - interval '1 hour' + (g / 100) * interval '1 ms'"
+    local lay=$1 rows=$n
+    [[ $lay == floor ]] && rows=$((n * floor_x))
     q -c CHECKPOINT
-    case $lay in
-    floor)
-        q -c "TRUNCATE lay_floor.msgs" -c "INSERT INTO lay_floor.msgs
-              SELECT gen_random_uuid(), 'c' || (g % $ch), '{\"k\": 1}', $t
-              FROM generate_series(1, $n) g" ;;
-    a)
-        q -c "TRUNCATE lay_a.mq_msgs" -c "INSERT INTO lay_a.mq_msgs (id, attempts, retry_backoff,
-                  channel_name, name, payload_json, attempt_at, ready_at, channel_key,
-                  after_message_id, chain_seq)
-              SELECT gen_random_uuid(), 3, interval '1 second', 'c' || (g % $ch), 'n',
-                     '{\"k\": 1}', $t, $t, g % $ch,
-                     CASE WHEN $ordered = 1 THEN '00000000-0000-0000-0000-000000000000'::uuid END,
-                     CASE WHEN $ordered = 1 THEN g END
-              FROM generate_series(1, $n) g" ;;
-    b)
-        q -c "TRUNCATE lay_b.msgs" -c "INSERT INTO lay_b.msgs (id, channel_key, ready_at, attempt_at,
-                  attempts, backoff_ms, chain_seq, channel_name, name, payload_json)
-              SELECT gen_random_uuid(), g % $ch, $t, $t, 3, 1000,
-                     CASE WHEN $ordered = 1 THEN g END, 'c' || (g % $ch), 'n', '{\"k\": 1}'
-              FROM generate_series(1, $n) g" ;;
-    c)
-        q -c "TRUNCATE lay_c.log, lay_c.cursors, lay_c.claims, lay_c.done" \
-            -c "INSERT INTO lay_c.log (seq, channel_key, id, attempts, backoff_ms, channel_name,
-                                       name, payload_json)
-                SELECT g, g % $ch, gen_random_uuid(), 3, 1000, 'c' || (g % $ch), 'n', '{\"k\": 1}'
-                FROM generate_series(1, $n) g" \
-            -c "INSERT INTO lay_c.cursors (channel_key) SELECT g FROM generate_series(0, $ch - 1) g" \
-            -c "SELECT setval('lay_c.seq', $n + 1)" >/dev/null ;;
-    esac
+    fill_sql "$lay" "$2" "$3" "$rows" | q >/dev/null
     # shellcheck disable=SC2046
     q -c "VACUUM ANALYZE $(tables_of "$lay" | tr -d "'")"
 }
 
-# ---- the processing forms ------------------------------------------------------
-
-# a and b: complete the previous batch, then a loose scan over the chain keys
-# of INDEX_PRED's index from :s, at most :v channels, at most :per rows each.
-fair_lease() {
-    local t=$1 pred=$2 backoff=$3
-    cat <<EOF
-WITH RECURSIVE done AS (
-    DELETE FROM $t WHERE id = ANY (:ids::uuid[]) AND deliveries = 1 RETURNING 1),
-k(key, n) AS (
-    (SELECT channel_key, 1 FROM $t WHERE $pred AND channel_key >= :s
-     ORDER BY channel_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT channel_key FROM $t WHERE $pred AND channel_key > k.key
-            ORDER BY channel_key LIMIT 1), k.n + 1
-    FROM k WHERE k.key IS NOT NULL AND k.n < :v),
-picked AS (
-    SELECT p.ctid FROM k, LATERAL (
-        SELECT ctid FROM $t WHERE $pred AND channel_key = k.key AND attempt_at <= now()
-        ORDER BY ready_at LIMIT :per FOR NO KEY UPDATE SKIP LOCKED) p
-    WHERE k.key IS NOT NULL LIMIT 100),
-claimed AS (
-    UPDATE $t SET attempt_at = now() + interval '5 minutes', attempts = attempts - 1,
-                  deliveries = deliveries + 1, $backoff
-    WHERE ctid = ANY (ARRAY(SELECT ctid FROM picked))
-    RETURNING id, payload_json)
-SELECT COALESCE(array_agg(id), '{}')::text AS ids, sum(octet_length(payload_json::text)) AS bytes,
-       (SELECT count(*) FROM done) AS completed
-FROM claimed \gset
-EOF
-}
-
-# a and b, chains: each chain key's first live entry (its head), if not in
-# flight, locked by TID.
-chain_lease() {
-    local t=$1 backoff=$2
-    cat <<EOF
-WITH RECURSIVE done AS (
-    DELETE FROM $t WHERE id = ANY (:ids::uuid[]) AND deliveries = 1 RETURNING 1),
-k(key, n) AS (
-    (SELECT channel_key, 1 FROM $t WHERE chain_seq IS NOT NULL AND channel_key >= :s
-     ORDER BY channel_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT channel_key FROM $t WHERE chain_seq IS NOT NULL AND channel_key > k.key
-            ORDER BY channel_key LIMIT 1), k.n + 1
-    FROM k WHERE k.key IS NOT NULL AND k.n < :v),
-heads AS (
-    SELECT h.ctid FROM k, LATERAL (
-        SELECT ctid, attempt_at FROM $t WHERE chain_seq IS NOT NULL AND channel_key = k.key
-        ORDER BY chain_seq LIMIT 1) h
-    WHERE k.key IS NOT NULL AND h.attempt_at <= now() LIMIT 100),
-claimed AS (
-    UPDATE $t SET attempt_at = now() + interval '5 minutes', attempts = attempts - 1,
-                  deliveries = deliveries + 1, $backoff
-    WHERE ctid = ANY (ARRAY(
-        SELECT ctid FROM $t WHERE ctid = ANY (ARRAY(SELECT ctid FROM heads))
-          AND attempt_at <= now() FOR NO KEY UPDATE SKIP LOCKED))
-    RETURNING id, payload_json)
-SELECT COALESCE(array_agg(id), '{}')::text AS ids, sum(octet_length(payload_json::text)) AS bytes,
-       (SELECT count(*) FROM done) AS completed
-FROM claimed \gset
-EOF
-}
-
-apred="dead_since IS NULL AND after_message_id IS NULL AND priority <= 0"
-fair_lease lay_a.mq_msgs "$apred" "retry_backoff = retry_backoff * 2" >"$work/a-fair.sql"
-fair_lease lay_b.msgs "chain_seq IS NULL" "backoff_ms = backoff_ms * 2" >"$work/b-fair.sql"
-chain_lease lay_a.mq_msgs "retry_backoff = retry_backoff * 2" >"$work/a-chains.sql"
-chain_lease lay_b.msgs "backoff_ms = backoff_ms * 2" >"$work/b-chains.sql"
-
-# c: a completion is one appended row; a claim locks the cursors of channels
-# with something past their place, takes at most :per rows of each after it,
-# moves each cursor to the last row taken and appends a receipt per channel.
-cat >"$work/c-fair.sql" <<'EOF'
-WITH done AS (
-    INSERT INTO lay_c.done (seqs) SELECT :seqs::bigint[] WHERE :seqs::bigint[] <> '{}'
-    RETURNING 1),
-cur AS (
-    SELECT c.channel_key, c.pos FROM lay_c.cursors c
-    WHERE c.channel_key >= :s
-      AND EXISTS (SELECT 1 FROM lay_c.log l WHERE l.channel_key = c.channel_key AND l.seq > c.pos)
-    ORDER BY c.channel_key LIMIT :v FOR NO KEY UPDATE SKIP LOCKED),
-took AS MATERIALIZED (
-    SELECT t.* FROM cur, LATERAL (
-        SELECT l.seq, l.channel_key, l.id, l.payload_json FROM lay_c.log l
-        WHERE l.channel_key = cur.channel_key AND l.seq > cur.pos
-        ORDER BY l.seq LIMIT :per) t
-    LIMIT 100),
-moved AS (
-    UPDATE lay_c.cursors c SET pos = r.hi
-    FROM (SELECT channel_key, min(seq) AS lo, max(seq) AS hi FROM took GROUP BY channel_key) r
-    WHERE c.channel_key = r.channel_key
-    RETURNING c.channel_key, r.lo, r.hi),
-receipts AS (
-    INSERT INTO lay_c.claims (keys, los, his, lease_until)
-    SELECT array_agg(channel_key), array_agg(lo), array_agg(hi), now() + interval '5 minutes'
-    FROM moved HAVING count(*) > 0 RETURNING 1)
-SELECT COALESCE(array_agg(seq), '{}')::text AS seqs, sum(octet_length(payload_json::text)) AS bytes,
-       (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM receipts) AS receipts
-FROM took \gset
-EOF
-# c, chains: the cursor is the receipt: a claim sets the member in flight
-# and its lease, a completion moves the cursor past it.
-cat >"$work/c-chains.sql" <<'EOF'
-WITH done AS (
-    UPDATE lay_c.cursors c SET pos = c.inflight, inflight = NULL, lease_until = NULL
-    WHERE c.channel_key = ANY (:keys::bigint[]) AND c.inflight = ANY (:seqs::bigint[])
-    RETURNING 1),
-cur AS (
-    SELECT c.channel_key, c.pos FROM lay_c.cursors c
-    WHERE c.channel_key >= :s AND (c.inflight IS NULL OR c.lease_until < now())
-      AND EXISTS (SELECT 1 FROM lay_c.log l WHERE l.channel_key = c.channel_key AND l.seq > c.pos)
-    ORDER BY c.channel_key LIMIT :v FOR NO KEY UPDATE SKIP LOCKED),
-took AS MATERIALIZED (
-    SELECT t.* FROM cur, LATERAL (
-        SELECT l.seq, l.channel_key, l.id, l.payload_json FROM lay_c.log l
-        WHERE l.channel_key = cur.channel_key AND l.seq > cur.pos
-        ORDER BY l.seq LIMIT 1) t
-    LIMIT 100),
-claimed AS (
-    UPDATE lay_c.cursors c SET inflight = t.seq, lease_until = now() + interval '5 minutes'
-    FROM took t WHERE c.channel_key = t.channel_key RETURNING 1)
-SELECT COALESCE(array_agg(seq), '{}')::text AS seqs, COALESCE(array_agg(channel_key), '{}')::text AS keys,
-       sum(octet_length(payload_json::text)) AS bytes,
-       (SELECT count(*) FROM done) AS completed, (SELECT count(*) FROM claimed) AS claimed
-FROM took \gset
-EOF
-cat >"$work/floor-fair.sql" <<'EOF'
-DELETE FROM lay_floor.msgs WHERE ctid = ANY (ARRAY(
-    SELECT ctid FROM lay_floor.msgs ORDER BY created_at LIMIT 100
-    FOR UPDATE SKIP LOCKED)) RETURNING id, payload;
-EOF
-cp "$work/floor-fair.sql" "$work/floor-chains.sql"
-
-# ---- the enqueue forms: 100 rows a statement on one of 100 channels -------------
-
-cat >"$work/floor-insert.sql" <<'EOF'
-\set ch random(0, 99)
-INSERT INTO lay_floor.msgs (id, channel, payload)
-SELECT gen_random_uuid(), 'c' || :ch, '{"k": 1}' FROM generate_series(1, 100);
-EOF
-cat >"$work/a-insert.sql" <<'EOF'
-\set ch random(0, 99)
-INSERT INTO lay_a.mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key)
-SELECT gen_random_uuid(), 3, interval '1 second', 'c' || :ch, 'n', '{"k": 1}', :ch
-FROM generate_series(1, 100);
-EOF
-cat >"$work/b-insert.sql" <<'EOF'
-\set ch random(0, 99)
-INSERT INTO lay_b.msgs (id, channel_key, ready_at, attempt_at, attempts, backoff_ms, channel_name,
-                        name, payload_json)
-SELECT gen_random_uuid(), :ch, now(), now(), 3, 1000, 'c' || :ch, 'n', '{"k": 1}'
-FROM generate_series(1, 100);
-EOF
-cat >"$work/c-insert.sql" <<'EOF'
-\set ch random(0, 99)
-WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock(:ch) AS l, nextval('lay_c.seq') AS base),
-cur AS (INSERT INTO lay_c.cursors (channel_key) SELECT :ch FROM lk ON CONFLICT DO NOTHING RETURNING 1)
-INSERT INTO lay_c.log (seq, channel_key, id, attempts, backoff_ms, channel_name, name, payload_json)
-SELECT lk.base + g, :ch, gen_random_uuid(), 3, 1000, 'c' || :ch, 'n', '{"k": 1}'
-FROM lk, generate_series(1, 100) g;
-EOF
+for f in {a,b,c,d,floor}-{fair,chains}; do
+    layouts_form "$f" pgbench >"$work/$f.sql"
+done
+for f in floor a b c d; do
+    { echo '\set ch random(0, 99)'; layouts_form "$f-insert" pgbench; } >"$work/$f-insert.sql"
+done
 
 # ---- measuring -------------------------------------------------------------------
 
@@ -362,10 +132,10 @@ phys() {
 # Messages processed so far (the backlog was MESSAGES).
 processed() {
     case $1 in
-    floor) qa -c "SELECT $n - count(*) FROM lay_floor.msgs" ;;
+    floor) qa -c "SELECT $((n * floor_x)) - count(*) FROM lay_floor.msgs" ;;
     a) qa -c "SELECT $n - count(*) FROM lay_a.mq_msgs" ;;
     b) qa -c "SELECT $n - count(*) FROM lay_b.msgs" ;;
-    c) qa -c "SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key) WHERE l.seq <= c.pos" ;;
+    c | d) qa -c "SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key) WHERE l.seq <= c.pos" ;;
     esac
 }
 backlog_left() {
@@ -373,7 +143,7 @@ backlog_left() {
     floor) qa -c "SELECT count(*) FROM lay_floor.msgs" ;;
     a) qa -c "SELECT count(*) FROM lay_a.mq_msgs" ;;
     b) qa -c "SELECT count(*) FROM lay_b.msgs" ;;
-    c) qa -c "SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key) WHERE l.seq > c.pos" ;;
+    c | d) qa -c "SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key) WHERE l.seq > c.pos" ;;
     esac
 }
 
@@ -384,7 +154,7 @@ drain() {
     [[ $case == chains ]] && { form=chains; ordered=1; }
     fill "$lay" "$ch" "$ordered"
     read -ra before < <(phys "$lay")
-    pgbench -n -M prepared -c 2 -j 2 -T "$secs" -D ids='{}' -D seqs='{}' -D keys='{}' \
+    PGOPTIONS="$planner" pgbench -n -M prepared -c 2 -j 2 -T "$secs" -D ids='{}' -D seqs='{}' -D keys='{}' \
         -D per="$per" -D v="$v" -f <(printf '\\set s random(0, %d)\n' $((ch - v > 0 ? ch - v : 0)); cat "$work/$lay-$form.sql") \
         "$dsn" >"$work/out" 2>&1 || { cat "$work/out" >&2; return 1; }
     read -ra after < <(phys "$lay")
@@ -406,14 +176,14 @@ enqueue() {
     # shellcheck disable=SC2046
     q -c "TRUNCATE $(echo "$tl" | tr -d "'")" -c CHECKPOINT
     read -ra before < <(phys "$lay")
-    pgbench -n -M prepared -c 2 -j 2 -T "$secs" -f "$work/$lay-insert.sql" "$dsn" >"$work/out" 2>&1 ||
+    PGOPTIONS="$planner" pgbench -n -M prepared -c 2 -j 2 -T "$secs" -f "$work/$lay-insert.sql" "$dsn" >"$work/out" 2>&1 ||
         { cat "$work/out" >&2; return 1; }
     read -ra after < <(phys "$lay")
     case $lay in
     floor) rows=$(qa -c "SELECT count(*) FROM lay_floor.msgs") ;;
     a) rows=$(qa -c "SELECT count(*) FROM lay_a.mq_msgs") ;;
     b) rows=$(qa -c "SELECT count(*) FROM lay_b.msgs") ;;
-    c) rows=$(qa -c "SELECT count(*) FROM lay_c.log") ;;
+    c | d) rows=$(qa -c "SELECT count(*) FROM lay_c.log") ;;
     esac
     # Entries: the rows each index holds (its predicate's); tuples: what
     # the index stores, after btree deduplication merged equal keys.
@@ -481,15 +251,15 @@ held_run() {
     tl=$(tables_of "$lay")
     # shellcheck disable=SC2046
     q -c "TRUNCATE $(echo "$tl" | tr -d "'")" -c CHECKPOINT
-    [[ $lay == c ]] && q -c "INSERT INTO lay_c.cursors (channel_key) SELECT g FROM generate_series(0, 99) g"
+    [[ $lay == c || $lay == d ]] && q -c "INSERT INTO lay_c.cursors (channel_key) SELECT g FROM generate_series(0, 99) g"
     read -ra before < <(phys "$lay")
     psql -X -q -d "$dsn" -c 'BEGIN ISOLATION LEVEL REPEATABLE READ' -c 'SELECT count(*) FROM pg_class' \
         -c "SELECT pg_sleep($held + 2)" -c COMMIT >/dev/null &
     hpid=$!
     sleep 1
-    pgbench -n -M prepared -c 1 -j 1 -R $((rate_offered / 100)) -T "$held" -f "$work/$lay-insert.sql" \
+    PGOPTIONS="$planner" pgbench -n -M prepared -c 1 -j 1 -R $((rate_offered / 100)) -T "$held" -f "$work/$lay-insert.sql" \
         "$dsn" >"$work/prod" 2>&1 &
-    pgbench -n -M prepared -c 2 -j 2 -T "$held" -D ids='{}' -D seqs='{}' -D keys='{}' -D per=25 -D v=5 \
+    PGOPTIONS="$planner" pgbench -n -M prepared -c 2 -j 2 -T "$held" -D ids='{}' -D seqs='{}' -D keys='{}' -D per=25 -D v=5 \
         -f <(printf '\\set s random(0, 95)\n'; cat "$work/$lay-fair.sql") "$dsn" >"$work/cons" 2>&1 || true
     wait
     read -ra after < <(phys "$lay")
@@ -510,4 +280,4 @@ if ((held > 0)); then
     for lay in "${layouts[@]}"; do held_run "$lay"; done
 fi
 
-q -c 'SET client_min_messages = warning' -c 'DROP SCHEMA lay_floor, lay_a, lay_b, lay_c CASCADE'
+q -c 'SET client_min_messages = warning' -c 'DROP SCHEMA lay_floor, lay_a, lay_b, lay_c CASCADE' -c 'DROP TABLE lay_st'
