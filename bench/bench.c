@@ -31,7 +31,9 @@
  *   5. the same (enqueue, runner, poll API) with every message on one of
  *      --chains ordered chains;
  *   6. latency: single messages every --latency-gap-ms ms into an idle
- *      runner, insert to handler start, unordered and on one ordered chain.
+ *      runner, insert to handler start, unordered and on one ordered chain,
+ *      each also split at pqmq_insert's return (the producer's insert and
+ *      commit; the runner's notification, claim and handoff).
  * The enqueue rate covers both enqueue runs of steps 1 and 4 (the floor's
  * insert rate its two runs). With --rounds N, steps 1-5 run N times in
  * turn (main, priorities, chains, main, ...) and each figure, the floor's

@@ -60,6 +60,12 @@ struct shape {
 struct latency {
     int n;                /* samples; 0: not measured */
     double p50, p99, max; /* milliseconds */
+    /* The same messages' time split at the producer's return from
+     * pqmq_insert (its insert and commit), the rest being the runner's
+     * (notification, claim and its commit, handoff): p50 and p99 of each
+     * part, 0 when not measured (the percentiles of the parts need not add
+     * up to the whole's). */
+    double insert_p50, insert_p99, runner_p50, runner_p99;
 };
 
 /* One scenario's rates in messages/s (0: not measured). */

@@ -561,6 +561,9 @@ const struct load_ops queue_load_ops = {
 
 struct lat {
     double *ms; /* [n]: insert-to-handler time of message seq */
+    /* [n]: CLOCK_REALTIME (us) at which message seq was sent, at which
+     * pqmq_insert returned (its commit acknowledged), its handler started */
+    int64_t *sent, *returned, *started;
     int n;
     atomic_long got; /* measured messages handled */
     atomic_int warm; /* warm-up messages handled */
@@ -592,13 +595,16 @@ static int latency_handler(pqmq_ctx *ctx, const pqmq_job *job, void *arg)
         atomic_fetch_add(&l->warm, 1);
     } else if (seq < l->n) {
         l->ms[seq] = (double)(now - ts) / 1000.0;
+        l->started[seq] = now;
         atomic_fetch_add(&l->got, 1);
     }
     return 0;
 }
 
+/* Inserts message seq; *sent and *returned: CLOCK_REALTIME (us) before the
+ * call (the time the payload carries) and after it returned. */
 static void send_one(pqmq_client *c, const struct opts *o, int ordered, long seq, char *json,
-                     size_t cap)
+                     size_t cap, int64_t *sent, int64_t *returned)
 {
     char args[24];
     if (ordered)
@@ -614,7 +620,35 @@ static void send_one(pqmq_client *c, const struct opts *o, int ordered, long seq
         die("out of memory");
     if (pqmq_insert(c, &m, 1))
         die("pqmq_insert: %s", pqmq_errmsg(c));
+    *returned = realtime_us();
+    *sent = ts;
     pqmq_msg_free(m);
+}
+
+/* out's split of each message's time at pqmq_insert's return: the
+ * producer's insert and commit, then the runner's part. */
+static void latency_split(const struct lat *l, struct latency *out)
+{
+    double *ins = malloc((size_t)l->n * sizeof *ins), *run = malloc((size_t)l->n * sizeof *run);
+    if (!ins || !run)
+        die("out of memory");
+    for (int i = 0; i < l->n; i++) {
+        ins[i] = (double)(l->returned[i] - l->sent[i]) / 1000.0;
+        /* The runner hears of the commit when the producer does: its
+         * handler may start before pqmq_insert has returned (then 0). */
+        run[i] = l->started[i] > l->returned[i]
+                     ? (double)(l->started[i] - l->returned[i]) / 1000.0
+                     : 0;
+    }
+    struct latency part;
+    latency_summary(ins, l->n, &part);
+    out->insert_p50 = part.p50;
+    out->insert_p99 = part.p99;
+    latency_summary(run, l->n, &part);
+    out->runner_p50 = part.p50;
+    out->runner_p99 = part.p99;
+    free(ins);
+    free(run);
 }
 
 static void wait_count(atomic_long *count, long want, const char *what)
@@ -636,12 +670,19 @@ static void wait_count(atomic_long *count, long want, const char *what)
  */
 void queue_latency(const struct opts *o, int ordered, struct latency *out)
 {
-    struct lat l = {calloc((size_t)o->latency_samples, sizeof(double)), o->latency_samples, 0,
+    size_t n = (size_t)o->latency_samples;
+    struct lat l = {calloc(n, sizeof(double)),
+                    calloc(n, sizeof(int64_t)),
+                    calloc(n, sizeof(int64_t)),
+                    calloc(n, sizeof(int64_t)),
+                    o->latency_samples,
+                    0,
                     0};
     size_t cap = bench_payload_cap(o->payload_bytes);
     char *json = malloc(cap);
-    if (!l.ms || !json)
+    if (!l.ms || !l.sent || !l.returned || !l.started || !json)
         die("out of memory");
+    int64_t warm_sent, warm_returned;
     struct runner_thread t;
     start_runner(&t, o, 0, 0, 0, 0, latency_handler, &l);
     wait_started(&t);
@@ -649,7 +690,7 @@ void queue_latency(const struct opts *o, int ordered, struct latency *out)
     sleep_s(0.05); /* let the runner settle into its idle wait */
 
     for (int i = 0; i < BENCH_LATENCY_WARMUP; i++) {
-        send_one(c, o, ordered, -1 - i, json, cap);
+        send_one(c, o, ordered, -1 - i, json, cap, &warm_sent, &warm_returned);
         sleep_s(o->latency_gap_ms / 1000.0);
     }
     double t0 = now_s();
@@ -664,7 +705,7 @@ void queue_latency(const struct opts *o, int ordered, struct latency *out)
     progress_begin(label, l.n, &l.got);
     t0 = now_s();
     for (long i = 0; i < l.n; i++) {
-        send_one(c, o, ordered, i, json, cap);
+        send_one(c, o, ordered, i, json, cap, &l.sent[i], &l.returned[i]);
         sleep_s(t0 + (double)(i + 1) * o->latency_gap_ms / 1000.0 - now_s());
     }
     wait_count(&l.got, l.n, label);
@@ -672,6 +713,10 @@ void queue_latency(const struct opts *o, int ordered, struct latency *out)
     stop_runner(&t);
     pqmq_client_free(c);
     latency_summary(l.ms, l.n, out);
+    latency_split(&l, out);
     free(json);
     free(l.ms);
+    free(l.sent);
+    free(l.returned);
+    free(l.started);
 }

@@ -95,6 +95,15 @@ static void latency_rows(const char *what, const struct latency *l)
     printf("%-42s %12.2f %12s %7s  %s\n", figure, l->p99, "", "", t);
     snprintf(figure, sizeof figure, "latency, %s: max (ms)", what);
     printf("%-42s %12.2f\n", figure, l->max);
+    /* Where the time went: the producer's pqmq_insert (insert and commit),
+     * then the runner (notification, claim and commit, handoff). */
+    char v[32];
+    snprintf(figure, sizeof figure, "  %s: insert+commit p50/p99", what);
+    snprintf(v, sizeof v, "%.2f/%.2f", l->insert_p50, l->insert_p99);
+    printf("%-42s %12s\n", figure, v);
+    snprintf(figure, sizeof figure, "  %s: runner p50/p99", what);
+    snprintf(v, sizeof v, "%.2f/%.2f", l->runner_p50, l->runner_p99);
+    printf("%-42s %12s\n", figure, v);
 }
 
 void report_text(const struct opts *o, const struct results *r)
@@ -209,8 +218,11 @@ static void jlatency(const char *key, const struct latency *l, int last)
 {
     printf("\"%s\": ", key);
     if (l->n)
-        printf("{\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f, \"samples\": %d}", l->p50, l->p99,
-               l->max, l->n);
+        printf("{\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f, \"samples\": %d, "
+               "\"insert_p50\": %.3f, \"insert_p99\": %.3f, \"runner_p50\": %.3f, "
+               "\"runner_p99\": %.3f}",
+               l->p50, l->p99, l->max, l->n, l->insert_p50, l->insert_p99, l->runner_p50,
+               l->runner_p99);
     else
         printf("null");
     printf("%s", last ? "" : ", ");

@@ -5,6 +5,8 @@
 #
 #   - a default run with --json prints every rate of the main scenario and
 #     of the ordered chains, each above zero, and leaves the queue empty;
+#     each latency figure is split at pqmq_insert's return (the insert and
+#     its commit, then the runner's part), in the JSON and in the report;
 #   - --rounds 3 runs the rate phases three times, interleaved (--profile
 #     names every phase it measures: each round's runner phases, main
 #     before chains in each round, and the chains' index probes a message
@@ -48,6 +50,15 @@ else
         [[ $v =~ ^[0-9.]+$ ]] && awk -v v="$v" 'BEGIN { exit !(v > 0) }' ||
             fail "JSON $f is $v, not a rate above zero"
     done
+    # The idle latency's split at pqmq_insert's return: an insert takes
+    # time, and neither part's median exceeds the whole's maximum.
+    for k in idle ordered; do
+        jq -e --arg k "$k" '.latency_ms[$k] as $l | ($l.insert_p50 | type) == "number"
+            and $l.insert_p50 > 0 and $l.insert_p99 >= $l.insert_p50
+            and $l.runner_p50 >= 0 and $l.runner_p99 >= $l.runner_p50
+            and $l.insert_p50 <= $l.max and $l.runner_p50 <= $l.max' "$work/json" >/dev/null ||
+            fail "JSON latency_ms.$k has no split at the insert's return: $(jq -c ".latency_ms.$k" "$work/json")"
+    done
     [[ $(jq -r '.parameters.rounds' "$work/json") == 1 ]] ||
         fail "JSON parameters.rounds of a default run: $(jq -c .parameters "$work/json")"
     left=$(sql "SELECT count(*) FROM mq_msgs")
@@ -59,6 +70,9 @@ fi
 if ! "$bench" "${small[@]}" --rounds 3 --profile >"$work/out" 2>"$work/err"; then
     fail "pqmq-bench --rounds 3 exited $?: $(tail -3 "$work/err")"
 else
+    grep -q "^  idle runner: insert+commit p50/p99 *[0-9.]*/[0-9.]*$" "$work/out" &&
+        grep -q "^  idle runner: runner p50/p99 *[0-9.]*/[0-9.]*$" "$work/out" ||
+        fail "the report does not split the idle latency: $(grep idle "$work/out")"
     grep -q "the median of 3 interleaved rounds" "$work/out" ||
         fail "the --rounds 3 report does not say its figures are medians"
     # The order of first appearance of each round's runner phases.
