@@ -37,6 +37,7 @@ static pqmq_client *client_new(PGconn *conn, int owns)
     c->conn = conn;
     c->owns_conn = owns;
     c->errmsg = pqmq_empty;
+    c->call = "pqmq";
     return c;
 }
 
@@ -112,6 +113,15 @@ PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *c)
     return c ? c->sqlstate : pqmq_empty;
 }
 
+int pqmq__enter(pqmq_client *c, const char *call)
+{
+    if (!c)
+        return PQMQ_EINVAL;
+    c->call = call;
+    pqmq__clearerr(c);
+    return 0;
+}
+
 void pqmq__clearerr(pqmq_client *c)
 {
     if (c->errmsg != pqmq_empty)
@@ -121,15 +131,16 @@ void pqmq__clearerr(pqmq_client *c)
     c->doubt[0] = '\0';
 }
 
-int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
+/* Sets the error to prefix (NULL: none) and the formatted message. */
+static int set_error(pqmq_client *c, int code, const char *prefix, const char *fmt, va_list ap)
 {
     char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    size_t n = prefix ? (size_t)snprintf(buf, sizeof buf, "%s: ", prefix) : 0;
+    if (n >= sizeof buf)
+        n = sizeof buf - 1;
+    vsnprintf(buf + n, sizeof buf - n, fmt, ap);
     /* libpq messages end in a newline; ours read better without it. */
-    size_t n = strlen(buf);
+    n = strlen(buf);
     while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
         buf[--n] = '\0';
     if (c->errmsg != pqmq_empty)
@@ -137,6 +148,24 @@ int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
     c->errmsg = strdup(buf);
     if (!c->errmsg)
         c->errmsg = pqmq_empty;
+    return code;
+}
+
+int pqmq__seterr(pqmq_client *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(c, code, NULL, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int pqmq__err(pqmq_client *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(c, code, c->call, fmt, ap);
+    va_end(ap);
     return code;
 }
 
@@ -197,8 +226,11 @@ static int lookup_failed(pqmq_client *c, PGregisterType *t, const char *why)
 {
     char *text = strdup(why ? why : "");
     int rc;
-    PGresult *r = pqmq__exec_text(c, "SELECT pg_catalog.to_regtype('mq_new_t') IS NOT NULL",
-                                  "looking up type mq_new_t", &rc);
+    const char *call = c->call; /* the probe's errors name it */
+    c->call = "looking up type mq_new_t";
+    PGresult *r =
+        pqmq__exec_text(c, "SELECT pg_catalog.to_regtype('mq_new_t') IS NOT NULL", &rc);
+    c->call = call;
     if (!r) {
         free(text);
         return rc;
@@ -259,8 +291,6 @@ int pqmq__reset_conn(pqmq_client *c)
 
 PQMQ_EXPORT int pqmq_reconnect(pqmq_client *c)
 {
-    if (!c)
-        return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    return pqmq__reset_conn(c);
+    int rc = pqmq__enter(c, "pqmq_reconnect");
+    return rc ? rc : pqmq__reset_conn(c);
 }
