@@ -1,7 +1,7 @@
 /*
  * consume.c: the consumer's calls: poll a batch, then complete, fail, keep
  * alive or checkpoint its jobs (and, for the runner, release unstarted
- * ones). Statements are built with stmt.c; rows are read by job.c.
+ * ones). Statements are built with params.c; rows are read by job.c.
  */
 #include <stdlib.h>
 #include <string.h>

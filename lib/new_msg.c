@@ -7,7 +7,7 @@
  * element. Every PQputf first clears its thread's error state, an 18 KB
  * memset, and those three were 27% of a producer's CPU (perf record, 100
  * messages a batch). Registered as mq_new_t's handler, this writes the
- * element from the message itself, and produce.c puts eight elements a
+ * element from the message itself, and types.c puts eight elements a
  * PQputf.
  */
 #include <limits.h>

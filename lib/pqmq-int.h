@@ -17,11 +17,11 @@
  * on. Completions, failures and releases are fenced by it, so a consumer
  * whose lease ran out cannot settle the message for its next owner. */
 typedef struct {
-    uuid_t id;
+    uuid_t id; /* first: types.c reads ids and deliveries' ids alike */
     int attempt;
 } pqmq__delivery;
 
-/* ---- client.c: the connection, libpqtypes set-up, the call's error ---- */
+/* ---- client.c: the connection ----------------------------------------- */
 
 struct pqmq_client {
     PGconn *conn;
@@ -43,6 +43,14 @@ struct pqmq_client {
     PQnoticeReceiver prev_notice; /* the receiver ours passes every notice on to */
 };
 
+/* Checks that the connection is usable and libpqtypes is set up on it;
+ * returns 0 or PQMQ_ECONN with the error set. */
+int pqmq__ready(pqmq_client *c);
+/* Re-establishes an owned connection (PQreset); 0 or PQMQ_ECONN. */
+int pqmq__reset_conn(pqmq_client *c);
+
+/* ---- error.c: the call's error ----------------------------------------- */
+
 /* Starts public call `call` on c (the runner: one of its steps): records
  * its name for the errors and clears the error. PQMQ_EINVAL when c is
  * NULL. */
@@ -57,13 +65,15 @@ int pqmq__err(pqmq_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Records the server's SQLSTATE of the error (NULL: none). */
 void pqmq__set_sqlstate(pqmq_client *c, const char *state);
-/* Checks that the connection is usable and libpqtypes is set up on it;
- * returns 0 or PQMQ_ECONN/PQMQ_ENOMEM with the error set. */
-int pqmq__ready(pqmq_client *c);
+/* ---- types.c: libpqtypes: set-up, formats, arrays --------------------- */
+
+/* Sets libpqtypes up on c's connection when it is new to it: types,
+ * prepared formats (pqmq__ready). */
+void pqmq__types_ready(pqmq_client *c);
+/* Forgets the set-up of a connection that was reset (PQreset drops it). */
+void pqmq__types_forget(pqmq_client *c);
 /* Registers mq_new_t with libpqtypes (once per connection). */
 int pqmq__need_composite(pqmq_client *c);
-/* Re-establishes an owned connection (PQreset); 0 or PQMQ_ECONN. */
-int pqmq__reset_conn(pqmq_client *c);
 
 /* Formats used once per array element or result row. libpqtypes parses a
  * format and looks each type up by name on every call; prepared once per
@@ -75,7 +85,7 @@ int pqmq__reset_conn(pqmq_client *c);
 enum pqmq__spec {
     PQMQ__SPEC_UUID,   /* "%uuid" */
     PQMQ__SPEC_INT4,   /* "%int4" */
-    PQMQ__SPEC_UUID8,  /* eight of "%uuid" (stmt.c) */
+    PQMQ__SPEC_UUID8,  /* eight of "%uuid" */
     PQMQ__SPEC_INT4_8, /* eight of "%int4" */
     PQMQ__NSPECS
 };
@@ -83,11 +93,8 @@ enum pqmq__spec {
  * for PGparams and PGresults made after pqmq__ready. */
 const char *pqmq__spec(const pqmq_client *c, enum pqmq__spec s);
 
-/* ---- stmt.c: parameters, prologues, running statements ---------------- */
-
-/* Array elements put in one PQputf (mq_new_t's in produce.c, ids and
- * attempt numbers in stmt.c): every PQputf clears libpqtypes' 18 KB error
- * state (new_msg.c), and a prepared spec holds at most 8 types. */
+/* Array elements put in one PQputf: every PQputf clears libpqtypes' 18 KB
+ * error state (new_msg.c), and a prepared spec holds at most 8 types. */
 #define PQMQ__GROUP 8
 /* How many groups n elements make. */
 static inline size_t pqmq__groups(size_t n)
@@ -97,6 +104,27 @@ static inline size_t pqmq__groups(size_t n)
 
 /* A new PGparam for c's connection, or NULL with PQMQ_ENOMEM set. */
 PGparam *pqmq__param(pqmq_client *c);
+/* Puts element i of items into an array's param; 0 on failure. */
+typedef int (*pqmq__put_element)(pqmq_client *c, PGparam *array, const void *items, size_t i);
+/* Puts n elements of items as one array parameter (array_format: "%uuid[]"). */
+int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format, const void *items,
+                    size_t n, pqmq__put_element put);
+/* Puts ids as one uuid[] parameter. */
+int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n);
+/* Puts deliveries as two parameters: their ids (uuid[]), their attempts
+ * (int[]). */
+int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n);
+/* Puts the batch as an mq_new_t[] parameter and, when keys is non-zero,
+ * its unique keys as a text[] parameter. */
+int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys);
+/* When some message has a priority above 0 (*put set to 1), puts the
+ * batch's priorities as an int4[] parameter; else puts nothing (*put 0):
+ * a queue without priorities sends what it sent before. */
+int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n,
+                                int *put);
+
+/* ---- stmt.c: running statements ---------------------------------------- */
+
 /* A statement's last result: returns it when it succeeded, else clears it,
  * sets the error and returns NULL with *rc set. */
 PGresult *pqmq__result_outcome(pqmq_client *c, PGresult *r, int *rc);
@@ -122,16 +150,8 @@ size_t pqmq__sql_next(const char *sql, size_t n, size_t *start, size_t *len);
 int pqmq__exec_scalar(pqmq_client *c, PGparam *param, const char *sql, const char *spec,
                       int *value);
 
-/* Puts element i of items into an array's param; 0 on failure. */
-typedef int (*pqmq__put_element)(pqmq_client *c, PGparam *array, const void *items, size_t i);
-/* Puts n elements of items as one array parameter (array_format: "%uuid[]"). */
-int pqmq__put_array(pqmq_client *c, PGparam *param, const char *array_format, const void *items,
-                    size_t n, pqmq__put_element put);
-/* Puts ids (checked: pqmq__check_ids) as one uuid[] parameter. */
-int pqmq__put_ids(pqmq_client *c, PGparam *param, const uuid_t *ids, size_t n);
-/* Puts deliveries (checked: pqmq__check_ids) as two parameters: their ids (uuid[]), their
- * attempts (int[]). */
-int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d, size_t n);
+/* ---- params.c: parameters and prologues ------------------------------- */
+
 /* Puts channels (NULL: all) as one text[] parameter. */
 int pqmq__put_channels(pqmq_client *c, PGparam *param, const char *const *channels, size_t n);
 /* Puts a count in 1..PQMQ_MAX_BATCH (named arg in errors) as an int. */
@@ -258,16 +278,8 @@ struct pqmq_msg {
 
 /* Checks a batch as pqmq_insert does; names the bad message. */
 int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n);
-/* Puts the batch as an mq_new_t[] parameter and, when keys is non-zero,
- * its unique keys as a text[] parameter. */
-int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys);
 /* Does any message of the batch carry a unique key? */
 int pqmq__has_keys(pqmq_msg *const *msgs, size_t n);
-/* When some message has a priority above 0 (*put set to 1), puts the
- * batch's priorities as an int4[] parameter; else puts nothing (*put 0):
- * a queue without priorities sends what it sent before. */
-int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n,
-                                int *put);
 /* An insert's prologue: checks the client and the batch and puts it in a
  * new *param (caller clears; NULL on error), with its keys when force_keys
  * or any message has one (*keys says which). */

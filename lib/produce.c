@@ -107,108 +107,12 @@ int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     return 0;
 }
 
-/* The batch's messages, put as mq_new_t elements eight a PQputf (each
- * PQputf clears libpqtypes' 18 KB error state: new_msg.c), and so are
- * their priorities and unique keys. */
-struct batch {
-    pqmq_msg *const *msgs;
-    size_t n;
-};
-
-/* Group i of the batch (i < pqmq__groups(n)): messages 8i up to 8i + 7, or to
- * the batch's end, in g; returns how many, at least one. */
-static size_t group_of(const struct batch *b, size_t i, const pqmq_msg **g)
-{
-    size_t k = 0;
-    for (size_t j = i * PQMQ__GROUP; j < b->n && k < PQMQ__GROUP; j++)
-        g[k++] = b->msgs[j];
-    return k;
-}
-
-/* The first k (1..8) of eight conversions, each width bytes with its
- * space, as a format in buf. */
-static const char *first_of(char *buf, const char *eight, size_t width, size_t k)
-{
-    size_t len = k * width - 1;
-    memcpy(buf, eight, len);
-    buf[len] = '\0';
-    return buf;
-}
-
-static int put_group(pqmq_client *c, PGparam *array, const void *items, size_t i)
-{
-    (void)c;
-    const pqmq_msg *g[PQMQ__GROUP] = {0};
-    size_t k = group_of(items, i, g);
-    char f[96];
-    /* (Arguments past the format's k are not read.) */
-    return PQputf(array,
-                  first_of(f,
-                           "%mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t "
-                           "%mq_new_t %mq_new_t",
-                           10, k),
-                  g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
-}
-
-static int put_keys(pqmq_client *c, PGparam *array, const void *items, size_t i)
-{
-    (void)c;
-    const pqmq_msg *g[PQMQ__GROUP] = {0};
-    size_t k = group_of(items, i, g);
-    const char *key[PQMQ__GROUP] = {0};
-    for (size_t j = 0; j < k; j++)
-        key[j] = g[j]->unique_key;
-    char f[64];
-    return PQputf(array,
-                  first_of(f, "%text* %text* %text* %text* %text* %text* %text* %text*", 7, k),
-                  key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7]);
-}
-
 int pqmq__has_keys(pqmq_msg *const *msgs, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (msgs[i]->unique_key)
             return 1;
     return 0;
-}
-
-/* Does any message of the batch have a priority above 0? */
-static int has_priorities(pqmq_msg *const *msgs, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (msgs[i]->priority)
-            return 1;
-    return 0;
-}
-
-static int put_priorities(pqmq_client *c, PGparam *array, const void *items, size_t i)
-{
-    (void)c;
-    const pqmq_msg *g[PQMQ__GROUP] = {0};
-    size_t k = group_of(items, i, g);
-    int p[PQMQ__GROUP] = {0};
-    for (size_t j = 0; j < k; j++)
-        p[j] = g[j]->priority;
-    char f[64];
-    return PQputf(array, first_of(f, "%int4 %int4 %int4 %int4 %int4 %int4 %int4 %int4", 6, k),
-                  p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
-}
-
-int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n,
-                                int *put)
-{
-    struct batch b = {msgs, n};
-    *put = has_priorities(msgs, n);
-    return *put ? pqmq__put_array(c, param, "%int4[]", &b, pqmq__groups(n), put_priorities) : 0;
-}
-
-int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys)
-{
-    struct batch b = {msgs, n};
-    int rc = pqmq__put_array(c, param, "%mq_new_t[]", &b, pqmq__groups(n), put_group);
-    if (!rc && keys)
-        rc = pqmq__put_array(c, param, "%text[]", &b, pqmq__groups(n), put_keys);
-    return rc;
 }
 
 /* The statement that inserts a batch: keys, when any message has one, go
