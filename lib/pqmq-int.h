@@ -65,6 +65,7 @@ int pqmq__err(pqmq_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Records the server's SQLSTATE of the error (NULL: none). */
 void pqmq__set_sqlstate(pqmq_client *c, const char *state);
+
 /* ---- types.c: libpqtypes: set-up, formats, arrays --------------------- */
 
 /* Sets libpqtypes up on c's connection when it is new to it: types,
@@ -81,7 +82,7 @@ int pqmq__need_composite(pqmq_client *c);
  * types: a prepared spec outlives PQreset, mq_new_t's registration does not.
  * libpqtypes 1.5.1 overruns its buffers preparing a spec of more than 8
  * types, and misbehaves removing one, so long formats come in parts and
- * specs are never removed. The formats live beside their readers. */
+ * specs are never removed. */
 enum pqmq__spec {
     PQMQ__SPEC_UUID,   /* "%uuid" */
     PQMQ__SPEC_INT4,   /* "%int4" */
@@ -119,7 +120,7 @@ int pqmq__put_deliveries(pqmq_client *c, PGparam *param, const pqmq__delivery *d
 int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys);
 /* When some message has a priority above 0 (*put set to 1), puts the
  * batch's priorities as an int4[] parameter; else puts nothing (*put 0):
- * a queue without priorities sends what it sent before. */
+ * a batch without priorities sends no such parameter. */
 int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n,
                                 int *put);
 

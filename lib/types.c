@@ -1,7 +1,7 @@
 /*
- * types.c: all of the client's dealings with libpqtypes: setting it up on a
- * connection (prepared formats, mq_new_t's registration) and putting arrays
- * of ids, attempts, messages, keys and priorities eight elements a PQputf.
+ * types.c: libpqtypes set up on a connection (prepared formats, mq_new_t's
+ * registration), and the array parameters: ids, attempts, messages, keys
+ * and priorities, put eight elements a PQputf.
  *
  * Every PQputf clears libpqtypes' 18 KB error state (new_msg.c), and a
  * prepared spec holds at most 8 types: so elements go eight a call, group
