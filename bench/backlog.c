@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "bench.h"
+#include "backlog.h"
+#include "options.h"
+#include "queue.h"
+#include "util.h"
 
 /* Inserts n messages round-robin over `channels` channels, in batches,
  * message i of priority i % levels (levels 0: all 0). */

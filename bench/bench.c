@@ -57,7 +57,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "backlog.h"
+#include "floor.h"
+#include "load.h"
+#include "once.h"
+#include "options.h"
+#include "physical.h"
+#include "profile.h"
+#include "queue.h"
+#include "report.h"
+#include "results.h"
+#include "rounds.h"
+#include "util.h"
 
 static void usage(FILE *f, const char *argv0)
 {

@@ -37,14 +37,14 @@
 # Prints msg/s per form and round, and each form's ratio to the floor of
 # its round. FORMS and IFORMS choose the forms (space-separated; the first
 # is the one the others are divided by). Uses schemas "ceiling" (pqmq's migrations, applied here with
-# the pqmq command from build/tools) and "ceiling_floor"; drops both.
+# the pqmq command from build/cli) and "ceiling_floor"; drops both.
 set -euo pipefail
 dsn=${1:?usage: bench/ceiling.sh CONNINFO [SECONDS] [ROUNDS] [MESSAGES]}
 secs=${2:-5}
 rounds=${3:-3}
 n=${4:-2000000}
 here=$(cd "$(dirname "$0")" && pwd)
-pqmq=${PQMQ_CMD:-$here/../build/tools/pqmq}
+pqmq=${PQMQ_CMD:-$here/../build/cli/pqmq}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 q() { psql -X -q -v ON_ERROR_STOP=1 -d "$dsn" "$@"; }

@@ -19,7 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "floor.h"
+#include "load_ops.h"
+#include "options.h"
+#include "progress.h"
+#include "util.h"
 
 void floor_setup(PGconn *admin)
 {

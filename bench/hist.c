@@ -9,7 +9,8 @@
  */
 #include <string.h>
 
-#include "bench.h"
+#include "hist.h"
+#include "results.h"
 
 static int bucket_of(long us)
 {

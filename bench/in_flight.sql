@@ -4,7 +4,7 @@
 -- messages, first alone, then behind 10,000 messages in flight (claimed,
 -- leases of an hour), on :channels channels (default 100).
 --
---   build/tools/pqmq -d CONNINFO --schema inflight migrate
+--   build/cli/pqmq -d CONNINFO --schema inflight migrate
 --   psql -X -d CONNINFO -v channels=100 -f bench/in_flight.sql
 --
 -- It empties the queue of schema "inflight" (a scratch schema).

@@ -6,7 +6,7 @@
 #
 #   bench/insert_instructions.sh [BATCHES]     (default 200 batches of 100)
 #
-# A throwaway cluster (tests/pgtmp.sh) gets the queue (build/tools/pqmq
+# A throwaway cluster (tests/pgtmp.sh) gets the queue (build/cli/pqmq
 # migrate), the floor's table and a source table of UUIDv7-ordered ids and
 # JSON payloads; then the server is stopped and each form runs as BATCHES
 # statements of 100 rows in a single-user server under callgrind (fsync
@@ -42,7 +42,7 @@
 set -euo pipefail
 batches=${1:-200}
 here=$(cd "$(dirname "$0")" && pwd)
-pqmq=${PQMQ_CMD:-$here/../build/tools/pqmq}
+pqmq=${PQMQ_CMD:-$here/../build/cli/pqmq}
 . "$here/../tests/pgtmp.sh"
 command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
 

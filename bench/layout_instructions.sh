@@ -7,7 +7,7 @@
 #   bench/layout_instructions.sh [BATCHES]     (default 100)
 #
 # A throwaway cluster (tests/pgtmp.sh) gets the layouts' tables (layout a by
-# build/tools/pqmq migrate); then the server is stopped and each run is a
+# build/cli/pqmq migrate); then the server is stopped and each run is a
 # single-user server under callgrind (fsync off, autovacuum off, the
 # planner settings of the queue's hot functions), every statement its own
 # transaction, the measured ones prepared once and executed:
@@ -26,7 +26,7 @@
 set -euo pipefail
 batches=${1:-100}
 here=$(cd "$(dirname "$0")" && pwd)
-pqmq=${PQMQ_CMD:-$here/../build/tools/pqmq}
+pqmq=${PQMQ_CMD:-$here/../build/cli/pqmq}
 read -ra layouts <<<"${LAYOUTS:-floor a b c}"
 # shellcheck source=tests/pgtmp.sh
 . "$here/../tests/pgtmp.sh"

@@ -69,7 +69,7 @@ held=${HELD:-60}
 floor_x=3
 rate_offered=${RATE:-5000}
 here=$(cd "$(dirname "$0")" && pwd)
-pqmq=${PQMQ_CMD:-$here/../build/tools/pqmq}
+pqmq=${PQMQ_CMD:-$here/../build/cli/pqmq}
 read -ra layouts <<<"${LAYOUTS:-floor a b c}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

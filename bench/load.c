@@ -26,7 +26,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "floor.h"
+#include "hist.h"
+#include "load.h"
+#include "load_ops.h"
+#include "options.h"
+#include "queue.h"
+#include "report.h"
+#include "results.h"
+#include "util.h"
 
 #define EMPTY_SLEEP_S 0.002 /* a consumer's pause after an empty poll */
 #define TICK_S 0.1          /* the monitor samples the backlog this often */

@@ -22,7 +22,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "floor.h"
+#include "once.h"
+#include "options.h"
+#include "profile.h"
+#include "progress.h"
+#include "queue.h"
+#include "results.h"
+#include "util.h"
 
 #define STALL_S 60.0 /* a phase that makes no progress this long is broken */
 

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "bench.h"
+#include "physical.h"
+#include "results.h"
+#include "util.h"
 
 /* One reading; pg_stat_force_next_flush and a short wait first, so that
  * the consumers' backends (closed just before) have reported. */

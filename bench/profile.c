@@ -28,7 +28,9 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "options.h"
+#include "profile.h"
+#include "util.h"
 
 #define MAX_FUNCS 64
 #define MAX_STMTS 256

@@ -9,7 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "progress.h"
+#include "util.h"
 
 static struct {
     pthread_t thread;

@@ -13,7 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "load_ops.h"
+#include "options.h"
+#include "progress.h"
+#include "queue.h"
+#include "results.h"
+#include "util.h"
 
 #define STALL_S 60.0 /* a phase that makes no progress this long is broken */
 

@@ -7,7 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "floor.h"
+#include "load_ops.h"
+#include "options.h"
+#include "report.h"
+#include "results.h"
+#include "util.h"
 
 /* The project's targets (2-core machine, server on the same box); the
  * README says which are reached, over several runs. */

@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "results.h"
+#include "rounds.h"
 
 static int cmp_double(const void *a, const void *b)
 {

@@ -13,7 +13,7 @@
 set -euo pipefail
 
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-pqmq=$top/build/tools/pqmq
+pqmq=$top/build/cli/pqmq
 dsn= messages=1000000 runs=5 keep=0
 while (($#)); do
     case $1 in

@@ -5,6 +5,7 @@
  */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "options.h"
+#include "results.h"
+#include "util.h"
 
 double now_s(void)
 {

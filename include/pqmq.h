@@ -34,8 +34,21 @@ extern "C" {
 #define PQMQ_EXPORT
 #endif
 
-/* ---- errors (client.c) ------------------------------------------------- */
+/* ---- errors (error.c) -------------------------------------------------- */
 
+/* Error codes. Values may be added in later versions; a value is never
+ * renumbered or reused, so codes may be stored and compared across
+ * versions. Treat an unknown negative code as an error (pqmq_strerror says
+ * "unknown error").
+ *
+ * PQMQ_ENOTHELD and PQMQ_ESTALE both say "not yours", of different calls.
+ * PQMQ_ENOTHELD comes from calls on one message by id (pqmq_fail,
+ * pqmq_checkpoint, pqmq_ctx_checkpoint): the message is gone or no lease on
+ * it is current, and nothing changed. PQMQ_ESTALE comes from calls that settle a batch's
+ * deliveries, fenced by attempt (pqmq_complete_batch,
+ * pqmq_complete_and_poll, pqmq_complete_commit): some jobs were delivered
+ * again since; the others were settled (pqmq_complete_commit: none, it is
+ * all or nothing), and the message says how many were stale. */
 enum {
     PQMQ_OK = 0,
     PQMQ_EINVAL = -1,   /* a bad argument; the message names it */

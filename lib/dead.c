@@ -8,16 +8,18 @@
 PQMQ_EXPORT int pqmq_dead_letters(pqmq_client *c, const char *const *channels, size_t nchannels,
                                   int max, pqmq_batch **out)
 {
-    return pqmq__query_jobs(c, "pqmq_dead_letters", "SELECT * FROM mq_dead_jobs($1, $2)",
-                            channels, nchannels, "max", max, out);
+    int rc = pqmq__begin_batch(c, "pqmq_dead_letters", out);
+    return rc ? rc
+              : pqmq__query_jobs(c, "SELECT * FROM mq_dead_jobs($1, $2)", channels, nchannels,
+                                 "max", max, out);
 }
 
 PQMQ_EXPORT int pqmq_retry(pqmq_client *c, const uuid_t *ids, size_t n, int retries,
                            size_t *count)
 {
     if (c && retries < 0) {
-        pqmq__clearerr(c);
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_retry: retries is negative (%d)", retries);
+        pqmq__enter(c, "pqmq_retry");
+        return pqmq__err(c, PQMQ_EINVAL, "retries is negative (%d)", retries);
     }
     return pqmq__ids_call(c, "pqmq_retry", "SELECT mq_retry($1, $2)", ids, n, &retries, count);
 }

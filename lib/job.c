@@ -136,43 +136,42 @@ static int read_job(PGresult *r, int i, pqmq_job *j)
     return bad ? -1 : 0;
 }
 
-static int fill_batch(pqmq_client *c, pqmq_batch *b, const char *what)
+static int fill_batch(pqmq_client *c, pqmq_batch *b)
 {
     int rows = PQntuples(b->res);
     b->wait_ms = -1;
     if (!columns_ok(b->res))
-        return pqmq__seterr(c, PQMQ_ESCHEMA,
-                            "%s: the result is not a job row (mq_job_t); run pqmq_migrate",
-                            what);
+        return pqmq__err(c, PQMQ_ESCHEMA,
+                         "the result is not a job row (mq_job_t); run pqmq_migrate");
     if (rows == 0 || (rows == 1 && PQgetisnull(b->res, 0, 0))) {
         /* Nothing ready: the one row carries wait_time. */
         int bad = 0;
         if (rows && !PQgetisnull(b->res, 0, COL_WAIT)) {
             b->wait_ms = get_ms(b->res, 0, COL_WAIT, &bad);
             if (bad)
-                return pqmq__seterr(c, PQMQ_ESERVER, "%s: bad wait_time", what);
+                return pqmq__err(c, PQMQ_ESERVER, "bad wait_time");
         }
         return 0;
     }
     if (!(b->jobs = calloc((size_t)rows, sizeof *b->jobs)))
-        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: out of memory", what);
+        return pqmq__err(c, PQMQ_ENOMEM, "out of memory");
     for (int i = 0; i < rows; i++)
         if (read_job(b->res, i, &b->jobs[i]))
-            return pqmq__seterr(c, PQMQ_ESERVER, "%s: bad row %d", what, i);
+            return pqmq__err(c, PQMQ_ESERVER, "bad row %d", i);
     b->n = (size_t)rows;
     b->wait_ms = 0;
     return 0;
 }
 
-int pqmq__batch_from(pqmq_client *c, PGresult *res, const char *what, pqmq_batch **out)
+int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out)
 {
     pqmq_batch *b = calloc(1, sizeof *b);
     if (!b) {
         PQclear(res);
-        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: out of memory", what);
+        return pqmq__err(c, PQMQ_ENOMEM, "out of memory");
     }
     b->res = res;
-    int rc = fill_batch(c, b, what);
+    int rc = fill_batch(c, b);
     if (rc) {
         pqmq_batch_free(b);
         return rc;
@@ -181,42 +180,36 @@ int pqmq__batch_from(pqmq_client *c, PGresult *res, const char *what, pqmq_batch
     return 0;
 }
 
-int pqmq__begin_batch(pqmq_client *c, pqmq_batch **out, const char *what)
+int pqmq__begin_batch(pqmq_client *c, const char *call, pqmq_batch **out)
 {
     if (out)
         *out = NULL;
-    if (!c)
+    if (pqmq__enter(c, call))
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
-    return out ? 0 : pqmq__seterr(c, PQMQ_EINVAL, "%s: out is NULL", what);
+    return out ? 0 : pqmq__err(c, PQMQ_EINVAL, "out is NULL");
 }
 
-int pqmq__query_jobs(pqmq_client *c, const char *what, const char *sql,
-                     const char *const *channels, size_t nchannels, const char *arg, int value,
-                     pqmq_batch **out)
+int pqmq__query_jobs(pqmq_client *c, const char *sql, const char *const *channels,
+                     size_t nchannels, const char *arg, int value, pqmq_batch **out)
 {
-    int rc = pqmq__begin_batch(c, out, what);
-    if (rc)
-        return rc;
     PGparam *param;
-    rc = pqmq__begin(c, &param);
+    int rc = pqmq__begin(c, &param);
     if (!rc)
-        rc = pqmq__put_channels_count(c, param, channels, nchannels, arg, value, what);
+        rc = pqmq__put_channels_count(c, param, channels, nchannels, arg, value);
     PGresult *res = NULL;
     if (!rc)
-        res = pqmq__exec(c, param, sql, what, &rc);
+        res = pqmq__exec(c, param, sql, &rc);
     PQparamClear(param);
-    return rc ? rc : pqmq__batch_from(c, res, what, out);
+    return rc ? rc : pqmq__batch_from(c, res, out);
 }
 
-int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, pqmq__delivery **out,
-                           const char *what)
+int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, pqmq__delivery **out)
 {
     *out = NULL;
     if (!b || b->n == 0)
         return 0;
     if (!(*out = malloc(b->n * sizeof **out)))
-        return pqmq__seterr(c, PQMQ_ENOMEM, "%s: out of memory", what);
+        return pqmq__err(c, PQMQ_ENOMEM, "out of memory");
     for (size_t i = 0; i < b->n; i++)
         (*out)[i] = b->jobs[i].delivery;
     return 0;

@@ -33,15 +33,14 @@ static int applied_version(pqmq_client *c, int *version)
         c,
         "SELECT to_regclass(quote_ident(current_schema()) || '.mq_schema_migrations') "
         "IS NOT NULL",
-        "pqmq_migrate", &rc);
+        &rc);
     if (!r)
         return rc;
     int exists = PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
     if (!exists)
         return 0;
-    r = pqmq__exec_text(c, "SELECT COALESCE(max(version), 0) FROM mq_schema_migrations",
-                        "pqmq_migrate", &rc);
+    r = pqmq__exec_text(c, "SELECT COALESCE(max(version), 0) FROM mq_schema_migrations", &rc);
     if (!r)
         return rc;
     *version = atoi(PQgetvalue(r, 0, 0));
@@ -49,11 +48,22 @@ static int applied_version(pqmq_client *c, int *version)
     return 0;
 }
 
-static int run(pqmq_client *c, const char *sql, const char *what)
+static int run(pqmq_client *c, const char *sql)
 {
     int rc;
-    PGresult *r = pqmq__exec_text(c, sql, what, &rc);
+    PGresult *r = pqmq__exec_text(c, sql, &rc);
     PQclear(r);
+    return rc;
+}
+
+/* Runs sql with its errors named step ("pqmq_migrate: schema/poll"), which
+ * must outlive the call (pqmq__enter). */
+static int run_step(pqmq_client *c, const char *step, const char *sql)
+{
+    const char *call = c->call;
+    c->call = step;
+    int rc = run(c, sql);
+    c->call = call;
     return rc;
 }
 
@@ -64,7 +74,7 @@ static int on_citus(pqmq_client *c, int *citus)
     int rc;
     PGresult *r = pqmq__exec_text(
         c, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')",
-        "pqmq_migrate", &rc);
+        &rc);
     if (!r)
         return rc;
     *citus = PQgetvalue(r, 0, 0)[0] == 't';
@@ -80,10 +90,8 @@ static int citus_prepare(pqmq_client *c)
 {
     /* The queue's triggers touch only tables of its own schema, which
      * Citus keeps on one node: none of the risks this setting warns of. */
-    int rc = run(c,
-                 "SET LOCAL citus.propagate_set_commands = 'local'; "
-                 "SET LOCAL citus.enable_unsafe_triggers = on",
-                 "pqmq_migrate");
+    int rc = run(c, "SET LOCAL citus.propagate_set_commands = 'local'; "
+                    "SET LOCAL citus.enable_unsafe_triggers = on");
     if (rc)
         return rc;
     PGresult *r = pqmq__exec_text(
@@ -92,20 +100,20 @@ static int citus_prepare(pqmq_client *c)
         "NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_schema d "
         "            WHERE d.schemaid = quote_ident(current_schema())::regnamespace) "
         "AND to_regclass(quote_ident(current_schema()) || '.mq_msgs') IS NULL",
-        "pqmq_migrate", &rc);
+        &rc);
     if (!r)
         return rc;
     char *set_path = strdup(PQgetvalue(r, 0, 0));
     int distribute = PQgetvalue(r, 0, 1)[0] == 't';
     PQclear(r);
     if (!set_path)
-        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_migrate: out of memory");
-    rc = run(c, set_path, "pqmq_migrate");
+        return pqmq__err(c, PQMQ_ENOMEM, "out of memory");
+    rc = run(c, set_path);
     free(set_path);
     if (!rc && distribute)
-        rc = run(c,
-                 "SELECT citus_schema_distribute(quote_ident(current_schema())::regnamespace)",
-                 "pqmq_migrate: distributing the queue's schema");
+        rc = run_step(
+            c, "pqmq_migrate: distributing the queue's schema",
+            "SELECT citus_schema_distribute(quote_ident(current_schema())::regnamespace)");
     return rc;
 }
 
@@ -118,22 +126,22 @@ static int citus_prepare(pqmq_client *c)
  * it reads no setting, and one would keep the planner from inlining it. */
 static int citus_settings(pqmq_client *c)
 {
-    return run(c,
-               "DO $$ DECLARE f record; BEGIN "
-               "FOR f IN SELECT p.oid::regprocedure AS sig, "
-               "'plan_cache_mode=force_generic_plan' = ANY (p.proconfig) AS generic "
-               "FROM pg_catalog.pg_proc p "
-               "WHERE p.pronamespace = quote_ident(current_schema())::regnamespace "
-               "AND p.proname LIKE 'mq\\_%' AND p.prosqlbody IS NULL LOOP "
-               "EXECUTE pg_catalog.format('ALTER FUNCTION %s SET pqmq.citus = on', f.sig); "
-               "IF f.generic THEN EXECUTE pg_catalog.format("
-               "'ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f.sig); "
-               "END IF; END LOOP; END $$",
-               "pqmq_migrate: settings for Citus");
+    return run_step(
+        c, "pqmq_migrate: settings for Citus",
+        "DO $$ DECLARE f record; BEGIN "
+        "FOR f IN SELECT p.oid::regprocedure AS sig, "
+        "'plan_cache_mode=force_generic_plan' = ANY (p.proconfig) AS generic "
+        "FROM pg_catalog.pg_proc p "
+        "WHERE p.pronamespace = quote_ident(current_schema())::regnamespace "
+        "AND p.proname LIKE 'mq\\_%' AND p.prosqlbody IS NULL LOOP "
+        "EXECUTE pg_catalog.format('ALTER FUNCTION %s SET pqmq.citus = on', f.sig); "
+        "IF f.generic THEN EXECUTE pg_catalog.format("
+        "'ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f.sig); "
+        "END IF; END LOOP; END $$");
 }
 
 /* Runs a migration one statement at a time (Citus). */
-static int run_each(pqmq_client *c, const char *sql, const char *what)
+static int run_each(pqmq_client *c, const char *sql)
 {
     size_t pos = 0, start, len, n = strlen(sql);
     int rc = 0;
@@ -144,8 +152,8 @@ static int run_each(pqmq_client *c, const char *sql, const char *what)
             break;
         char *one = strndup(sql + start, len);
         if (!one)
-            return pqmq__seterr(c, PQMQ_ENOMEM, "%s: out of memory", what);
-        rc = run(c, one, what);
+            return pqmq__err(c, PQMQ_ENOMEM, "out of memory");
+        rc = run(c, one);
         free(one);
     }
     return rc;
@@ -153,22 +161,20 @@ static int run_each(pqmq_client *c, const char *sql, const char *what)
 
 static int apply_all(pqmq_client *c)
 {
-    int rc = run(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")", "pqmq_migrate");
+    int rc = run(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")");
     if (rc)
         return rc;
-    PGresult *r = pqmq__exec_text(c, "SELECT current_schema() IS NULL", "pqmq_migrate", &rc);
+    PGresult *r = pqmq__exec_text(c, "SELECT current_schema() IS NULL", &rc);
     if (!r)
         return rc;
     int no_schema = PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
     if (no_schema)
-        return pqmq__seterr(
-            c, PQMQ_ESCHEMA,
-            "pqmq_migrate: no schema on the search_path to create the queue in");
+        return pqmq__err(c, PQMQ_ESCHEMA,
+                         "no schema on the search_path to create the queue in");
     /* Functions pin the search_path they are created under: only the
      * target schema. */
-    rc = run(c, "SELECT set_config('search_path', quote_ident(current_schema()), true)",
-             "pqmq_migrate");
+    rc = run(c, "SELECT set_config('search_path', quote_ident(current_schema()), true)");
     int citus = 0;
     if (!rc)
         rc = on_citus(c, &citus);
@@ -181,12 +187,13 @@ static int apply_all(pqmq_client *c)
         return 0; /* current: nothing to do */
     /* Function bodies name functions of files applied later. */
     if (!rc)
-        rc = run(c, "SET LOCAL check_function_bodies = off", "pqmq_migrate");
+        rc = run(c, "SET LOCAL check_function_bodies = off");
     for (size_t i = 0; !rc && i < pqmq_migration_count; i++) {
-        char what[128];
-        snprintf(what, sizeof what, "pqmq_migrate: %s", pqmq_migrations[i].name);
-        rc = citus ? run_each(c, pqmq_migrations[i].sql, what)
-                   : run(c, pqmq_migrations[i].sql, what);
+        char step[128];
+        snprintf(step, sizeof step, "pqmq_migrate: %s", pqmq_migrations[i].name);
+        c->call = step; /* the file's errors name it */
+        rc = citus ? run_each(c, pqmq_migrations[i].sql) : run(c, pqmq_migrations[i].sql);
+        c->call = "pqmq_migrate";
     }
     if (!rc && citus)
         rc = citus_settings(c);
@@ -195,16 +202,14 @@ static int apply_all(pqmq_client *c)
 
 PQMQ_EXPORT int pqmq_migrate(pqmq_client *c)
 {
-    if (!c)
+    if (pqmq__enter(c, "pqmq_migrate"))
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
     int rc = pqmq__ready(c);
     if (rc)
         return rc;
     if (PQtransactionStatus(c->conn) != PQTRANS_IDLE)
-        return pqmq__seterr(c, PQMQ_EINVAL,
-                            "pqmq_migrate: must be called outside a transaction");
-    rc = run(c, "BEGIN", "pqmq_migrate");
+        return pqmq__err(c, PQMQ_EINVAL, "must be called outside a transaction");
+    rc = run(c, "BEGIN");
     if (rc)
         return rc;
     rc = apply_all(c);
@@ -212,7 +217,7 @@ PQMQ_EXPORT int pqmq_migrate(pqmq_client *c)
         PQclear(PQexec(c->conn, "ROLLBACK"));
         return rc;
     }
-    rc = run(c, "COMMIT", "pqmq_migrate");
+    rc = run(c, "COMMIT");
     /* New types may exist now; register them afresh on next use. */
     c->composite_ready = 0;
     return rc;

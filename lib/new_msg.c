@@ -7,7 +7,7 @@
  * element. Every PQputf first clears its thread's error state, a memset of
  * many kilobytes, which at three calls a message is a large part of a
  * producer's CPU (docs/performance.md). Registered as mq_new_t's handler,
- * this writes the element from the message itself, and produce.c puts
+ * this writes the element from the message itself, and types.c puts
  * eight elements a PQputf.
  */
 #include <limits.h>

@@ -10,6 +10,11 @@
 /* Largest request we build: well under PostgreSQL's 1 GB message limit. */
 #define MAX_BATCH_BYTES ((size_t)256 * 1024 * 1024)
 
+/* A batch's checks are pqmq_insert's whichever call makes them
+ * (pqmq_insert_unique; pqmq_insert_batches names the batch before them):
+ * their errors say so. */
+#define CHECKS "pqmq_insert: "
+
 static int is_utf8_client(pqmq_client *c)
 {
     return strcmp(pg_encoding_to_char(PQclientEncoding(c->conn)), "UTF8") == 0;
@@ -18,7 +23,7 @@ static int is_utf8_client(pqmq_client *c)
 static int check_text(pqmq_client *c, size_t i, const char *field, const char *s, int utf8)
 {
     if (s && utf8 && !pqmq__utf8_ok(s))
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: %s is not valid UTF-8", i,
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: %s is not valid UTF-8", i,
                             field);
     return 0;
 }
@@ -27,10 +32,10 @@ static int check_text(pqmq_client *c, size_t i, const char *field, const char *s
 static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
 {
     if (!m)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu] is NULL", i);
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu] is NULL", i);
     /* "" is a channel like any other (sqlxmq's default). */
     if (!m->channel)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: channel is NULL", i);
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: channel is NULL", i);
     int rc = check_text(c, i, "channel", m->channel, utf8);
     if (!rc)
         rc = check_text(c, i, "channel args", m->args, utf8);
@@ -39,42 +44,40 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
     if (rc)
         return rc;
     if (m->retries < 0)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: retries is negative (%d)",
-                            i, m->retries);
-    if ((rc = pqmq__check_ms(c, m->delay_ms, "pqmq_insert: msgs[%zu]: delay", i)) ||
-        (rc = pqmq__check_ms(c, m->backoff_ms, "pqmq_insert: msgs[%zu]: backoff", i)))
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: retries is negative (%d)", i,
+                            m->retries);
+    if ((rc = pqmq__check_ms(c, m->delay_ms, CHECKS "msgs[%zu]: delay", i)) ||
+        (rc = pqmq__check_ms(c, m->backoff_ms, CHECKS "msgs[%zu]: backoff", i)))
         return rc;
     if (m->commit_interval_ms >= 0 &&
-        (rc = pqmq__check_ms(c, m->commit_interval_ms,
-                             "pqmq_insert: msgs[%zu]: commit interval", i)))
+        (rc = pqmq__check_ms(c, m->commit_interval_ms, CHECKS "msgs[%zu]: commit interval", i)))
         return rc;
     if (m->json) {
         size_t len = strlen(m->json);
         if (len > PQMQ_MAX_PAYLOAD)
             return pqmq__seterr(c, PQMQ_ETOOBIG,
-                                "pqmq_insert: msgs[%zu]: JSON payload of %zu bytes is over "
-                                "the limit of %d",
+                                CHECKS "msgs[%zu]: JSON payload of %zu bytes is over "
+                                       "the limit of %d",
                                 i, len, PQMQ_MAX_PAYLOAD);
         size_t at = pqmq_json_check(m->json, len);
         if (at)
             return pqmq__seterr(c, PQMQ_EINVAL,
-                                "pqmq_insert: msgs[%zu]: payload is not valid JSON "
-                                "(at byte %zu)",
+                                CHECKS "msgs[%zu]: payload is not valid JSON "
+                                       "(at byte %zu)",
                                 i, at);
     }
     if (m->unique_key && (!*m->unique_key || strlen(m->unique_key) > 1024))
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: msgs[%zu]: unique key is %s", i,
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: unique key is %s", i,
                             *m->unique_key ? "over 1024 bytes" : "empty (NULL means none)");
     if ((rc = check_text(c, i, "unique key", m->unique_key, utf8)))
         return rc;
     if (m->priority < 0 || m->priority > PQMQ_MAX_PRIORITY)
-        return pqmq__seterr(c, PQMQ_EINVAL,
-                            "pqmq_insert: msgs[%zu]: priority %d is outside 0..%d", i,
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: priority %d is outside 0..%d", i,
                             m->priority, PQMQ_MAX_PRIORITY);
     if (m->bytes && m->bytes_len > PQMQ_MAX_PAYLOAD)
         return pqmq__seterr(c, PQMQ_ETOOBIG,
-                            "pqmq_insert: msgs[%zu]: binary payload of %zu bytes is over "
-                            "the limit of %d",
+                            CHECKS "msgs[%zu]: binary payload of %zu bytes is over "
+                                   "the limit of %d",
                             i, m->bytes_len, PQMQ_MAX_PAYLOAD);
     return 0;
 }
@@ -82,11 +85,11 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
 int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 {
     if (!msgs || n == 0)
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_insert: empty batch (msgs %s, n %zu)",
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "empty batch (msgs %s, n %zu)",
                             msgs ? "set" : "NULL", n);
     if (n > PQMQ_MAX_BATCH)
         return pqmq__seterr(c, PQMQ_ETOOBIG,
-                            "pqmq_insert: batch of %zu messages is over the limit of %d", n,
+                            CHECKS "batch of %zu messages is over the limit of %d", n,
                             PQMQ_MAX_BATCH);
     int utf8 = is_utf8_client(c);
     size_t total = 0;
@@ -97,68 +100,11 @@ int pqmq__check_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
         total += (msgs[i]->json ? strlen(msgs[i]->json) : 0) + msgs[i]->bytes_len;
         if (total > MAX_BATCH_BYTES)
             return pqmq__seterr(c, PQMQ_ETOOBIG,
-                                "pqmq_insert: batch payloads exceed %zu MiB in all; "
-                                "split the batch",
+                                CHECKS "batch payloads exceed %zu MiB in all; "
+                                       "split the batch",
                                 MAX_BATCH_BYTES >> 20);
     }
     return 0;
-}
-
-/* The batch's messages, put as mq_new_t elements eight a PQputf (each
- * PQputf clears libpqtypes' 18 KB error state: new_msg.c), and so are
- * their priorities and unique keys. */
-struct batch {
-    pqmq_msg *const *msgs;
-    size_t n;
-};
-
-/* Group i of the batch (i < pqmq__groups(n)): messages 8i up to 8i + 7, or to
- * the batch's end, in g; returns how many, at least one. */
-static size_t group_of(const struct batch *b, size_t i, const pqmq_msg **g)
-{
-    size_t k = 0;
-    for (size_t j = i * PQMQ__GROUP; j < b->n && k < PQMQ__GROUP; j++)
-        g[k++] = b->msgs[j];
-    return k;
-}
-
-/* The first k (1..8) of eight conversions, each width bytes with its
- * space, as a format in buf. */
-static const char *first_of(char *buf, const char *eight, size_t width, size_t k)
-{
-    size_t len = k * width - 1;
-    memcpy(buf, eight, len);
-    buf[len] = '\0';
-    return buf;
-}
-
-static int put_group(pqmq_client *c, PGparam *array, const void *items, size_t i)
-{
-    (void)c;
-    const pqmq_msg *g[PQMQ__GROUP] = {0};
-    size_t k = group_of(items, i, g);
-    char f[96];
-    /* (Arguments past the format's k are not read.) */
-    return PQputf(array,
-                  first_of(f,
-                           "%mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t %mq_new_t "
-                           "%mq_new_t %mq_new_t",
-                           10, k),
-                  g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7]);
-}
-
-static int put_keys(pqmq_client *c, PGparam *array, const void *items, size_t i)
-{
-    (void)c;
-    const pqmq_msg *g[PQMQ__GROUP] = {0};
-    size_t k = group_of(items, i, g);
-    const char *key[PQMQ__GROUP] = {0};
-    for (size_t j = 0; j < k; j++)
-        key[j] = g[j]->unique_key;
-    char f[64];
-    return PQputf(array,
-                  first_of(f, "%text* %text* %text* %text* %text* %text* %text* %text*", 7, k),
-                  key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7]);
 }
 
 int pqmq__has_keys(pqmq_msg *const *msgs, size_t n)
@@ -167,48 +113,6 @@ int pqmq__has_keys(pqmq_msg *const *msgs, size_t n)
         if (msgs[i]->unique_key)
             return 1;
     return 0;
-}
-
-/* Does any message of the batch have a priority above 0? */
-static int has_priorities(pqmq_msg *const *msgs, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (msgs[i]->priority)
-            return 1;
-    return 0;
-}
-
-static int put_priorities(pqmq_client *c, PGparam *array, const void *items, size_t i)
-{
-    (void)c;
-    const pqmq_msg *g[PQMQ__GROUP] = {0};
-    size_t k = group_of(items, i, g);
-    int p[PQMQ__GROUP] = {0};
-    for (size_t j = 0; j < k; j++)
-        p[j] = g[j]->priority;
-    char f[64];
-    return PQputf(array, first_of(f, "%int4 %int4 %int4 %int4 %int4 %int4 %int4 %int4", 6, k),
-                  p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]);
-}
-
-int pqmq__put_priorities_if_any(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n,
-                                int *put)
-{
-    struct batch b = {msgs, n};
-    *put = has_priorities(msgs, n);
-    return *put ? pqmq__put_array(c, param, "%int4[]", &b, pqmq__groups(n), put_priorities,
-                                  "pqmq_insert")
-                : 0;
-}
-
-int pqmq__put_batch(pqmq_client *c, PGparam *param, pqmq_msg *const *msgs, size_t n, int keys)
-{
-    struct batch b = {msgs, n};
-    int rc =
-        pqmq__put_array(c, param, "%mq_new_t[]", &b, pqmq__groups(n), put_group, "pqmq_insert");
-    if (!rc && keys)
-        rc = pqmq__put_array(c, param, "%text[]", &b, pqmq__groups(n), put_keys, "pqmq_insert");
-    return rc;
 }
 
 /* The statement that inserts a batch: keys, when any message has one, go
@@ -246,9 +150,8 @@ int pqmq__begin_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n, int forc
 
 PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 {
-    if (!c)
+    if (pqmq__enter(c, "pqmq_insert"))
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
     PGparam *param;
     int keys;
     int rc = pqmq__begin_insert(c, msgs, n, 0, &param, &keys);
@@ -256,7 +159,7 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     if (!rc)
         rc = pqmq__put_priorities_if_any(c, param, msgs, n, &prio);
     if (!rc)
-        PQclear(pqmq__exec(c, param, insert_sql(keys, prio), "pqmq_insert", &rc));
+        PQclear(pqmq__exec(c, param, insert_sql(keys, prio), &rc));
     PQparamClear(param);
     return rc;
 }
@@ -267,22 +170,19 @@ PQMQ_EXPORT int pqmq_insert(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
 static int check_batches(pqmq_client *c, pqmq_msg *const *const *batches, const size_t *counts,
                          size_t nbatches)
 {
-    const char *what = "pqmq_insert_batches";
     if (!batches || !counts || nbatches == 0 || nbatches > PQMQ_MAX_BATCH)
-        return pqmq__seterr(c, PQMQ_EINVAL,
-                            "%s: nbatches is %zu (1..%d, with batches and counts)", what,
-                            nbatches, PQMQ_MAX_BATCH);
+        return pqmq__err(c, PQMQ_EINVAL, "nbatches is %zu (1..%d, with batches and counts)",
+                         nbatches, PQMQ_MAX_BATCH);
     if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
-        return pqmq__seterr(c, PQMQ_EINVAL,
-                            "%s: a transaction is open; each batch commits on its own "
-                            "(pqmq_insert joins an open transaction)",
-                            what);
+        return pqmq__err(c, PQMQ_EINVAL,
+                         "a transaction is open; each batch commits on its own "
+                         "(pqmq_insert joins an open transaction)");
     for (size_t k = 0; k < nbatches; k++) {
         int rc = pqmq__check_batch(c, batches[k], counts[k]);
         if (rc) {
             char why[512];
             snprintf(why, sizeof why, "%s", pqmq_errmsg(c));
-            return pqmq__seterr(c, rc, "%s: batch %zu: %s", what, k, why);
+            return pqmq__err(c, rc, "batch %zu: %s", k, why);
         }
     }
     return 0;
@@ -298,8 +198,7 @@ static int send_batch(pqmq_client *c, pqmq_msg *const *msgs, size_t n)
     if (!rc)
         rc = pqmq__put_priorities_if_any(c, param, msgs, n, &prio);
     if (!rc && !PQparamSendQuery(pqmq_conn(c), param, insert_sql(keys, prio), 1))
-        rc = pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
-                          PQerrorMessage(pqmq_conn(c)));
+        rc = pqmq__err(c, PQMQ_ECONN, "sending: %s", PQerrorMessage(pqmq_conn(c)));
     PQparamClear(param);
     return rc;
 }
@@ -342,7 +241,7 @@ static int next_outcome(pqmq_client *c)
         return 1;
     }
     int rc = 0;
-    PQclear(pqmq__result_outcome(c, r, "pqmq_insert_batches", &rc));
+    PQclear(pqmq__result_outcome(c, r, &rc));
     return rc;
 }
 
@@ -390,9 +289,8 @@ static size_t read_round(pqmq_client *c, outcomes *o, size_t from, size_t sent)
 PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *c, pqmq_msg *const *const *batches,
                                     const size_t *counts, size_t nbatches, int *rcs)
 {
-    if (!c)
+    if (pqmq__enter(c, "pqmq_insert_batches"))
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
     int rc = pqmq__ready(c);
     if (!rc)
         rc = check_batches(c, batches, counts, nbatches);
@@ -417,8 +315,7 @@ PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *c, pqmq_msg *const *const *batc
             PQtransactionStatus(conn) == PQTRANS_INTRANS)
             PQclear(PQexec(conn, "ROLLBACK")); /* the failed batch's transaction */
         if (again == from || (again == sent && sent < nbatches)) {
-            pqmq__seterr(c, PQMQ_ECONN, "pqmq_insert_batches: sending: %s",
-                         PQerrorMessage(conn));
+            pqmq__err(c, PQMQ_ECONN, "sending: %s", PQerrorMessage(conn));
             for (size_t k = again; k < nbatches; k++)
                 note(&o, c, k, PQMQ_ECONN);
             break;
@@ -426,7 +323,7 @@ PQMQ_EXPORT int pqmq_insert_batches(pqmq_client *c, pqmq_msg *const *const *batc
         from = again;
     }
     if (o.first)
-        pqmq__seterr(c, o.first, "pqmq_insert_batches: %s", o.why);
+        pqmq__err(c, o.first, "%s", o.why);
     return o.first;
 }
 

@@ -330,12 +330,13 @@ struct loop {
 static int own_notify_name(struct loop *L, const char *channel, int *fits)
 {
     PGparam *param;
+    pqmq__enter(L->lis, "LISTEN");
     int rc = pqmq__begin(L->lis, &param);
     if (!rc && !PQputf(param, "%text", channel))
-        rc = pqmq__seterr(L->lis, PQMQ_ENOMEM, "LISTEN: %s", PQgeterror());
+        rc = pqmq__err(L->lis, PQMQ_ENOMEM, "%s", PQgeterror());
     if (!rc)
         rc = pqmq__exec_scalar(L->lis, param, "SELECT pg_catalog.octet_length($1) <= 60",
-                               "LISTEN", "%bool", fits);
+                               "%bool", fits);
     PQparamClear(param);
     /* A name the server measures as short is short here too, in any
      * encoding PostgreSQL serves (at most 4 bytes per character). */
@@ -381,7 +382,8 @@ static int listen_all(struct loop *L)
         snprintf(sql, sizeof sql, "LISTEN %s", ident);
         PQfreemem(ident);
         int rc;
-        PQclear(pqmq__exec_text(L->lis, sql, "LISTEN", &rc));
+        pqmq__enter(L->lis, "LISTEN");
+        PQclear(pqmq__exec_text(L->lis, sql, &rc));
         if (rc)
             return rc;
     }
@@ -433,7 +435,9 @@ static void flush_done(struct loop *L)
 {
     pqmq__delivery *d;
     size_t n = pqmq__claims_done(L->q, &d), done = 0;
-    int rc = n ? pqmq__complete(L->ctl, d, n, "pqmq_runner: complete", &done) : 0;
+    int rc = 0;
+    if (n && !(rc = pqmq__enter(L->ctl, "pqmq_runner: complete")))
+        rc = pqmq__complete(L->ctl, d, n, &done);
     if (n && (rc == 0 || rc == PQMQ_ESTALE)) {
         drop_done(L, n, done);
         L->poll_due = 1; /* completing chain heads may have readied more */
@@ -452,8 +456,9 @@ static int complete_and_claim(struct loop *L, int want, pqmq_batch **b)
     pqmq__delivery *d;
     size_t n = pqmq__claims_done(L->q, &d), done = 0;
     atomic_fetch_add(&r->counters.polls, 1);
+    pqmq__enter(L->ctl, "pqmq_runner: poll");
     int rc = pqmq__complete_poll(L->ctl, d, n, (const char *const *)r->channels, r->nchannels,
-                                 want, "pqmq_runner: poll", b, &done);
+                                 want, b, &done);
     free(d);
     if (rc == PQMQ_ESTALE)
         rc = 0;
@@ -482,8 +487,8 @@ static void poll_left(struct loop *L)
     want = want < r->batch ? want : r->batch;
     pqmq_batch *b = NULL;
     atomic_fetch_add(&r->counters.polls, 1);
-    int rc = pqmq__poll(L->ctl, (const char *const *)r->channels, r->nchannels, want, 1,
-                        "pqmq_runner: poll", &b);
+    pqmq__enter(L->ctl, "pqmq_runner: poll");
+    int rc = pqmq__poll(L->ctl, (const char *const *)r->channels, r->nchannels, want, 1, &b);
     if (rc == PQMQ_ECONN) {
         reconnect(L);
         return;

@@ -113,6 +113,7 @@ static int put_cron(PGparam *p, const pqmq__cron *c)
 
 int pqmq__schedule_tick(pqmq_client *c, const pqmq__schedule *s)
 {
+    pqmq__enter(c, "pqmq_runner: schedule");
     PGparam *p = NULL;
     int rc = pqmq__begin(c, &p);
     if (rc)
@@ -130,7 +131,7 @@ int pqmq__schedule_tick(pqmq_client *c, const pqmq__schedule *s)
         rc = pqmq__exec_scalar(c, p,
                                "SELECT mq_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
                                "$11, $12, $13, $14, $15, $16)",
-                               "pqmq_runner: schedule", "%int4", &inserted);
+                               "%int4", &inserted);
     PQparamClear(p);
     return rc;
 }
@@ -141,12 +142,12 @@ static int read_slots(pqmq_client *c, PGresult *r, char ***out, size_t *n)
     int rows = PQntuples(r);
     char **slots = calloc(rows ? (size_t)rows : 1, sizeof *slots);
     if (!slots)
-        return pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_cron_slots: out of memory");
+        return pqmq__err(c, PQMQ_ENOMEM, "out of memory");
     for (int i = 0; i < rows; i++) {
         PGtext t = NULL;
         if (!PQgetf(r, i, "%text", 0, &t) || !t || !(slots[i] = strdup(t))) {
             pqmq_cron_slots_free(slots, (size_t)i);
-            return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_cron_slots: unexpected result");
+            return pqmq__err(c, PQMQ_ESERVER, "unexpected result");
         }
     }
     *out = slots;
@@ -161,29 +162,27 @@ PQMQ_EXPORT int pqmq_cron_slots(pqmq_client *c, const char *cron, const char *ti
         return PQMQ_EINVAL;
     *slots = NULL;
     *n = 0;
-    pqmq__clearerr(c);
+    pqmq__enter(c, "pqmq_cron_slots");
     pqmq__cron parsed;
     char why[256];
     if (pqmq__cron_parse(cron, &parsed, why, sizeof why))
-        return pqmq__seterr(c, PQMQ_EINVAL, "pqmq_cron_slots: %s", why);
+        return pqmq__err(c, PQMQ_EINVAL, "%s", why);
     if (until_ms < after_ms || until_ms - after_ms > 31LL * 24 * 3600 * 1000)
-        return pqmq__seterr(
-            c, PQMQ_EINVAL,
-            "pqmq_cron_slots: until_ms must follow after_ms by at most 31 days");
+        return pqmq__err(c, PQMQ_EINVAL, "until_ms must follow after_ms by at most 31 days");
     PGparam *p = NULL;
     int rc = pqmq__begin(c, &p);
     if (rc)
         return rc;
     if (!put_cron(p, &parsed) || !PQputf(p, "%text %int8 %int8", time_zone ? time_zone : "UTC",
                                          (PGint8)after_ms, (PGint8)until_ms))
-        rc = pqmq__seterr(c, PQMQ_ENOMEM, "pqmq_cron_slots: %s", PQgeterror());
+        rc = pqmq__err(c, PQMQ_ENOMEM, "%s", PQgeterror());
     PGresult *r = NULL;
     if (!rc)
         r = pqmq__exec(c, p,
                        "SELECT to_char(slot, 'YYYY-MM-DD\"T\"HH24:MI') FROM mq_cron_slots("
                        "$1, $2, $3, $4, $5, $6, $7, $8, to_timestamp($9 / 1000.0), "
                        "to_timestamp($10 / 1000.0))",
-                       "pqmq_cron_slots", &rc);
+                       &rc);
     PQparamClear(p);
     if (!rc)
         rc = read_slots(c, r, slots, n);

@@ -22,8 +22,7 @@ static int read_result(pqmq_client *c, PGresult *r, int i, pqmq_insert_result *o
     PGuuid id = NULL;
     PGtext outcome = NULL;
     if (!PQgetf(r, i, "%uuid %text", 0, &id, 1, &outcome) || !id || !outcome)
-        return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_insert_unique: unexpected result: %s",
-                            PQgeterror());
+        return pqmq__err(c, PQMQ_ESERVER, "unexpected result: %s", PQgeterror());
     memcpy(out->id, id, sizeof out->id);
     if (!strcmp(outcome, "inserted"))
         out->outcome = PQMQ_INSERTED;
@@ -32,15 +31,14 @@ static int read_result(pqmq_client *c, PGresult *r, int i, pqmq_insert_result *o
     else if (!strcmp(outcome, "replaced"))
         out->outcome = PQMQ_REPLACED;
     else
-        return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_insert_unique: unknown outcome %s", outcome);
+        return pqmq__err(c, PQMQ_ESERVER, "unknown outcome %s", outcome);
     return 0;
 }
 
 static int read_results(pqmq_client *c, PGresult *r, size_t n, pqmq_insert_result *results)
 {
     if ((size_t)PQntuples(r) != n)
-        return pqmq__seterr(c, PQMQ_ESERVER, "pqmq_insert_unique: %d results for %zu messages",
-                            PQntuples(r), n);
+        return pqmq__err(c, PQMQ_ESERVER, "%d results for %zu messages", PQntuples(r), n);
     for (size_t i = 0; i < n; i++) {
         int rc = read_result(c, r, (int)i, &results[i]);
         if (rc)
@@ -53,23 +51,20 @@ PQMQ_EXPORT int pqmq_insert_unique(pqmq_client *c, pqmq_msg *const *msgs, size_t
                                    pqmq_key_mode mode, int64_t retention_ms,
                                    pqmq_insert_result *results)
 {
-    const char *what = "pqmq_insert_unique";
-    if (!c)
+    if (pqmq__enter(c, "pqmq_insert_unique"))
         return PQMQ_EINVAL;
-    pqmq__clearerr(c);
     if (!mode_name(mode))
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s: mode %d is not a pqmq_key_mode", what,
-                            (int)mode);
+        return pqmq__err(c, PQMQ_EINVAL, "mode %d is not a pqmq_key_mode", (int)mode);
     if (retention_ms < 0)
-        return pqmq__seterr(c, PQMQ_EINVAL, "%s: retention_ms is negative (%lld)", what,
-                            (long long)retention_ms);
+        return pqmq__err(c, PQMQ_EINVAL, "retention_ms is negative (%lld)",
+                         (long long)retention_ms);
     PGparam *param;
     int keys;
     int rc = pqmq__begin_insert(c, msgs, n, 1, &param, &keys);
     if (!rc && !PQputf(param, "%text", mode_name(mode)))
-        rc = pqmq__seterr(c, PQMQ_ENOMEM, "%s: %s", what, PQgeterror());
+        rc = pqmq__err(c, PQMQ_ENOMEM, "%s", PQgeterror());
     if (!rc)
-        rc = pqmq__put_duration(c, param, retention_ms, what);
+        rc = pqmq__put_duration(c, param, retention_ms, NULL);
     int prio = 0;
     if (!rc)
         rc = pqmq__put_priorities_if_any(c, param, msgs, n, &prio);
@@ -78,7 +73,7 @@ PQMQ_EXPORT int pqmq_insert_unique(pqmq_client *c, pqmq_msg *const *msgs, size_t
         r = pqmq__exec(c, param,
                        prio ? "SELECT * FROM mq_insert_unique($1, $2, $3, $4, $5)"
                             : "SELECT * FROM mq_insert_unique($1, $2, $3, $4)",
-                       what, &rc);
+                       &rc);
     PQparamClear(param);
     if (!rc && results)
         rc = read_results(c, r, n, results);

@@ -347,7 +347,8 @@ static int commit_with_completion(pqmq_ctx *ctx)
     pqmq_client *c = ctx->slot->client;
     size_t done = 0;
     /* Fenced by attempt: a redelivered message is not ours to complete. */
-    int rc = pqmq__complete(c, &ctx->work->delivery, 1, "pqmq_runner: complete", &done);
+    pqmq__enter(c, "pqmq_runner: complete");
+    int rc = pqmq__complete(c, &ctx->work->delivery, 1, &done);
     if (rc || done != 1) {
         snprintf(ctx->error, sizeof ctx->error, "%s",
                  rc == PQMQ_ESTALE || !rc ? "lease lost: the message was completed elsewhere"
@@ -514,6 +515,14 @@ static void lose_batch(slot *s)
     s->tx_open = 0;
 }
 
+/* Completes n deliveries and commits the worker's transaction, its errors
+ * named for the runner's step. */
+static int complete_commit(pqmq_client *c, const pqmq__delivery *d, size_t n)
+{
+    pqmq__enter(c, "pqmq_runner: complete");
+    return pqmq__complete_commit(c, d, n);
+}
+
 /* Ends the open commit batch: completes its successes (fenced by attempt)
  * and commits, in one round trip; then records its failures, outside it
  * (their leases keep them ours meanwhile). A batch that cannot commit (a
@@ -528,8 +537,7 @@ static void end_batch(slot *s, int broken)
     for (size_t i = 0; i < s->npend; i++)
         if (s->pend[i].ok)
             s->ok[nok++] = s->pend[i].delivery;
-    int committed =
-        !broken && pqmq__complete_commit(c, s->ok, nok, "pqmq_runner: complete") == 0;
+    int committed = !broken && complete_commit(c, s->ok, nok) == 0;
     if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
         exec_ok(pqmq_conn(c), "ROLLBACK"); /* not rolled back already */
     s->tx_open = 0;
@@ -660,7 +668,7 @@ static int64_t run_locked_batch(slot *s)
     }
     /* A lost batch rolls back: its messages go to the lease lane (their
      * locked delivery died), where their attempts are counted. */
-    if (broken || pqmq__complete_commit(c, ok, nok, "pqmq_runner: complete") != 0) {
+    if (broken || complete_commit(c, ok, nok) != 0) {
         if (PQtransactionStatus(pqmq_conn(c)) != PQTRANS_IDLE)
             exec_ok(pqmq_conn(c), "ROLLBACK");
     } else {

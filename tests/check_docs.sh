@@ -7,7 +7,7 @@
 #   documents, whole: *.md anywhere, man/*;
 #   comments only (/* */ and // in .c .h .js .css, -- and /* */ in .sql,
 #   # in .sh .py and quickstart) of the files under lib/ schema/ include/
-#   tools/ bench/ tests/ migrations/ examples/ fuzz/; tests/fixtures/ is
+#   cli/ bench/ tests/ migrations/ examples/ fuzz/; tests/fixtures/ is
 #   third-party data and is not read.
 # Each finding is printed as FILE:LINE: (rule) what; the exit status is 1 if
 # there is one, else 0. The rules:
@@ -221,7 +221,7 @@ sub check_text {
     }
 }
 
-my $scan_dirs = qr{^(lib|schema|include|tools|bench|tests|migrations|examples|fuzz)/};
+my $scan_dirs = qr{^(lib|schema|include|cli|bench|tests|migrations|examples|fuzz)/};
 for my $f (sort @files) {
     next if $f =~ m{^tests/fixtures/};
     if ($f =~ /\.md$/ || $f =~ m{^man/}) {

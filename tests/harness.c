@@ -122,7 +122,7 @@ void t_runner_start(t_bg *b, pqmq_runner *r)
 void t_runner_stop(t_bg *b)
 {
     pqmq_runner_stop(b->r);
-    pthread_join(b->thread, NULL);
+    t_runner_join(b, 15000);
     CHECK_INT(b->rc, 0);
 }
 
@@ -142,6 +142,14 @@ int t_runner_join(t_bg *b, int64_t ms)
     pqmq_runner_stop(b->r);
     pthread_join(b->thread, NULL);
     return -1;
+}
+
+void t_runner_process(pqmq_runner *r, uint64_t n, int64_t ms)
+{
+    t_bg b;
+    t_runner_start(&b, r);
+    WAIT_UNTIL(t_stats(r).processed >= n, ms);
+    t_runner_stop(&b);
 }
 
 pqmq_runner_stats_t t_stats(const pqmq_runner *r)

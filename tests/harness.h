@@ -132,10 +132,12 @@ pqmq_runner *t_runner(void);
 /* t_runner with application_name=app (NULL: none), to find its backends. */
 pqmq_runner *t_runner_app(const char *app);
 /* A runner running on a thread of its own: t_runner_start runs r there,
- * t_runner_stop stops it, waits for it and fails the check unless
- * pqmq_runner_run returned 0. t_runner_join waits at most ms for run to
- * return (after a stop the caller sent); 0, or -1 after failing the check
- * and stopping and joining it anyway. */
+ * t_runner_stop stops it, waits for it (15 s at most, as t_runner_join)
+ * and fails the check unless pqmq_runner_run returned 0. t_runner_join
+ * waits at most ms for run to return (after a stop the caller sent); 0, or
+ * -1 after failing the check and stopping and joining it anyway.
+ * t_runner_process runs r (t_runner_start) until it has processed n jobs,
+ * waiting at most ms, then stops it (t_runner_stop). */
 typedef struct {
     pqmq_runner *r;
     pthread_t thread;
@@ -144,6 +146,7 @@ typedef struct {
 void t_runner_start(t_bg *b, pqmq_runner *r);
 void t_runner_stop(t_bg *b);
 int t_runner_join(t_bg *b, int64_t ms);
+void t_runner_process(pqmq_runner *r, uint64_t n, int64_t ms);
 /* The runner's statistics, by value. */
 pqmq_runner_stats_t t_stats(const pqmq_runner *r);
 

@@ -5,7 +5,8 @@
  * its own (a round's runner and poll rates need not come from one round).
  * tests/test_bench.sh runs the bench itself with --rounds.
  */
-#include "../bench/bench.h"
+#include "../bench/results.h"
+#include "../bench/rounds.h"
 #include "harness.h"
 
 static void test_median_odd_even_unsorted(void)

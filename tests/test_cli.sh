@@ -5,18 +5,18 @@
 # in (through psql), the one-line error messages and the exit statuses
 # (0 success, 1 error, 2 usage).
 #
-# PQMQ defaults to ./tools/pqmq, as seen from the build directory make check
+# PQMQ defaults to ./cli/pqmq, as seen from the build directory make check
 # runs in. Exits 0 on success, 1 listing every failed check.
 
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq}
+pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/cli/pqmq}
 # shellcheck source=tests/lib.sh
 . "$here/lib.sh"
 
 t_need_dsn
-t_need_program "$pqmq_bin" "pqmq command" "make tools/pqmq"
+t_need_program "$pqmq_bin" "pqmq command" "make cli/pqmq"
 t_need_tools psql
 
 schema=cli_$$

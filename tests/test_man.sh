@@ -10,7 +10,7 @@
 #     pqmq(1).
 #
 # LIBPATH defaults to $PQMQ_TEST_LIBPATH (make check sets it); the pqmq
-# command is ${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq. Exits 0 on success, 1 on
+# command is ${PQMQ_TEST_BUILDDIR:-.}/cli/pqmq. Exits 0 on success, 1 on
 # failure (naming what is wrong).
 
 set -u
@@ -18,7 +18,7 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mandir=$here/../man
 lib=${1:-${PQMQ_TEST_LIBPATH:-}}
-pqmq_bin=${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq
+pqmq_bin=${PQMQ_TEST_BUILDDIR:-.}/cli/pqmq
 rc=0
 
 for tool in man nm; do

@@ -469,7 +469,7 @@ static char *run_pqmq(const char *args, int *status)
     const char *dir = getenv("PQMQ_TEST_BUILDDIR");
     char *cmd = NULL, *out = NULL;
     size_t len = 0;
-    if (asprintf(&cmd, "'%s/tools/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s", dir ? dir : ".",
+    if (asprintf(&cmd, "'%s/cli/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s", dir ? dir : ".",
                  t_schema(), args) < 0)
         return NULL;
     FILE *p = popen(cmd, "r");

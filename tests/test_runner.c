@@ -33,14 +33,6 @@ static int64_t now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-/* Stops the runner and checks that run returned 0 in time. */
-static void bg_stop(t_bg *b)
-{
-    pqmq_runner_stop(b->r);
-    t_runner_join(b, 15000);
-    CHECK_INT(b->rc, 0);
-}
-
 /* Waits until the runner has polled once (it LISTENs before that) and then
  * lets it settle into its idle wait. */
 static void settle(pqmq_runner *r, int64_t ms)
@@ -193,10 +185,7 @@ static void test_dispatch_by_name(void)
     const char *names[] = {"a", "b", "c", "a", "", "b", "a", "c"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         put("disp", names[i], NULL, 0, NULL);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(t_stats(r).processed >= 8, 15000);
-    bg_stop(&b);
+    t_runner_process(r, 8, 15000);
     CHECK_INT(t_stats(r).processed, 8);
     CHECK_INT(t_stats(r).failed, 0);
     CHECK_INT(log_count(), 8);
@@ -227,9 +216,10 @@ static void test_dispatch_by_name(void)
     CHECK_INT(pqmq_runner_handle(r, "a", h_record, "a"), 0);
     uuid_t id;
     put("disp", "zzz", NULL, 60000, id);
+    t_bg b;
     t_runner_start(&b, r);
     WAIT_UNTIL(t_stats(r).failed >= 1, 15000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(t_stats(r).failed, 1);
     CHECK_INT(t_stats(r).processed, 0);
     CHECK_INT(log_count(), 0);
@@ -271,7 +261,7 @@ static void test_concurrency_limit(void)
     t_runner_start(&b, r);
     WAIT_UNTIL(t_stats(r).processed >= 30, 30000);
     int64_t took = t_now_ms() - t0;
-    bg_stop(&b);
+    t_runner_stop(&b);
     printf("    30 jobs of 50 ms at concurrency 3: %lld ms, max in flight %d\n",
            (long long)took, atomic_load(&conc_max));
     CHECK_INT(t_stats(r).processed, 30);
@@ -343,7 +333,7 @@ static void test_wakeup_latency_and_idle(void)
     CHECK(sorted[N / 2] < 100000);
     CHECK(s2.wakeups >= s1.wakeups + N);
     CHECK_INT(s2.processed, N);
-    bg_stop(&b);
+    t_runner_stop(&b);
     pqmq_runner_free(r);
 }
 
@@ -385,7 +375,7 @@ static void test_keep_alive(void)
     }
     pqmq_client_free(other);
     WAIT_UNTIL(t_stats(r).processed >= 1, 10000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     printf("    a second consumer polled %d times during the job, claimed %d\n", polls, stolen);
     CHECK_INT(stolen, 0);
     CHECK_INT(atomic_load(&ka_calls), 1);
@@ -523,7 +513,7 @@ static void test_transactional_completion(void)
     CHECK_INT(t_stats(r).processed, 1);
     CHECK_INT(effects_of(lost_id), 0);
 
-    bg_stop(&b);
+    t_runner_stop(&b);
     pqmq_runner_free(r);
     t_exec(pg, "DROP TRIGGER rt_log_delete ON mq_msgs");
     t_exec(pg, "DROP FUNCTION rt_log_delete()");
@@ -579,7 +569,7 @@ static void test_failure_is_retried(void)
         CHECK_STR(err, "boom 7");
     /* Retried after its 1 s backoff (not only after some later wake-up). */
     WAIT_UNTIL(t_stats(r).processed >= 1, 10000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(t_stats(r).processed, 1);
     CHECK_INT(log_count(), 2);
     if (log_count() == 2) {
@@ -843,7 +833,7 @@ static void test_reconnect(void)
         if (tx) /* each effect exactly once, whatever was redelivered */
             CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rt_once"), N);
     }
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(t_stats(r).in_flight, 0);
     pqmq_runner_free(r);
     t_exec(pg, "DROP TABLE rt_once");
@@ -884,7 +874,7 @@ static void test_stats(void)
     put_n(ch, "good", 5, 60000, NULL);
     put_n(ch, "bad", 2, 60000, NULL);
     WAIT_UNTIL(t_stats(r).processed == 6 && t_stats(r).failed == 2, 10000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     s = t_stats(r);
     printf("    processed %llu, failed %llu, polls %llu, wake-ups %llu, reconnects %llu\n",
            (unsigned long long)s.processed, (unsigned long long)s.failed,
@@ -976,10 +966,7 @@ static void test_checkpoint_from_handler(void)
     pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, "cp", h_checkpoint, NULL), 0);
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(t_stats(r).processed >= 1, 15000);
-    bg_stop(&b);
+    t_runner_process(r, 1, 15000);
     CHECK_INT(atomic_load(&cp_calls), 2);
     CHECK_STR(cp_second_json, "{\"step\": 1}");
     CHECK_INT(msgs_left(), 0);
@@ -996,10 +983,7 @@ static void test_batch_size_bounds_claims(void)
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     CHECK_INT(pqmq_runner_set_concurrency(r, 8), 0);
     CHECK_INT(pqmq_runner_set_batch(r, 2), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(t_stats(r).processed >= 24, 15000);
-    bg_stop(&b);
+    t_runner_process(r, 24, 15000);
     CHECK_INT(t_stats(r).processed, 24);
     /* At most two claimed per poll: at least twelve polls. */
     CHECK(t_stats(r).polls >= 12);
@@ -1032,7 +1016,7 @@ static void test_stop_releases_queued_jobs(void)
     t_bg b;
     t_runner_start(&b, r);
     WAIT_UNTIL(atomic_load(&rel_started) >= 1, 10000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(atomic_load(&rel_started), 1);
     CHECK_INT(msgs_left(), 4);
     /* The four never started are ready now, their attempt refunded. */
@@ -1086,10 +1070,7 @@ static void test_completions_are_batched(void)
     CHECK_INT(pqmq_runner_set_channels(r, &ch, 1), 0);
     long long before = function_calls("mq_complete"); /* earlier tests' sessions */
     long long before_cp = function_calls("mq_complete_claim");
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(t_stats(r).processed >= JOBS, 15000);
-    bg_stop(&b); /* its sessions end and flush their counters */
+    t_runner_process(r, JOBS, 15000); /* its sessions end and flush their counters */
     CHECK_INT(t_stats(r).processed, JOBS);
     long long calls = 0, with_poll = 0;
     for (int64_t end = t_now_ms() + 5000; t_now_ms() < end && calls == 0; t_sleep_ms(50)) {
@@ -1141,7 +1122,7 @@ static void test_completion_waits_briefly_for_a_claim(void)
     printf("    the fast job was completed after %lld ms, the slow ones still run\n",
            (long long)took);
     CHECK(took < 2500); /* the first slow job ends at 3 s */
-    bg_stop(&b);
+    t_runner_stop(&b);
     pqmq_runner_free(r);
 }
 
@@ -1191,7 +1172,7 @@ static void test_non_utf8_client_is_woken(void)
     WAIT_UNTIL(t_stats(r).processed >= 1, 5000);
     CHECK_INT(t_stats(r).processed, 1);
     CHECK(t_stats(r).wakeups >= 1);
-    bg_stop(&b);
+    t_runner_stop(&b);
     pqmq_runner_free(r);
     CHECK_INT(msgs_left(), 0);
 }
@@ -1224,7 +1205,7 @@ static void test_keep_alive_covers_queued_jobs(void)
     }
     pqmq_client_free(other);
     WAIT_UNTIL(t_stats(r).processed >= 2, 10000);
-    bg_stop(&b);
+    t_runner_stop(&b);
     CHECK_INT(stolen, 0);
     CHECK_INT(atomic_load(&ka_calls), 2);
     CHECK_INT(atomic_load(&ka_attempt), 1); /* the queued one: first delivery */

@@ -192,10 +192,7 @@ static pqmq_runner_stats_t run_all(int threads, int jobs, uint64_t n)
 {
     pqmq_runner *r = new_runner(threads, jobs);
     CHECK_INT(pqmq_runner_handle(r, NULL, record, NULL), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(processed(r) >= n, 30000);
-    t_runner_stop(&b);
+    t_runner_process(r, n, 30000);
     pqmq_runner_stats_t s = t_stats(r);
     pqmq_runner_free(r);
     return s;

@@ -144,10 +144,7 @@ static pqmq_runner_stats_t run_all(int threads, int jobs, uint64_t n)
         CHECK_INT(pqmq_runner_set_commit_batch(r, jobs, 0), 0);
     CHECK_INT(pqmq_runner_handle_group(r, "job", record_group, NULL), 0);
     CHECK_INT(pqmq_runner_handle(r, "other", record_one, NULL), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(t_stats(r).processed >= n, 30000);
-    t_runner_stop(&b);
+    t_runner_process(r, n, 30000);
     pqmq_runner_stats_t s = t_stats(r);
     pqmq_runner_free(r);
     return s;

@@ -36,10 +36,7 @@ static pqmq_runner *run_locked(int threads, int batch, pqmq_handler fn, void *ar
 {
     pqmq_runner *r = new_runner(threads, batch);
     CHECK_INT(pqmq_runner_handle(r, NULL, fn, arg), 0);
-    t_bg b;
-    t_runner_start(&b, r);
-    WAIT_UNTIL(processed(r) >= (uint64_t)n, ms);
-    t_runner_stop(&b);
+    t_runner_process(r, n, ms);
     return r;
 }
 

@@ -20,7 +20,7 @@
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/tools/pqmq}
+pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/cli/pqmq}
 # shellcheck source=tests/webdriver.sh
 . "$here/webdriver.sh"
 # shellcheck source=tests/lib.sh

@@ -734,15 +734,22 @@ static int run_sessions(session_t *ss, int n, int want)
 }
 
 /* Two crate consumers (one serving named channels, one all, which
- * completes through mq_payloads) and two C consumers (the same). */
-static int run_consumers(const char *schema, int want)
+ * completes through mq_payloads) and two C consumers (the same), in ss. */
+static void four_consumers(const char *schema, session_t ss[4])
 {
     /* (A Citus coordinator refuses writes through views, 0A000: there the
      * second crate consumer completes with mq_delete.) */
-    session_t ss[4] = {{CRATE, {schema, "{\"\",alpha,beta,jobs}", 0, 0}},
-                       {CRATE, {schema, NULL, 1, !t_citus()}},
-                       {C_API, {schema, "named", 2, 0}},
-                       {C_API, {schema, NULL, 3, 0}}};
+    ss[0] = (session_t){CRATE, {schema, "{\"\",alpha,beta,jobs}", 0, 0}};
+    ss[1] = (session_t){CRATE, {schema, NULL, 1, !t_citus()}};
+    ss[2] = (session_t){C_API, {schema, "named", 2, 0}};
+    ss[3] = (session_t){C_API, {schema, NULL, 3, 0}};
+}
+
+/* four_consumers, run until they have delivered want messages. */
+static int run_consumers(const char *schema, int want)
+{
+    session_t ss[4];
+    four_consumers(schema, ss);
     return run_sessions(ss, 4, want);
 }
 
@@ -1322,18 +1329,32 @@ static int produce_shared(PGconn *c, int nch, int rounds, int by_channel)
     return want;
 }
 
-static void test_shared_channels(void)
+/* The set-up and run of the tests of concurrent sessions: a fresh queue
+ * (fresh_shared), rounds of jobs on nch channels (produce_shared), sent
+ * while nothing consumes yet, then the n sessions ss until they have
+ * delivered them all; by[i] counts session i's deliveries. Returns how
+ * many were sent; *crate: the crate connection (caller owns; PQfinish). */
+static int run_shared(int nch, int rounds, int by_channel, session_t *ss, int n, int *by,
+                      PGconn **crate)
 {
-    PGconn *c = fresh_shared();
-    /* Producers alternate: the crate's SQL and the C API, on the same
-     * chains, while nothing consumes yet (then all at once). */
-    int want = produce_shared(c, 3, 20, 0);
-    int got = run_consumers(NULL, want);
-    CHECK_INT(got, want);
-    check_deliveries(want);
-    int by[4] = {0};
+    *crate = fresh_shared();
+    int want = produce_shared(*crate, nch, rounds, by_channel);
+    CHECK_INT(run_sessions(ss, n, want), want);
     for (int i = 0; i < seen.n; i++)
         by[seen.by[i]]++;
+    return want;
+}
+
+static void test_shared_channels(void)
+{
+    /* Producers alternate: the crate's SQL and the C API, on the same
+     * chains, while nothing consumes yet (then all at once). */
+    session_t ss[4];
+    four_consumers(NULL, ss);
+    int by[4] = {0};
+    PGconn *c;
+    int want = run_shared(3, 20, 0, ss, 4, by, &c);
+    check_deliveries(want);
     printf("# deliveries by consumer: crate %d + %d, C %d + %d\n", by[0], by[1], by[2], by[3]);
     CHECK(by[0] + by[1] > 0);
     CHECK(by[2] + by[3] > 0);
@@ -1350,15 +1371,14 @@ static void test_payload_writes_concurrently(void)
     if (t_citus_skip("a Citus coordinator refuses writes through views (0A000: cannot modify "
                      "views when the query contains citus tables)"))
         return;
-    PGconn *c = fresh_shared();
-    int want = produce_shared(c, 4, 12, 1);
     const char *named = "{\"\",alpha,beta,jobs}";
     session_t ss[6] = {{CRATE, {NULL, named, 0, 1}}, {CRATE, {NULL, named, 1, 1}},
                        {CRATE, {NULL, named, 2, 0}}, {C_API, {NULL, named, 3, 0}},
                        {C_API, {NULL, named, 4, 0}}, {WRITER, {NULL, NULL, 5, 0}}};
     writer.inserts_refused = writer.truncates_refused = writer.clears = 0;
-    int got = run_sessions(ss, 6, want);
-    CHECK_INT(got, want);
+    int by[6] = {0};
+    PGconn *c;
+    int want = run_shared(4, 12, 1, ss, 6, by, &c);
     /* What the writer left on its own channel. */
     const char *scratch = "{scratch}";
     char st[6];
@@ -1367,9 +1387,6 @@ static void test_payload_writes_concurrently(void)
     check_deliveries(want);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_chains WHERE channel_name <> 'scratch'"),
               0);
-    int by[6] = {0};
-    for (int i = 0; i < seen.n; i++)
-        by[seen.by[i]]++;
     printf("# deliveries: crate through mq_payloads %d + %d (%d transactions again), "
            "crate %d, C %d + %d; writer: %d inserts and %d truncates refused, %d clears\n",
            by[0], by[1], atomic_load(&view_retries), by[2], by[3], by[4],

@@ -1,8 +1,8 @@
 /*
  * serve_http.c: pqmq serve's HTTP side, on libmicrohttpd.
  *
- *   GET  /              the dashboard (tools/assets/index.html, CSRF token in)
- *   GET  /app.js ...    the other files of tools/assets/
+ *   GET  /              the dashboard (cli/assets/index.html, CSRF token in)
+ *   GET  /app.js ...    the other files of cli/assets/
  *   GET  /api/state     the snapshot as JSON; the page polls it
  *   GET  /metrics       the Prometheus text of pqmq metrics
  *   GET  /healthz       "ok", or 503 while the queue cannot be read

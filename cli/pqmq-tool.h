@@ -1,5 +1,5 @@
 /*
- * pqmq-tool.h: what the files of the pqmq command share (tools/pqmq.c holds
+ * pqmq-tool.h: what the files of the pqmq command share (cli/pqmq.c holds
  * main, the common options and the connection; one cmd_*.c per group of
  * subcommands).
  *
