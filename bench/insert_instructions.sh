@@ -43,14 +43,8 @@ set -euo pipefail
 batches=${1:-200}
 here=$(cd "$(dirname "$0")" && pwd)
 pqmq=${PQMQ_CMD:-$here/../build/cli/pqmq}
-. "$here/../tests/pgtmp.sh"
-command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
-
-work=$(mktemp -d)
-chmod 755 "$work"
-trap 'pgtmp_stop; rm -rf "$work"' EXIT
-pgtmp_start "$work" || exit 1
-q() { psql -X -q -v ON_ERROR_STOP=1 -d "$PGTMP_DSN" "$@"; }
+# shellcheck source=bench/scratch_cluster.sh
+. "$here/scratch_cluster.sh"
 q -c 'CREATE SCHEMA q'
 "$pqmq" -d "$PGTMP_DSN" --schema q migrate >/dev/null
 q -c "CREATE TABLE q.floor_msgs (id uuid PRIMARY KEY, channel text NOT NULL, payload jsonb,

@@ -22,23 +22,16 @@
 # rows inserted) and processing (LAYOUT-CASE less its fill, over the
 # messages claimed), and each as a ratio to the floor's. One session, so no
 # lock is ever skipped: what the statements cost, not what contention adds.
-# LAYOUTS chooses the layouts (default "floor a b c"). Needs valgrind.
+# LAYOUTS chooses the layouts (default "floor a b c d"). Needs valgrind.
 set -euo pipefail
 batches=${1:-100}
 here=$(cd "$(dirname "$0")" && pwd)
 pqmq=${PQMQ_CMD:-$here/../build/cli/pqmq}
-read -ra layouts <<<"${LAYOUTS:-floor a b c}"
-# shellcheck source=tests/pgtmp.sh
-. "$here/../tests/pgtmp.sh"
+read -ra layouts <<<"${LAYOUTS:-floor a b c d}"
 # shellcheck source=bench/layouts-forms.sh
 . "$here/layouts-forms.sh"
-command -v valgrind >/dev/null || { echo "needs valgrind" >&2; exit 1; }
-
-work=$(mktemp -d)
-chmod 755 "$work"
-trap 'pgtmp_stop; rm -rf "$work"' EXIT
-pgtmp_start "$work" || exit 1
-q() { psql -X -q -v ON_ERROR_STOP=1 -d "$PGTMP_DSN" "$@"; }
+# shellcheck source=bench/scratch_cluster.sh
+. "$here/scratch_cluster.sh"
 q -c 'CREATE SCHEMA lay_floor' -c 'CREATE SCHEMA lay_a' -c 'CREATE SCHEMA lay_b' -c 'CREATE SCHEMA lay_c'
 layouts_ddl | q
 "$pqmq" -d "$PGTMP_DSN" --schema lay_a migrate >/dev/null

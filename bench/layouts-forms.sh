@@ -196,65 +196,109 @@ form_b_fair() { fair_lease lay_b.msgs "chain_seq IS NULL" "backoff_ms = backoff_
 form_a_chains() { chain_lease lay_a.mq_msgs "retry_backoff = retry_backoff * 2"; }
 form_b_chains() { chain_lease lay_b.msgs "backoff_ms = backoff_ms * 2"; }
 
-# c: a completion is one appended row; a claim locks the cursors of channels
-# with something past their place, takes at most :per rows of each after it,
-# moves each cursor to the last row taken and appends one receipt row (the
-# ranges taken, an element a channel).
-form_c_fair() {
+# c and d: the cursors of channels with something past their place, from
+# :s, at most :v. c locks them (FOR NO KEY UPDATE SKIP LOCKED); d takes a
+# channel by its advisory lock (pg_try_advisory_xact_lock in a key space of
+# its own: no row lock written) and moves a cursor only from the place it
+# read (a cursor moved meanwhile by a consumer that has committed fails the
+# test, and its rows are not delivered), so that two consumers never
+# deliver one row and never wait for each other. PRED: which cursors may
+# take (chains: none with a member in flight).
+cursor_pick() {
+    local lock=$1 pred=$2
+    local scan="SELECT c.channel_key, c.pos FROM lay_c.cursors c
+    WHERE c.channel_key >= :s$pred
+      AND EXISTS (SELECT 1 FROM lay_c.log l WHERE l.channel_key = c.channel_key AND l.seq > c.pos)
+    ORDER BY c.channel_key LIMIT :v"
+    if [[ $lock == row ]]; then
+        printf 'cur AS (\n    %s FOR NO KEY UPDATE SKIP LOCKED),\n' "$scan"
+    else
+        printf 'cand AS MATERIALIZED (\n    %s),\n' "$scan"
+        printf 'cur AS MATERIALIZED (\n    SELECT * FROM cand WHERE pg_try_advisory_xact_lock(7, cand.channel_key::int)),\n'
+    fi
+}
+# took: at most PER rows of each cursor's channel after its place (with
+# LOCK advisory, the place each was read from).
+cursor_took() {
+    local from=
+    [[ $2 == advisory ]] && from=", cur.pos AS from_pos"
+    cat <<SQL
+took AS MATERIALIZED (
+    SELECT t.* FROM cur, LATERAL (
+        SELECT l.seq, l.channel_key, l.id, l.payload_json$from FROM lay_c.log l
+        WHERE l.channel_key = cur.channel_key AND l.seq > cur.pos
+        ORDER BY l.seq LIMIT $1) t
+    LIMIT 100),
+SQL
+}
+# d's test that the cursor is still where it was read.
+unmoved() { [[ $1 == advisory ]] && printf ' AND c.pos = %s.from_pos%s' "$2" "${3:-}"; }
+# What a claim delivers: with LOCK row every row taken, with advisory those
+# of the cursors it moved (CTE MOVED); then the marked last line (COLUMNS).
+delivered() {
+    local lock=$1 moved=$2 cols=$3 src=took
+    if [[ $lock == advisory ]]; then
+        printf 'got AS (\n    SELECT t.* FROM took t WHERE t.channel_key IN (SELECT m.channel_key FROM %s m))\n' "$moved"
+        src=got
+    fi
+    printf -- '-- out: %s ;; FROM %s\n' "$cols" "$src"
+}
+
+# Unordered: a completion is one appended row; a claim moves each cursor to
+# the last row taken and appends one receipt row (the ranges taken, an
+# element a channel).
+cursor_fair() {
+    local lock=$1
     cat <<'SQL'
 WITH done AS (
     INSERT INTO lay_c.done (seqs) SELECT :seqs::bigint[] WHERE :seqs::bigint[] <> '{}'
     RETURNING 1),
-cur AS (
-    SELECT c.channel_key, c.pos FROM lay_c.cursors c
-    WHERE c.channel_key >= :s
-      AND EXISTS (SELECT 1 FROM lay_c.log l WHERE l.channel_key = c.channel_key AND l.seq > c.pos)
-    ORDER BY c.channel_key LIMIT :v FOR NO KEY UPDATE SKIP LOCKED),
-took AS MATERIALIZED (
-    SELECT t.* FROM cur, LATERAL (
-        SELECT l.seq, l.channel_key, l.id, l.payload_json FROM lay_c.log l
-        WHERE l.channel_key = cur.channel_key AND l.seq > cur.pos
-        ORDER BY l.seq LIMIT :per) t
-    LIMIT 100),
+SQL
+    cursor_pick "$lock" ""
+    cursor_took :per "$lock"
+    local from=
+    [[ $lock == advisory ]] && from=", min(from_pos) AS from_pos"
+    cat <<SQL
 moved AS (
     UPDATE lay_c.cursors c SET pos = r.hi
-    FROM (SELECT channel_key, min(seq) AS lo, max(seq) AS hi FROM took GROUP BY channel_key) r
-    WHERE c.channel_key = r.channel_key
+    FROM (SELECT channel_key, min(seq) AS lo, max(seq) AS hi$from
+          FROM took GROUP BY channel_key) r
+    WHERE c.channel_key = r.channel_key$(unmoved "$lock" r)
     RETURNING c.channel_key, r.lo, r.hi),
 receipts AS (
     INSERT INTO lay_c.claims (keys, los, his, lease_until)
     SELECT array_agg(channel_key), array_agg(lo), array_agg(hi), now() + interval '5 minutes'
-    FROM moved HAVING count(*) > 0 RETURNING 1)
--- out: COALESCE(array_agg(seq), '{}')::text AS seqs ;; sum(octet_length(payload_json::text)) AS bytes ;; FROM took
+    FROM moved HAVING count(*) > 0 RETURNING 1)$([[ $lock == advisory ]] && echo ,)
 SQL
+    delivered "$lock" moved "COALESCE(array_agg(seq), '{}')::text AS seqs ;; sum(octet_length(payload_json::text)) AS bytes"
 }
 
-# c, chains: the cursor is the receipt: a claim sets the member in flight
-# and its lease, a completion moves the cursor past it.
-form_c_chains() {
+# Chains: the cursor is the receipt: a claim sets the member in flight and
+# its lease, a completion moves the cursor past it.
+cursor_chains() {
+    local lock=$1
     cat <<'SQL'
 WITH done AS (
     UPDATE lay_c.cursors c SET pos = c.inflight, inflight = NULL, lease_until = NULL
     WHERE c.channel_key = ANY (:keys::bigint[]) AND c.inflight = ANY (:seqs::bigint[])
     RETURNING 1),
-cur AS (
-    SELECT c.channel_key, c.pos FROM lay_c.cursors c
-    WHERE c.channel_key >= :s AND (c.inflight IS NULL OR c.lease_until < now())
-      AND EXISTS (SELECT 1 FROM lay_c.log l WHERE l.channel_key = c.channel_key AND l.seq > c.pos)
-    ORDER BY c.channel_key LIMIT :v FOR NO KEY UPDATE SKIP LOCKED),
-took AS MATERIALIZED (
-    SELECT t.* FROM cur, LATERAL (
-        SELECT l.seq, l.channel_key, l.id, l.payload_json FROM lay_c.log l
-        WHERE l.channel_key = cur.channel_key AND l.seq > cur.pos
-        ORDER BY l.seq LIMIT 1) t
-    LIMIT 100),
+SQL
+    cursor_pick "$lock" " AND (c.inflight IS NULL OR c.lease_until < now())"
+    cursor_took 1 "$lock"
+    cat <<SQL
 claimed AS (
     UPDATE lay_c.cursors c SET inflight = t.seq, lease_until = now() + interval '5 minutes'
-    FROM took t WHERE c.channel_key = t.channel_key RETURNING 1)
--- out: COALESCE(array_agg(seq), '{}')::text AS seqs ;; COALESCE(array_agg(channel_key), '{}')::text AS keys ;; sum(octet_length(payload_json::text)) AS bytes ;; FROM took
+    FROM took t
+    WHERE c.channel_key = t.channel_key$(unmoved "$lock" t "
+      AND (c.inflight IS NULL OR c.lease_until < now())")
+    RETURNING $([[ $lock == advisory ]] && echo "c.channel_key)," || echo "1)")
 SQL
+    delivered "$lock" claimed "COALESCE(array_agg(seq), '{}')::text AS seqs ;; COALESCE(array_agg(channel_key), '{}')::text AS keys ;; sum(octet_length(payload_json::text)) AS bytes"
 }
-
+form_c_fair() { cursor_fair row; }
+form_c_chains() { cursor_chains row; }
+form_d_fair() { cursor_fair advisory; }
+form_d_chains() { cursor_chains advisory; }
 form_floor_fair() {
     cat <<'SQL'
 WITH gone AS (
@@ -297,76 +341,6 @@ cur AS (INSERT INTO lay_c.cursors (channel_key) SELECT :ch FROM lk ON CONFLICT D
 INSERT INTO lay_c.log (seq, channel_key, id, attempts, backoff_ms, channel_name, name, payload_json)
 SELECT lk.base + g, :ch, gen_random_uuid(), 3, 1000, 'c' || :ch, 'n', '{"k": 1}'
 FROM lk, generate_series(1, 100) g;
-SQL
-}
-
-# d: c's tables and producers, and consumers that take a channel by its
-# advisory lock (pg_try_advisory_xact_lock in its own key space: no row lock
-# written) and move a cursor only from the place they read (a cursor moved
-# meanwhile by a consumer that has committed fails the test, and its rows
-# are not delivered), so two consumers never deliver one row and never wait
-# for each other.
-form_d_fair() {
-    cat <<'SQL'
-WITH done AS (
-    INSERT INTO lay_c.done (seqs) SELECT :seqs::bigint[] WHERE :seqs::bigint[] <> '{}'
-    RETURNING 1),
-cand AS MATERIALIZED (
-    SELECT c.channel_key, c.pos FROM lay_c.cursors c
-    WHERE c.channel_key >= :s
-      AND EXISTS (SELECT 1 FROM lay_c.log l WHERE l.channel_key = c.channel_key AND l.seq > c.pos)
-    ORDER BY c.channel_key LIMIT :v),
-cur AS MATERIALIZED (
-    SELECT * FROM cand WHERE pg_try_advisory_xact_lock(7, cand.channel_key::int)),
-took AS MATERIALIZED (
-    SELECT t.* FROM cur, LATERAL (
-        SELECT l.seq, l.channel_key, l.id, l.payload_json, cur.pos AS from_pos FROM lay_c.log l
-        WHERE l.channel_key = cur.channel_key AND l.seq > cur.pos
-        ORDER BY l.seq LIMIT :per) t
-    LIMIT 100),
-moved AS (
-    UPDATE lay_c.cursors c SET pos = r.hi
-    FROM (SELECT channel_key, min(seq) AS lo, max(seq) AS hi, min(from_pos) AS from_pos
-          FROM took GROUP BY channel_key) r
-    WHERE c.channel_key = r.channel_key AND c.pos = r.from_pos
-    RETURNING c.channel_key, r.lo, r.hi),
-receipts AS (
-    INSERT INTO lay_c.claims (keys, los, his, lease_until)
-    SELECT array_agg(channel_key), array_agg(lo), array_agg(hi), now() + interval '5 minutes'
-    FROM moved HAVING count(*) > 0 RETURNING 1),
-got AS (
-    SELECT t.* FROM took t WHERE t.channel_key IN (SELECT m.channel_key FROM moved m))
--- out: COALESCE(array_agg(seq), '{}')::text AS seqs ;; sum(octet_length(payload_json::text)) AS bytes ;; FROM got
-SQL
-}
-form_d_chains() {
-    cat <<'SQL'
-WITH done AS (
-    UPDATE lay_c.cursors c SET pos = c.inflight, inflight = NULL, lease_until = NULL
-    WHERE c.channel_key = ANY (:keys::bigint[]) AND c.inflight = ANY (:seqs::bigint[])
-    RETURNING 1),
-cand AS MATERIALIZED (
-    SELECT c.channel_key, c.pos FROM lay_c.cursors c
-    WHERE c.channel_key >= :s AND (c.inflight IS NULL OR c.lease_until < now())
-      AND EXISTS (SELECT 1 FROM lay_c.log l WHERE l.channel_key = c.channel_key AND l.seq > c.pos)
-    ORDER BY c.channel_key LIMIT :v),
-cur AS MATERIALIZED (
-    SELECT * FROM cand WHERE pg_try_advisory_xact_lock(7, cand.channel_key::int)),
-took AS MATERIALIZED (
-    SELECT t.* FROM cur, LATERAL (
-        SELECT l.seq, l.channel_key, l.id, l.payload_json, cur.pos AS from_pos FROM lay_c.log l
-        WHERE l.channel_key = cur.channel_key AND l.seq > cur.pos
-        ORDER BY l.seq LIMIT 1) t
-    LIMIT 100),
-claimed AS (
-    UPDATE lay_c.cursors c SET inflight = t.seq, lease_until = now() + interval '5 minutes'
-    FROM took t
-    WHERE c.channel_key = t.channel_key AND c.pos = t.from_pos
-      AND (c.inflight IS NULL OR c.lease_until < now())
-    RETURNING c.channel_key),
-got AS (
-    SELECT t.* FROM took t WHERE t.channel_key IN (SELECT m.channel_key FROM claimed m))
--- out: COALESCE(array_agg(seq), '{}')::text AS seqs ;; COALESCE(array_agg(channel_key), '{}')::text AS keys ;; sum(octet_length(payload_json::text)) AS bytes ;; FROM got
 SQL
 }
 form_d_insert() { form_c_insert; }

@@ -30,6 +30,9 @@
 #          Retries, delays, two-phase messages, priorities, unique keys and
 #          dead letters would take exception paths (tables of their own),
 #          not measured here.
+#   d      c's tables and producers, with consumers that take a channel by
+#          an advisory try-lock instead of a row lock on its cursor, and move
+#          a cursor only from the place they read.
 # Every pick is fair in the same way: channels in key order from a random
 # channel (a loose index scan on a and b, the cursor table on c), at most
 # PER messages a channel, 100 a batch; a statement completes the previous
@@ -57,7 +60,7 @@
 # rows and non-HOT updates times the table's indexes); dead
 # tuples of the layout's tables at the end (pg_stat_all_tables).
 # Needs pgbench, psql, bc, the pgstattuple extension (contrib) and a role
-# that may create it; LAYOUTS chooses the layouts (default "floor a b c").
+# that may create it; LAYOUTS chooses the layouts (default "floor a b c d").
 set -euo pipefail
 dsn=${1:?usage: bench/layouts.sh CONNINFO [SECONDS] [ROUNDS] [MESSAGES]}
 secs=${2:-5}
@@ -70,7 +73,7 @@ floor_x=3
 rate_offered=${RATE:-5000}
 here=$(cd "$(dirname "$0")" && pwd)
 pqmq=${PQMQ_CMD:-$here/../build/cli/pqmq}
-read -ra layouts <<<"${LAYOUTS:-floor a b c}"
+read -ra layouts <<<"${LAYOUTS:-floor a b c d}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 q() { psql -X -q -v ON_ERROR_STOP=1 -d "$dsn" "$@"; }
@@ -129,15 +132,6 @@ phys() {
                FROM pg_stat_all_tables t WHERE t.relid = ANY (ARRAY[$tl]::regclass[])) s" -F ' ' |
         sed 's/^/ /'
 }
-# Messages processed so far (the backlog was MESSAGES).
-processed() {
-    case $1 in
-    floor) qa -c "SELECT $((n * floor_x)) - count(*) FROM lay_floor.msgs" ;;
-    a) qa -c "SELECT $n - count(*) FROM lay_a.mq_msgs" ;;
-    b) qa -c "SELECT $n - count(*) FROM lay_b.msgs" ;;
-    c | d) qa -c "SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key) WHERE l.seq <= c.pos" ;;
-    esac
-}
 backlog_left() {
     case $1 in
     floor) qa -c "SELECT count(*) FROM lay_floor.msgs" ;;
@@ -145,6 +139,12 @@ backlog_left() {
     b) qa -c "SELECT count(*) FROM lay_b.msgs" ;;
     c | d) qa -c "SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key) WHERE l.seq > c.pos" ;;
     esac
+}
+# Messages processed so far, of a drain's backlog.
+processed() {
+    local rows=$n
+    [[ $1 == floor ]] && rows=$((n * floor_x))
+    echo $((rows - $(backlog_left "$1")))
 }
 
 declare -A res
