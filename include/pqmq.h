@@ -107,6 +107,8 @@ PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *client);
  * place, keeping its messages; a queue already at this release is left as
  * it is. The version reached is recorded in mq_schema_migrations. Safe to
  * run concurrently and repeatedly. Must be called outside a transaction.
+ * On a current queue it changes nothing, and a role that holds any duty
+ * (mq_grant) may call it: it reads the version through mq_schema_version().
  * Returns 0 or a negative code (the server's refusal of a version it cannot
  * upgrade is in pqmq_errmsg).
  */

@@ -23,7 +23,10 @@ PQMQ_EXPORT int pqmq_schema_version(void)
     return pqmq_schema_release;
 }
 
-/* The highest recorded version in the client's current schema, 0 if none. */
+/* The highest recorded version in the client's current schema, 0 if none.
+ * A role with a duty has no rights on the tables: it asks mq_schema_version(),
+ * which every duty may run, so a producer's pqmq_migrate on a current queue
+ * does nothing and succeeds. */
 static int applied_version(pqmq_client *c, int *version)
 {
     int rc;
@@ -31,16 +34,19 @@ static int applied_version(pqmq_client *c, int *version)
     /* Two statements: the second would not even parse without the table. */
     PGresult *r = pqmq__exec_text(
         c,
-        "SELECT to_regclass(quote_ident(current_schema()) || '.mq_schema_migrations') "
-        "IS NOT NULL",
+        "SELECT CASE WHEN to_regclass(t) IS NULL THEN 0 "
+        "WHEN has_table_privilege(t, 'SELECT') THEN 1 ELSE 2 END "
+        "FROM (SELECT quote_ident(current_schema()) || '.mq_schema_migrations' AS t) x",
         "pqmq_migrate", &rc);
     if (!r)
         return rc;
-    int exists = PQgetvalue(r, 0, 0)[0] == 't';
+    int how = atoi(PQgetvalue(r, 0, 0));
     PQclear(r);
-    if (!exists)
+    if (how == 0)
         return 0;
-    r = pqmq__exec_text(c, "SELECT COALESCE(max(version), 0) FROM mq_schema_migrations",
+    r = pqmq__exec_text(c,
+                        how == 1 ? "SELECT COALESCE(max(version), 0) FROM mq_schema_migrations"
+                                 : "SELECT mq_schema_version()",
                         "pqmq_migrate", &rc);
     if (!r)
         return rc;

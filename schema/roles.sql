@@ -16,6 +16,17 @@ AS $$
     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')
 $$;
 
+-- The queue's schema version (the highest in mq_schema_migrations), for
+-- every duty: pqmq_migrate and the pqmq command read it to learn that the
+-- queue is current, and the duties have no rights on the tables.
+CREATE OR REPLACE FUNCTION mq_schema_version()
+RETURNS int
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations
+$$;
+
 -- Which function belongs to which duty. Later migrations that add a
 -- function to a duty replace this and call mq_regrant().
 CREATE OR REPLACE FUNCTION mq_duties()
@@ -23,7 +34,9 @@ RETURNS TABLE(duty text, function_name text)
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
-    VALUES ('produce', 'mq_insert'), ('produce', 'mq_insert_unique'), ('produce', 'mq_commit'),
+    VALUES ('produce', 'mq_schema_version'), ('consume', 'mq_schema_version'),
+           ('administer', 'mq_schema_version'),
+           ('produce', 'mq_insert'), ('produce', 'mq_insert_unique'), ('produce', 'mq_commit'),
            -- A schedule inserts messages: producing (a runner that
            -- carries schedules needs it); operators list slots.
            ('produce', 'mq_schedule'), ('produce', 'mq_cron_slots'),

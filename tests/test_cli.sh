@@ -88,7 +88,7 @@ one_line
 [[ $? == 1 ]] || fail "status in a missing schema: not exit 1"
 has err "schema \"no_such_schema_$$\" does not exist"
 run 1 status
-has err "no pqmq queue in schema \"$schema\": run 'pqmq migrate'"
+has err "no pqmq queue in schema \"$schema\": run 'pqmq migrate' to install one"
 one_line
 
 # --- migrate ------------------------------------------------------------------
@@ -113,6 +113,13 @@ else
 fi
 run 0 migrate
 has out "is at version 100"
+# Without the right --schema, the advice names the schema that holds a queue
+# rather than 'pqmq migrate', which would install an empty second one.
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" status >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "status in a schema without a queue: not exit 1"
+has err "no pqmq queue in schema \"$old\"" "$schema" "--schema"
+grep -qF "pqmq migrate" "$work/err" && fail "the advice installs a second queue: $(cat "$work/err")"
+one_line
 run 0 migrate
 run 0 migrate --status
 has out "version 100 (pqmq 1.0.0), applied" "up to date"

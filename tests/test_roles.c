@@ -102,10 +102,10 @@ static void setup(void)
     t_exec(su, "CREATE ROLE %s NOLOGIN", adm);
     t_exec(su, "CREATE ROLE %s NOLOGIN", other);
     /* mq_insert (with and without priorities), mq_insert_unique, mq_commit,
-     * mq_schedule, mq_cron_slots */
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 6);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 16);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 14);
+     * mq_schedule, mq_cron_slots; and, for each duty, mq_schema_version */
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 7);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 17);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 15);
 }
 
 /* ---- each duty does its own job ---------------------------------------- */
@@ -266,13 +266,13 @@ static void test_unknown_duty_and_revoke(void)
 {
     CHECK_STR(sql_state(su, "SELECT mq_grant('drive', 'postgres')"), "22023");
     CHECK_STR(sql_state(su, "SELECT mq_grant(NULL, 'postgres')"), "22023");
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", other), 6);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", other), 7);
     CHECK_INT(t_sql_int(su,
                         "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
                         "'EXECUTE')::int",
                         other),
               1);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 6);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 7);
     CHECK_INT(t_sql_int(su,
                         "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[], int[])', "
                         "'EXECUTE')::int",
@@ -408,8 +408,8 @@ static void test_grant_refuses_a_role_that_can_create_in_the_schema(void)
     t_exec(su, "GRANT CREATE ON SCHEMA %s TO PUBLIC", t_schema());
     CHECK_STR(sql_state(su, sql), "42501");
     t_exec(su, "REVOKE CREATE ON SCHEMA %s FROM PUBLIC", t_schema());
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 16);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 16);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 17);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 17);
 }
 
 /* mq_create_roles makes NOLOGIN group roles; a login role that is a member
