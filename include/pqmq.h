@@ -113,6 +113,12 @@ PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *client);
  * upgrade is in pqmq_errmsg).
  */
 PQMQ_EXPORT int pqmq_migrate(pqmq_client *client);
+/*
+ * pqmq_migrate in schema (NULL: the current schema), which it selects for
+ * its own transaction only: the way to name the schema through a pooler in
+ * transaction mode, which keeps no session setting. schema is borrowed.
+ */
+PQMQ_EXPORT int pqmq_migrate_schema(pqmq_client *client, const char *schema);
 
 /* The schema version this library installs (100 for release 1.0.0). */
 PQMQ_EXPORT int pqmq_schema_version(void);

@@ -157,9 +157,25 @@ static int run_each(pqmq_client *c, const char *sql, const char *what)
     return rc;
 }
 
-static int apply_all(pqmq_client *c)
+/* The schema named for this transaction only (set_config(..., true)): a
+ * pooled server connection keeps no setting of it. */
+static int select_schema(pqmq_client *c, const char *schema)
+{
+    const char *p[1] = {schema};
+    int rc;
+    PGresult *r =
+        PQexecParams(c->conn, "SELECT set_config('search_path', quote_ident($1), true)", 1,
+                     NULL, p, NULL, NULL, 0);
+    r = pqmq__result_outcome(c, r, "pqmq_migrate", &rc);
+    PQclear(r);
+    return rc;
+}
+
+static int apply_all(pqmq_client *c, const char *schema)
 {
     int rc = run(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")", "pqmq_migrate");
+    if (!rc && schema)
+        rc = select_schema(c, schema);
     if (rc)
         return rc;
     PGresult *r = pqmq__exec_text(c, "SELECT current_schema() IS NULL", "pqmq_migrate", &rc);
@@ -167,6 +183,9 @@ static int apply_all(pqmq_client *c)
         return rc;
     int no_schema = PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
+    if (no_schema && schema)
+        return pqmq__seterr(c, PQMQ_ESCHEMA, "pqmq_migrate: schema \"%s\" does not exist",
+                            schema);
     if (no_schema)
         return pqmq__seterr(
             c, PQMQ_ESCHEMA,
@@ -201,6 +220,11 @@ static int apply_all(pqmq_client *c)
 
 PQMQ_EXPORT int pqmq_migrate(pqmq_client *c)
 {
+    return pqmq_migrate_schema(c, NULL);
+}
+
+PQMQ_EXPORT int pqmq_migrate_schema(pqmq_client *c, const char *schema)
+{
     if (!c)
         return PQMQ_EINVAL;
     pqmq__clearerr(c);
@@ -213,7 +237,7 @@ PQMQ_EXPORT int pqmq_migrate(pqmq_client *c)
     rc = run(c, "BEGIN", "pqmq_migrate");
     if (rc)
         return rc;
-    rc = apply_all(c);
+    rc = apply_all(c, schema);
     if (rc) {
         PQclear(PQexec(c->conn, "ROLLBACK"));
         return rc;
