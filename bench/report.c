@@ -127,8 +127,10 @@ void report_text(const struct opts *o, const struct results *r)
     rate_row("processing, poll API", r->main.poll, r->floor_drain, TARGET_POLL, f);
     rate_row("processing, locked lane", r->main.locked, r->floor_drain, TARGET_POLL, f);
     if (r->floor_drain_ctid > 0) {
-        rate_row("processing, runner, vs ctid floor", r->main.runner, r->floor_drain_ctid, 0, f);
-        rate_row("processing, poll API, vs ctid floor", r->main.poll, r->floor_drain_ctid, 0, f);
+        rate_row("processing, runner, vs ctid floor", r->main.runner, r->floor_drain_ctid, 0,
+                 f);
+        rate_row("processing, poll API, vs ctid floor", r->main.poll, r->floor_drain_ctid, 0,
+                 f);
         rate_row("processing, locked lane, vs ctid floor", r->main.locked, r->floor_drain_ctid,
                  0, f);
     }
