@@ -104,10 +104,14 @@ has err "permission denied"
 
 # --- consume ---------------------------------------------------------------------
 echo "== consume"
+# A message due in 10 minutes: "exit when idle" does not wait for it.
+as "$producer" 0 send --delay 600000 orders later
+start=$SECONDS
 timeout 60 "$build/examples/consumer" "$PQMQ_TEST_DSN user=$consumer" >"$work/out" \
     2>"$work/err" || fail "examples/consumer as a consume role: $(head -c 300 "$work/err")"
-[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'orders'") == 0 ]] ||
-    fail "examples/consumer left orders behind"
+((SECONDS - start < 30)) || fail "examples/consumer waited $((SECONDS - start)) s when idle"
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'orders'") == 1 ]] ||
+    fail "examples/consumer did not do the 3 ready orders, or did the delayed one"
 as "$consumer" 1 send work job '{}'
 has err "permission denied"
 
