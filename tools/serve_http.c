@@ -438,8 +438,7 @@ int serve_http_start(serve *s, const void *addr, size_t addrlen)
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)MEMORY_LIMIT, MHD_OPTION_THREAD_STACK_SIZE, (size_t)STACK_SIZE,
         MHD_OPTION_STRICT_FOR_CLIENT, (int)1, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-        MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL,
-        MHD_OPTION_END);
+        MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL, MHD_OPTION_END);
     return s->daemon ? 0 : EXIT_ERR;
 }
 
