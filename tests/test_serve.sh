@@ -198,12 +198,36 @@ jq -e . "$work/body" >/dev/null || fail "/api/state is not JSON"
 [[ $(jq -r '[.dead[] | select(.id == "'"$mail_id"'") | .error][0]' "$work/body") \
    == "SMTP 550: mailbox unavailable" ]] || fail "/api/state: the dead letter's error is missing"
 
+# A channel drained to nothing keeps its completions: the history counts
+# them within a refresh or two (the channel does not vanish with its
+# counter), and /metrics keeps its pqmq_removed_total.
+insert drainme job 5
+sleep 1.5
+http 200 /api/state
+before=$(jq '.history[-1][1]' "$work/body")
+sql "SELECT mq_complete(ARRAY(SELECT id FROM mq_claim('{drainme}', 10)))" >/dev/null
+drained=
+for _ in $(seq 20); do
+    sleep 0.5
+    http 200 /api/state
+    drained=$(jq ".history[-1][1] - $before" "$work/body")
+    [[ $drained == 5 ]] && break
+done
+[[ $drained == 5 ]] || fail "the history counts $drained of a drained channel's 5 completions"
+jq -e '[.history[][1]] | . == (. | sort)' "$work/body" >/dev/null ||
+    fail "the history's removed count went down: $(jq -c '[.history[][1]]' "$work/body")"
+http 200 /metrics
+grep -qx 'pqmq_removed_total{channel="drainme"} 5' "$work/body" ||
+    fail "/metrics lost the drained channel's counter: $(grep drainme "$work/body")"
+
 # --- the page's counts, in headless Chromium ---------------------------------
 echo "== the page's counts, in headless Chromium (at ${SECONDS}s)"
 if ((wd_rc == 0)); then
     billing_left=$((100 - completed))
+    # (The total too: the drained channel's ready messages are gone from it.)
     wd_wait 'const td = document.querySelector("tr[data-channel=billing] td[data-col=ready]");
       return td !== null && td.textContent === arguments[0]
+        && document.getElementById("total-ready").textContent === "'"$((3 + billing_left))"'"
         && document.querySelector("#dead tbody tr") !== null' "$billing_left" \
         || fail "the page never drew the last reading"
     table_js='const out = {};
