@@ -104,7 +104,10 @@ END;
 $$;
 
 -- Takes duty away from grantee (its USAGE on the schema stays: other
--- duties may need it). Returns how many functions it revoked.
+-- duties may need it), except the functions that another duty grantee
+-- still holds has too (mq_schema_version, mq_delete, mq_cron_slots): it
+-- holds a duty when it may run the duty's anchor function, as in
+-- mq_regrant. Returns how many functions it revoked.
 CREATE OR REPLACE FUNCTION mq_revoke(duty text, grantee regrole)
 RETURNS int
 LANGUAGE plpgsql
@@ -120,6 +123,18 @@ BEGIN
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_revoke.duty
+          AND NOT EXISTS (
+              SELECT 1
+              FROM mq_duties() o
+              JOIN (VALUES ('produce', 'mq_insert'), ('consume', 'mq_claim'),
+                           ('administer', 'mq_stats')) AS a(duty, anchor)
+                ON a.duty OPERATOR(pg_catalog.=) o.duty
+              JOIN pg_catalog.pg_proc ap
+                ON ap.proname::text OPERATOR(pg_catalog.=) a.anchor
+               AND ap.pronamespace OPERATOR(pg_catalog.=) p.pronamespace
+              WHERE o.function_name OPERATOR(pg_catalog.=) p.proname::text
+                AND o.duty OPERATOR(pg_catalog.<>) mq_revoke.duty
+                AND pg_catalog.has_function_privilege(grantee, ap.oid, 'EXECUTE'))
     LOOP
         PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn,
                                              grantee));

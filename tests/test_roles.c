@@ -283,6 +283,17 @@ static void test_unknown_duty_and_revoke(void)
                         "'EXECUTE')::int",
                         other),
               0);
+
+    /* A function of two duties stays while the role holds the other one:
+     * mq_schema_version (every duty's), which the pqmq command calls, and
+     * mq_cron_slots (produce's and administer's). */
+    const char *version = "SELECT has_function_privilege('%s', 'mq_schema_version()', "
+                          "'EXECUTE')::int";
+    t_exec(su, "SELECT mq_grant('produce', '%s'), mq_grant('administer', '%s')", other, other);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 5);
+    CHECK_INT(t_sql_int(su, version, other), 1);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('administer', '%s')", other), 15);
+    CHECK_INT(t_sql_int(su, version, other), 0);
 }
 
 /* ---- escaping through search_path -------------------------------------- */
