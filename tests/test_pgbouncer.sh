@@ -11,7 +11,10 @@
 # options cannot pass a pooler), and PQMQ_TEST_LISTEN_DSN points straight
 # at the server for the runners' LISTEN (pqmq_runner_set_listen_dsn).
 # TEST... (default: the list below) are paths relative to the build
-# directory make check runs in. Skips (77) only when pgbouncer is missing.
+# directory make check runs in. Then, through a plain pgbouncer (no reset
+# after a transaction), the pqmq command's subcommands and serve with
+# --schema, each followed by another client that must see its own
+# search_path. Skips (77) only when pgbouncer is missing.
 
 set -u
 
