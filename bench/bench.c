@@ -249,8 +249,11 @@ static void round_tag(const struct opts *o, int i, const char *shape, char *tag,
  * figure the median of its rounds (rounds.c). */
 static void run_rounds(const struct opts *o, PGconn *admin, struct results *r)
 {
-    struct rates mains[BENCH_MAX_ROUNDS], prios[BENCH_MAX_ROUNDS], ordered[BENCH_MAX_ROUNDS];
-    double fl[4][BENCH_MAX_ROUNDS];
+    /* Zeroed: a figure a run does not measure (the pipelined enqueue
+     * without --floor) reads as 0, "not measured", never as stack garbage. */
+    struct rates mains[BENCH_MAX_ROUNDS] = {0}, prios[BENCH_MAX_ROUNDS] = {0},
+                 ordered[BENCH_MAX_ROUNDS] = {0};
+    double fl[4][BENCH_MAX_ROUNDS] = {{0}};
     struct shape main_shape = {o->channels, o->ordered, 0};
     struct shape prio = {o->channels, o->ordered, o->priorities};
     struct shape chains = {o->chains, 1.0, 0};

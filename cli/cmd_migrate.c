@@ -10,37 +10,60 @@
 
 static void help(void)
 {
-    printf("usage: pqmq migrate [--status | --sql]\n\n"
+    printf("usage: pqmq migrate [--status | --sql | --create-schema]\n\n"
            "Creates or upgrades the queue's schema (safe to repeat and to run\n"
-           "concurrently).\n\n"
+           "concurrently; says so when there was nothing to do).\n\n"
            "      --status        the schema's recorded version, and what migrate would do\n"
            "      --sql           print the SQL that migrate would run instead of\n"
-           "                      running it (apply with: psql -1 -f FILE)\n%s",
+           "                      running it (apply with: psql -1 -f FILE)\n"
+           "      --create-schema create the --schema first when it does not exist\n"
+           "                      (owned by the connecting role)\n%s",
            tool_common_help);
 }
 
 /* The newest recorded version and when it was applied (0 and NULL when the
- * schema has no queue). Caller PQclear's *r. */
+ * schema has no queue; NULL when the role has a duty and no rights on the
+ * table, and reads the version through mq_schema_version()). Caller
+ * PQclear's *r. */
 static int recorded(tool *t, PGresult **r, int *version, const char **at)
 {
-    *r = tool_query(
-        t,
-        "SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(pg_catalog.current_schema())"
-        " OPERATOR(pg_catalog.||) '.mq_schema_migrations') IS NOT NULL",
-        0, NULL);
+    *r = tool_query(t,
+                    "SELECT CASE WHEN pg_catalog.to_regclass(x.t) IS NULL THEN 0"
+                    " WHEN pg_catalog.has_table_privilege(x.t, 'SELECT') THEN 1 ELSE 2 END "
+                    "FROM (SELECT pg_catalog.quote_ident(pg_catalog.current_schema())"
+                    " OPERATOR(pg_catalog.||) '.mq_schema_migrations' AS t) x",
+                    0, NULL);
     if (!*r)
         return EXIT_ERR;
-    int exists = PQgetvalue(*r, 0, 0)[0] == 't';
+    int how = atoi(PQgetvalue(*r, 0, 0));
     PQclear(*r);
     *r = tool_query(t,
-                    exists ? "SELECT version, applied_at FROM mq_schema_migrations "
-                             "ORDER BY version DESC LIMIT 1"
-                           : "SELECT 0, NULL::timestamptz",
+                    how == 1   ? "SELECT version, applied_at FROM mq_schema_migrations "
+                                 "ORDER BY version DESC LIMIT 1"
+                    : how == 2 ? "SELECT mq_schema_version(), NULL::timestamptz"
+                               : "SELECT 0, NULL::timestamptz",
                     0, NULL);
     if (!*r)
         return EXIT_ERR;
     *version = PQntuples(*r) ? atoi(PQgetvalue(*r, 0, 0)) : 0;
     *at = PQntuples(*r) && !PQgetisnull(*r, 0, 1) ? PQgetvalue(*r, 0, 1) : NULL;
+    return EXIT_OK;
+}
+
+/* --create-schema: CREATE SCHEMA IF NOT EXISTS, the name quoted by the
+ * server's format('%I'), never spliced by hand. */
+static int create_schema(tool *t)
+{
+    const char *p[1] = {t->schema};
+    PGresult *r = tool_query(
+        t, "SELECT pg_catalog.format('CREATE SCHEMA IF NOT EXISTS %I', $1::text)", 1, p);
+    if (!r)
+        return EXIT_ERR;
+    PGresult *done = tool_query(t, PQgetvalue(r, 0, 0), 0, NULL);
+    PQclear(r);
+    if (!done)
+        return EXIT_ERR;
+    PQclear(done);
     return EXIT_OK;
 }
 
@@ -96,9 +119,10 @@ int cmd_migrate(tool *t, int argc, char **argv)
         TOOL_COMMON_OPTS,
         {"status", no_argument, NULL, 's'},
         {"sql", no_argument, NULL, 'q'},
+        {"create-schema", no_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
-    int mode = 0, c;
+    int mode = 0, create = 0, c;
     while ((c = getopt_long(argc, argv, TOOL_COMMON_SHORT, opts, NULL)) != -1) {
         if (c == 'h') {
             help();
@@ -107,24 +131,39 @@ int cmd_migrate(tool *t, int argc, char **argv)
             if (mode && mode != c)
                 return tool_usage(t, "--status and --sql do not go together");
             mode = c;
+        } else if (c == 'C') {
+            create = 1;
         } else if (tool_common_opt(t, c, optarg)) {
             return EXIT_USAGE;
         }
     }
     if (optind < argc)
         return tool_usage(t, "unexpected argument \"%s\"", argv[optind]);
+    if (create && mode)
+        return tool_usage(t, "--create-schema goes with neither --status nor --sql");
+    if (create && !t->schema)
+        return tool_usage(t, "--create-schema needs --schema NAME");
     /* A schema without a queue is what migrate is for: no check. */
     int rc = tool_connect(t, -1);
+    if (!rc && create) {
+        rc = create_schema(t);
+        /* Then the schema is on the path of the transaction. */
+        if (!rc && !(rc = tool_commit(t)))
+            rc = tool_begin(t);
+    }
     if (rc)
         return rc;
     char *schema = tool_current_schema(t);
     if (!schema)
-        return t->schema ? tool_err(t, "schema \"%s\" does not exist", t->schema)
+        return t->schema ? tool_err(t,
+                                    "schema \"%s\" does not exist: add --create-schema, or "
+                                    "create it as the role that will own the queue",
+                                    t->schema)
                          : tool_err(t, "no schema on the search_path (use --schema)");
     PGresult *r = NULL;
     int have = 0;
     const char *at = NULL;
-    if (mode && recorded(t, &r, &have, &at) != EXIT_OK) {
+    if (recorded(t, &r, &have, &at) != EXIT_OK) {
         PQclear(r);
         free(schema);
         return EXIT_ERR;
@@ -133,11 +172,17 @@ int cmd_migrate(tool *t, int argc, char **argv)
         rc = status(have, at, schema);
     } else if (mode == 'q') {
         rc = print_sql(t, have, schema);
-    } else if (pqmq_migrate(t->client) != PQMQ_OK) {
+    } else if (have == pqmq_schema_version()) {
+        printf("schema \"%s\" is at version %d already: nothing to do\n", schema, have);
+    } else if ((rc = tool_commit(t)) != EXIT_OK) {
+        /* pqmq_migrate runs its own transaction (selecting --schema in it). */
+    } else if (pqmq_migrate_schema(t->client, t->schema) != PQMQ_OK) {
         rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
+    } else if (have) {
+        printf("schema \"%s\" upgraded from version %d to %d\n", schema, have,
+               pqmq_schema_version());
     } else {
-        printf("schema \"%s\" is at version %d\n", schema, pqmq_schema_version());
-        rc = EXIT_OK;
+        printf("schema \"%s\": queue installed at version %d\n", schema, pqmq_schema_version());
     }
     PQclear(r);
     free(schema);

@@ -139,6 +139,10 @@ int cmd_watch(tool *t, int argc, char **argv)
     const double min_gap = 0.25; /* a burst of notifications: one redraw */
     for (long long done = 0; count == 0 || done < count; done++) {
         if (done > 0) {
+            /* Notifications come between transactions, and a pooled server
+             * connection must not wait inside one (tool_begin). */
+            if ((rc = tool_commit(t)) != 0)
+                break;
             int w = wait_notify(t->conn, now_s() + (double)interval);
             if (w < 0) {
                 rc = tool_err(t, "lost the connection to the server: %s",
@@ -151,6 +155,8 @@ int cmd_watch(tool *t, int argc, char **argv)
                 wait_notify(t->conn, 0);
             }
         }
+        if (done > 0 && (rc = tool_begin(t)) != 0)
+            break;
         rc = draw(t, channels, n, &prev, &prev_n, &prev_at);
         if (rc)
             break;

@@ -51,10 +51,20 @@ int tool_common_opt(tool *t, int c, const char *arg);
 /* The lines of --help that describe the common options. */
 extern const char tool_common_help[];
 
-/* Connects and selects the schema (--schema); then, unless min_version is
- * negative, checks that the schema holds a queue migrated at least to
- * min_version. Returns 0, or EXIT_ERR with the reason printed. */
+/* Connects and selects the schema (--schema, with tool_begin); then, unless
+ * min_version is negative, checks that the schema holds a queue migrated at
+ * least to min_version. Returns 0, or EXIT_ERR with the reason printed. */
 int tool_connect(tool *t, int min_version);
+/* With --schema, opens a transaction that selects the schema for itself
+ * only (set_config(..., true)): a session setting would stay behind in a
+ * pooled server connection (PgBouncer in transaction mode) for its next
+ * client, and would not follow this one to the next. Does nothing without
+ * --schema or in an open transaction. main ends the command's transaction
+ * with tool_commit; a command that waits (watch, serve) ends it before it
+ * waits and begins another after. 0 or EXIT_ERR (printed). */
+int tool_begin(tool *t);
+/* Commits the open transaction (rolls back a failed one); 0 or EXIT_ERR. */
+int tool_commit(tool *t);
 void tool_disconnect(tool *t);
 /* The schema the queue lives in (after tool_connect). Caller frees. */
 char *tool_current_schema(tool *t);

@@ -151,24 +151,62 @@ char *tool_current_schema(tool *t)
     return s;
 }
 
-/* Is the queue in the current schema migrated to min_version? */
+/* The schemas that hold a queue (a quoted, comma-separated list the caller
+ * frees), or NULL for none: what an error names instead of advising to
+ * install a second queue. */
+static char *queue_schemas(tool *t)
+{
+    PGresult *r =
+        tool_query(t,
+                   "SELECT pg_catalog.string_agg(pg_catalog.quote_ident(n.nspname::text), ', '"
+                   " ORDER BY n.nspname), pg_catalog.count(*) "
+                   "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+                   " ON n.oid OPERATOR(pg_catalog.=) c.relnamespace "
+                   "WHERE c.relname OPERATOR(pg_catalog.=) 'mq_schema_migrations'"
+                   " AND c.relkind OPERATOR(pg_catalog.=) 'r'",
+                   0, NULL);
+    char *s = NULL;
+    if (r && !PQgetisnull(r, 0, 0))
+        s = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return s;
+}
+
+/* Is the queue in the current schema migrated to min_version? The version
+ * comes from the table for its owner and from mq_schema_version() for the
+ * roles of the duties, which have no rights on the tables. */
 static int check_schema(tool *t, int min_version)
 {
     PGresult *r =
         tool_query(t,
                    "SELECT pg_catalog.current_schema(), "
-                   "pg_catalog.to_regclass(pg_catalog.quote_ident(pg_catalog.current_schema())"
-                   " OPERATOR(pg_catalog.||) '.mq_schema_migrations') IS NOT NULL",
+                   "CASE WHEN pg_catalog.to_regclass(x.t) IS NULL THEN 0"
+                   " WHEN pg_catalog.has_table_privilege(x.t, 'SELECT') THEN 1 ELSE 2 END "
+                   "FROM (SELECT pg_catalog.quote_ident(pg_catalog.current_schema())"
+                   " OPERATOR(pg_catalog.||) '.mq_schema_migrations' AS t) x",
                    0, NULL);
     if (!r)
         return EXIT_ERR;
-    int rc = 0;
+    int rc = 0, how = atoi(PQgetvalue(r, 0, 1));
     if (PQgetisnull(r, 0, 0)) {
         rc = t->schema ? tool_err(t, "schema \"%s\" does not exist", t->schema)
                        : tool_err(t, "no schema on the search_path (use --schema)");
-    } else if (PQgetvalue(r, 0, 1)[0] != 't') {
-        rc = tool_err(t, "no pqmq queue in schema \"%s\": run 'pqmq migrate'",
-                      PQgetvalue(r, 0, 0));
+    } else if (how == 0) {
+        char *others = queue_schemas(t);
+        if (!others)
+            rc =
+                tool_err(t, "no pqmq queue in schema \"%s\": run 'pqmq migrate' to install one",
+                         PQgetvalue(r, 0, 0));
+        else if (!strchr(others, ','))
+            rc = tool_err(
+                t, "no pqmq queue in schema \"%s\"; schema %s holds one: add --schema %s",
+                PQgetvalue(r, 0, 0), others, others);
+        else
+            rc = tool_err(t,
+                          "no pqmq queue in schema \"%s\"; these schemas hold one: %s "
+                          "(add --schema NAME)",
+                          PQgetvalue(r, 0, 0), others);
+        free(others);
     }
     if (rc || min_version <= 0) {
         PQclear(r);
@@ -176,7 +214,10 @@ static int check_schema(tool *t, int min_version)
     }
     char *schema = strdup(PQgetvalue(r, 0, 0));
     PQclear(r);
-    r = tool_query(t, "SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations",
+    r = tool_query(t,
+                   how == 1
+                       ? "SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations"
+                       : "SELECT mq_schema_version()",
                    0, NULL);
     if (!r) {
         free(schema);
@@ -203,16 +244,42 @@ int tool_connect(tool *t, int min_version)
                         tool_first_line(pqmq_errmsg(t->client)));
     }
     t->conn = pqmq_conn(t->client);
-    if (t->schema) {
-        const char *p[1] = {t->schema};
-        PGresult *r = tool_query(
-            t, "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1), false)",
-            1, p);
-        if (!r)
-            return EXIT_ERR;
-        PQclear(r);
-    }
+    rc = tool_begin(t);
+    if (rc)
+        return rc;
     return min_version < 0 ? 0 : check_schema(t, min_version);
+}
+
+int tool_begin(tool *t)
+{
+    if (!t->schema || PQtransactionStatus(t->conn) != PQTRANS_IDLE)
+        return 0;
+    PGresult *r = tool_query(t, "BEGIN", 0, NULL);
+    if (!r)
+        return EXIT_ERR;
+    PQclear(r);
+    const char *p[1] = {t->schema};
+    r = tool_query(
+        t, "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1), true)", 1,
+        p);
+    if (!r)
+        return EXIT_ERR;
+    PQclear(r);
+    return 0;
+}
+
+int tool_commit(tool *t)
+{
+    if (!t->conn || PQstatus(t->conn) != CONNECTION_OK)
+        return 0;
+    PGTransactionStatusType st = PQtransactionStatus(t->conn);
+    if (st != PQTRANS_INTRANS && st != PQTRANS_INERROR)
+        return 0;
+    PGresult *r = tool_query(t, st == PQTRANS_INTRANS ? "COMMIT" : "ROLLBACK", 0, NULL);
+    if (!r)
+        return EXIT_ERR;
+    PQclear(r);
+    return 0;
 }
 
 void tool_disconnect(tool *t)
@@ -322,6 +389,10 @@ int main(int argc, char **argv)
         sub_argv[0] = prog;
         optind = 0; /* glibc: getopt_long starts over on the command's arguments */
         int rc = commands[i].fn(&t, sub_argc, sub_argv);
+        /* What a command did before an error stands, as it would have
+         * without the transaction that --schema opens. */
+        if (tool_commit(&t) && rc == EXIT_OK)
+            rc = EXIT_ERR;
         tool_disconnect(&t);
         if (fflush(stdout) != 0 && rc == EXIT_OK)
             rc = tool_err(&t, "cannot write the output: %s", strerror(errno));

@@ -149,10 +149,12 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
     unsigned status = 200;
     size_t done = 0;
     pthread_mutex_lock(&s->db_lock);
-    int rc = serve_connect(s) ? PQMQ_ECONN : PQMQ_OK;
+    int rc = serve_connect(s) || tool_begin(s->t) ? PQMQ_ECONN : PQMQ_OK;
     if (rc == PQMQ_OK)
         rc = is_retry ? pqmq_retry(s->t->client, f->ids, f->n, (int)f->retries, &done)
                       : pqmq_skip(s->t->client, f->ids, f->n, &done);
+    if (tool_commit(s->t) && rc == PQMQ_OK)
+        rc = PQMQ_ECONN;
     if (rc != PQMQ_OK) {
         status = failure_status(s, rc);
         const char *msg = s->t->client ? tool_first_line(pqmq_errmsg(s->t->client))

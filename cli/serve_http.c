@@ -411,6 +411,16 @@ static void logger(void *cls, const char *fmt, va_list ap)
         fputc('\n', stderr);
 }
 
+/* Paths are matched as sent, never unescaped: every route is plain ASCII,
+ * and an unescaped "/%00" would end at its NUL and read as "/". A path
+ * with an escape is no route: 404. */
+static size_t keep_escapes(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    return strlen(s);
+}
+
 int serve_http_start(serve *s, const void *addr, size_t addrlen)
 {
     (void)addrlen;
@@ -428,7 +438,7 @@ int serve_http_start(serve *s, const void *addr, size_t addrlen)
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)MEMORY_LIMIT, MHD_OPTION_THREAD_STACK_SIZE, (size_t)STACK_SIZE,
         MHD_OPTION_STRICT_FOR_CLIENT, (int)1, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-        MHD_OPTION_END);
+        MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL, MHD_OPTION_END);
     return s->daemon ? 0 : EXIT_ERR;
 }
 

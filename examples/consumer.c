@@ -6,6 +6,8 @@
  * Completes in batches (one round trip per batch) and reports failures with
  * pqmq_fail so they are retried after the backoff. Copy freely.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep under -std=c11 */
+
 #include <stdio.h>
 #include <time.h>
 
@@ -44,10 +46,12 @@ int main(int argc, char **argv)
         size_t n = pqmq_batch_count(batch);
         if (n == 0) {
             /* Nothing ready: wait_ms says when something will be (-1: never).
-             * A real worker sleeps on LISTEN instead (see the runner). */
+             * Idle is nothing due within a second: a delayed message waits
+             * for the next run. A real worker sleeps on LISTEN instead (see
+             * the runner). */
             int64_t wait = pqmq_batch_wait_ms(batch);
             pqmq_batch_free(batch);
-            if (wait < 0)
+            if (wait < 0 || wait > 1000)
                 break;
             struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
             nanosleep(&ts, NULL);

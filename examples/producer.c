@@ -30,7 +30,8 @@ int main(int argc, char **argv)
         pqmq_client_free(client);
         return 1;
     }
-    /* Creates or upgrades the queue tables; cheap when already done. */
+    /* Creates or upgrades the queue tables; cheap when already done, and
+     * then all it needs is a duty (mq_grant), no rights on the tables. */
     if (pqmq_migrate(client) != PQMQ_OK) {
         fprintf(stderr, "migrate: %s\n", pqmq_errmsg(client));
         pqmq_client_free(client);

@@ -120,10 +120,18 @@ PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *client);
  * place, keeping its messages; a queue already at this release is left as
  * it is. The version reached is recorded in mq_schema_migrations. Safe to
  * run concurrently and repeatedly. Must be called outside a transaction.
+ * On a current queue it changes nothing, and a role that holds any duty
+ * (mq_grant) may call it: it reads the version through mq_schema_version().
  * Returns 0 or a negative code (the server's refusal of a version it cannot
  * upgrade is in pqmq_errmsg).
  */
 PQMQ_EXPORT int pqmq_migrate(pqmq_client *client);
+/*
+ * pqmq_migrate in schema (NULL: the current schema), which it selects for
+ * its own transaction only: the way to name the schema through a pooler in
+ * transaction mode, which keeps no session setting. schema is borrowed.
+ */
+PQMQ_EXPORT int pqmq_migrate_schema(pqmq_client *client, const char *schema);
 
 /* The schema version this library installs (100 for release 1.0.0). */
 PQMQ_EXPORT int pqmq_schema_version(void);

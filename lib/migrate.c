@@ -23,7 +23,10 @@ PQMQ_EXPORT int pqmq_schema_version(void)
     return pqmq_schema_release;
 }
 
-/* The highest recorded version in the client's current schema, 0 if none. */
+/* The highest recorded version in the client's current schema, 0 if none.
+ * A role with a duty has no rights on the tables: it asks mq_schema_version(),
+ * which every duty may run, so a producer's pqmq_migrate on a current queue
+ * does nothing and succeeds. */
 static int applied_version(pqmq_client *c, int *version)
 {
     int rc;
@@ -31,16 +34,20 @@ static int applied_version(pqmq_client *c, int *version)
     /* Two statements: the second would not even parse without the table. */
     PGresult *r = pqmq__exec_text(
         c,
-        "SELECT to_regclass(quote_ident(current_schema()) || '.mq_schema_migrations') "
-        "IS NOT NULL",
+        "SELECT CASE WHEN to_regclass(t) IS NULL THEN 0 "
+        "WHEN has_table_privilege(t, 'SELECT') THEN 1 ELSE 2 END "
+        "FROM (SELECT quote_ident(current_schema()) || '.mq_schema_migrations' AS t) x",
         &rc);
     if (!r)
         return rc;
-    int exists = PQgetvalue(r, 0, 0)[0] == 't';
+    int how = atoi(PQgetvalue(r, 0, 0));
     PQclear(r);
-    if (!exists)
+    if (how == 0)
         return 0;
-    r = pqmq__exec_text(c, "SELECT COALESCE(max(version), 0) FROM mq_schema_migrations", &rc);
+    r = pqmq__exec_text(c,
+                        how == 1 ? "SELECT COALESCE(max(version), 0) FROM mq_schema_migrations"
+                                 : "SELECT mq_schema_version()",
+                        &rc);
     if (!r)
         return rc;
     *version = atoi(PQgetvalue(r, 0, 0));
@@ -159,9 +166,25 @@ static int run_each(pqmq_client *c, const char *sql)
     return rc;
 }
 
-static int apply_all(pqmq_client *c)
+/* The schema named for this transaction only (set_config(..., true)): a
+ * pooled server connection keeps no setting of it. */
+static int select_schema(pqmq_client *c, const char *schema)
+{
+    const char *p[1] = {schema};
+    int rc;
+    PGresult *r =
+        PQexecParams(c->conn, "SELECT set_config('search_path', quote_ident($1), true)", 1,
+                     NULL, p, NULL, NULL, 0);
+    r = pqmq__result_outcome(c, r, &rc);
+    PQclear(r);
+    return rc;
+}
+
+static int apply_all(pqmq_client *c, const char *schema)
 {
     int rc = run(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")");
+    if (!rc && schema)
+        rc = select_schema(c, schema);
     if (rc)
         return rc;
     PGresult *r = pqmq__exec_text(c, "SELECT current_schema() IS NULL", &rc);
@@ -169,6 +192,9 @@ static int apply_all(pqmq_client *c)
         return rc;
     int no_schema = PQgetvalue(r, 0, 0)[0] == 't';
     PQclear(r);
+    if (no_schema && schema)
+        return pqmq__seterr(c, PQMQ_ESCHEMA, "pqmq_migrate: schema \"%s\" does not exist",
+                            schema);
     if (no_schema)
         return pqmq__err(c, PQMQ_ESCHEMA,
                          "no schema on the search_path to create the queue in");
@@ -200,9 +226,26 @@ static int apply_all(pqmq_client *c)
     return rc;
 }
 
+static int migrate(pqmq_client *c, const char *schema);
+
 PQMQ_EXPORT int pqmq_migrate(pqmq_client *c)
 {
     if (pqmq__enter(c, "pqmq_migrate"))
+        return PQMQ_EINVAL;
+    return migrate(c, NULL);
+}
+
+PQMQ_EXPORT int pqmq_migrate_schema(pqmq_client *c, const char *schema)
+{
+    if (pqmq__enter(c, "pqmq_migrate_schema"))
+        return PQMQ_EINVAL;
+    return migrate(c, schema);
+}
+
+/* pqmq_migrate and pqmq_migrate_schema, once entered. */
+static int migrate(pqmq_client *c, const char *schema)
+{
+    if (!c)
         return PQMQ_EINVAL;
     int rc = pqmq__ready(c);
     if (rc)
@@ -212,7 +255,7 @@ PQMQ_EXPORT int pqmq_migrate(pqmq_client *c)
     rc = run(c, "BEGIN");
     if (rc)
         return rc;
-    rc = apply_all(c);
+    rc = apply_all(c, schema);
     if (rc) {
         PQclear(PQexec(c->conn, "ROLLBACK"));
         return rc;

@@ -16,6 +16,17 @@ AS $$
     WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')
 $$;
 
+-- The queue's schema version (the highest in mq_schema_migrations), for
+-- every duty: pqmq_migrate and the pqmq command read it to learn that the
+-- queue is current, and the duties have no rights on the tables.
+CREATE OR REPLACE FUNCTION mq_schema_version()
+RETURNS int
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations
+$$;
+
 -- Which function belongs to which duty. A function given to a duty is added
 -- here; every install and upgrade applies this file again and calls
 -- mq_regrant() (at the end), so holders of the duty get it.
@@ -24,7 +35,9 @@ RETURNS TABLE(duty text, function_name text)
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
-    VALUES ('produce', 'mq_insert'), ('produce', 'mq_insert_unique'), ('produce', 'mq_commit'),
+    VALUES ('produce', 'mq_schema_version'), ('consume', 'mq_schema_version'),
+           ('administer', 'mq_schema_version'),
+           ('produce', 'mq_insert'), ('produce', 'mq_insert_unique'), ('produce', 'mq_commit'),
            -- A schedule inserts messages: producing (a runner that
            -- carries schedules needs it); operators list slots.
            ('produce', 'mq_schedule'), ('produce', 'mq_cron_slots'),
@@ -92,7 +105,10 @@ END;
 $$;
 
 -- Takes duty away from grantee (its USAGE on the schema stays: other
--- duties may need it). Returns how many functions it revoked.
+-- duties may need it), except the functions that another duty grantee
+-- still holds has too (mq_schema_version, mq_delete, mq_cron_slots): it
+-- holds a duty when it may run the duty's anchor function, as in
+-- mq_regrant. Returns how many functions it revoked.
 CREATE OR REPLACE FUNCTION mq_revoke(duty text, grantee regrole)
 RETURNS int
 LANGUAGE plpgsql
@@ -108,6 +124,18 @@ BEGIN
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_revoke.duty
+          AND NOT EXISTS (
+              SELECT 1
+              FROM mq_duties() o
+              JOIN (VALUES ('produce', 'mq_insert'), ('consume', 'mq_claim'),
+                           ('administer', 'mq_stats')) AS a(duty, anchor)
+                ON a.duty OPERATOR(pg_catalog.=) o.duty
+              JOIN pg_catalog.pg_proc ap
+                ON ap.proname::text OPERATOR(pg_catalog.=) a.anchor
+               AND ap.pronamespace OPERATOR(pg_catalog.=) p.pronamespace
+              WHERE o.function_name OPERATOR(pg_catalog.=) p.proname::text
+                AND o.duty OPERATOR(pg_catalog.<>) mq_revoke.duty
+                AND pg_catalog.has_function_privilege(grantee, ap.oid, 'EXECUTE'))
     LOOP
         PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn,
                                              grantee));

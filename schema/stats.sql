@@ -242,7 +242,8 @@ $$;
 --   ready        a poll would take it now
 -- blocked_chains: dead chain heads (their chain waits for retry or skip).
 -- oldest_ready_age: seconds since the oldest ready message became ready.
--- removed: messages of the channel deleted so far (completed or purged).
+-- removed: messages of the channel deleted so far (completed or purged), a
+-- counter: a channel drained of its messages keeps its row.
 --
 -- Cost: what it reads never includes the waiting messages. total and
 -- waiting come from the counters; dead, scheduled and uncommitted messages
@@ -393,7 +394,9 @@ BEGIN
            c.waiting - COALESCE(b.h, 0) AS w, COALESCE(b.d, 0) AS d, COALESCE(b.b, 0) AS bl, c.removed AS rm
     FROM counts c
     LEFT JOIN by_state b ON b.channel_name = c.channel_name
-    WHERE c.total > 0
+    -- A drained channel stays, with its removed count: a counter that
+    -- vanished would read as a reset to whoever takes its rate.
+    WHERE c.total > 0 OR c.removed > 0
        OR (channel_names IS NOT NULL AND c.channel_name = ANY (channel_names))
     ORDER BY c.channel_name
     LOOP

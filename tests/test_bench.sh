@@ -65,13 +65,36 @@ else
     [[ $left == 0 ]] || fail "the run left $left messages in the queue"
 fi
 
+# The text report without --floor: no row of a figure that was not
+# measured (a value "-"), no floor or ratio column with nothing in it, no
+# verdict on latencies (their targets are for other settings: README), and
+# the rows against the main scenario have a header of their own.
+if ! "$bench" "${small[@]}" >"$work/text" 2>"$work/err"; then
+    fail "pqmq-bench (text) exited $?: $(tail -3 "$work/err")"
+else
+    grep -q "10 batches a call" "$work/text" &&
+        fail "the report prints the pipelined row, measured only with --floor"
+    grep -q "^latency.*MISSED\|^  .*(ms).*MISSED" "$work/text" &&
+        fail "the report judges the latencies: $(grep MISSED "$work/text")"
+    grep -qE "^latency \(ms\) +p50 +p99 +max" "$work/text" ||
+        fail "the latencies' header does not name its columns"
+    awk '$0 ~ /^[a-z0-9]/ && $0 !~ /:$/ && NF >= 2 && $2 == "-" { bad = 1; print }
+         END { exit bad }' "$work/text" >"$work/unmeasured" ||
+        fail "rows without a value: $(tr '\n' '|' <"$work/unmeasured")"
+    grep -qE "^figure +messages/s\b" "$work/text" ||
+        fail "the rates' header does not say what its column holds: $(head -4 "$work/text")"
+    grep -qE "^figure.*floor" "$work/text" && fail "a floor column in a run without --floor"
+    grep -qE "^(vs the main scenario|against the main scenario).*main" "$work/text" ||
+        fail "the rows against the main scenario have no header of their own"
+fi
+
 # Three rounds, as text: --profile's lines (stderr, one a phase) show each
 # round's phases, in turn.
 if ! "$bench" "${small[@]}" --rounds 3 --profile >"$work/out" 2>"$work/err"; then
     fail "pqmq-bench --rounds 3 exited $?: $(tail -3 "$work/err")"
 else
-    grep -q "^  idle runner: insert+commit p50/p99 *[0-9.]*/[0-9.]*$" "$work/out" &&
-        grep -q "^  idle runner: runner p50/p99 *[0-9.]*/[0-9.]*$" "$work/out" ||
+    grep -A2 "^  idle runner " "$work/out" | grep -qE "^    insert\+commit +[0-9.]+ +[0-9.]+$" &&
+        grep -A2 "^  idle runner " "$work/out" | grep -qE "^    runner +[0-9.]+ +[0-9.]+$" ||
         fail "the report does not split the idle latency: $(grep idle "$work/out")"
     grep -q "the median of 3 interleaved rounds" "$work/out" ||
         fail "the --rounds 3 report does not say its figures are medians"

@@ -88,7 +88,7 @@ one_line
 [[ $? == 1 ]] || fail "status in a missing schema: not exit 1"
 has err "schema \"no_such_schema_$$\" does not exist"
 run 1 status
-has err "no pqmq queue in schema \"$schema\": run 'pqmq migrate'"
+has err "no pqmq queue in schema \"$schema\": run 'pqmq migrate' to install one"
 one_line
 
 # --- migrate ------------------------------------------------------------------
@@ -112,7 +112,30 @@ else
     has err "up to date"
 fi
 run 0 migrate
-has out "is at version 100"
+has out "queue installed at version 100"
+run 0 migrate
+has out "is at version 100 already: nothing to do"
+grep -q "installed" "$work/out" && fail "a second migrate says it installed: $(cat "$work/out")"
+# A missing schema: the error says how to have it; --create-schema makes it.
+made=cli_made_$$
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$made" migrate >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "migrate into a missing schema: not exit 1"
+has err "schema \"$made\" does not exist: add --create-schema"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$made" migrate --create-schema >"$work/out" 2>"$work/err" ||
+    fail "migrate --create-schema: $(cat "$work/err")"
+has out "queue installed at version 100"
+[[ $(sql "SELECT count(*) FROM $made.mq_schema_migrations") == 1 ]] ||
+    fail "migrate --create-schema made no queue"
+psql -X -q -d "$PQMQ_TEST_DSN" -c "SET client_min_messages = warning" \
+    -c "DROP SCHEMA $made CASCADE" >/dev/null
+run 2 migrate --create-schema --status
+# Without the right --schema, the advice names the schema that holds a queue
+# rather than 'pqmq migrate', which would install an empty second one.
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$old" status >/dev/null 2>"$work/err"
+[[ $? == 1 ]] || fail "status in a schema without a queue: not exit 1"
+has err "no pqmq queue in schema \"$old\"" "$schema" "--schema"
+grep -qF "pqmq migrate" "$work/err" && fail "the advice installs a second queue: $(cat "$work/err")"
+one_line
 run 0 migrate
 run 0 migrate --status
 has out "version 100 (pqmq 1.0.0), applied" "up to date"

@@ -6,7 +6,8 @@
 # (share/pqmq/pqmq.sql, every file of migrations/ and schema/ in it) are
 # there; a program built with `pkg-config --cflags --libs pqmq` (and one
 # linked statically, with --static) compiles, links and runs against the
-# installed copy.
+# installed copy; the examples build with -std=c11 -Wall -Wextra -Werror
+# against it.
 #
 # make check sets PQMQ_TEST_BUILDDIR, PQMQ_MIGRATIONS_DIR, PQMQ_TEST_CC and
 # PQMQ_TEST_CFLAGS / PQMQ_TEST_LDFLAGS (configure's, so that a sanitizer
@@ -125,6 +126,23 @@ for mode in shared static; do
     fi
     echo "ok: a program built with pkg-config's flags runs ($mode)"
 done
+
+# The examples, as a user copies them: C11 and no warning, against the
+# installed header (feature macros for what C11 leaves out, e.g. nanosleep).
+examples=$(cd "$(dirname "${BASH_SOURCE[0]}")/../examples" && pwd)
+if flags=$(pkg-config --cflags --libs pqmq 2>&1); then
+    for ex in "$examples"/*.c; do
+        name=$(basename "$ex" .c)
+        # shellcheck disable=SC2086 # flags and cflags are word lists
+        if "$cc" $cflags -std=c11 -Wall -Wextra -Werror "$ex" -o "$dest/ex-$name" $flags \
+            $ldflags >"$dest/ex-$name.log" 2>&1; then
+            echo "ok: examples/$name.c builds with -std=c11 -Wall -Wextra -Werror"
+        else
+            head -n 5 "$dest/ex-$name.log"
+            problem "examples/$name.c does not build warning-free with -std=c11"
+        fi
+    done
+fi
 
 if [[ -x $dest/user-static ]] && ldd "$dest/user-static" 2>/dev/null | grep -q libpqmq; then
     problem "the static program still loads libpqmq.so"

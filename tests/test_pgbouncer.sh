@@ -11,7 +11,10 @@
 # options cannot pass a pooler), and PQMQ_TEST_LISTEN_DSN points straight
 # at the server for the runners' LISTEN (pqmq_runner_set_listen_dsn).
 # TEST... (default: the list below) are paths relative to the build
-# directory make check runs in. Skips (77) only when pgbouncer is missing.
+# directory make check runs in. Then, through a plain pgbouncer (no reset
+# after a transaction), the pqmq command's subcommands and serve with
+# --schema, each followed by another client that must see its own
+# search_path. Skips (77) only when pgbouncer is missing.
 
 set -u
 
@@ -73,5 +76,77 @@ if grep -E "ERROR|FATAL|WARNING" "$PGB_LOG" | grep -v "client close request\|cli
     head -n 5 | grep -q .; then
     echo "pgbouncer logged (first lines):"
     grep -E "ERROR|FATAL|WARNING" "$PGB_LOG" | head -n 5
+fi
+
+# The pqmq command with --schema leaves nothing in a pooled session: through
+# a plain pgbouncer in transaction mode (no DISCARD ALL after a transaction,
+# so a leaked setting stays for the next client of that server connection),
+# each subcommand works on its schema, and another client of the pool then
+# sees its own search_path, not the queue's.
+pqmq_bin=${PQMQ_TEST_BUILDDIR:-.}/cli/pqmq
+if [[ -x $pqmq_bin && ${PQMQ_TEST_CITUS:-} != 1 ]]; then
+    pgb_stop
+    pgb_start "$direct" || { echo "FAIL: cannot start a plain pgbouncer"; exit 1; }
+    cli=pgb_cli_$$
+    psql "$direct" -X -q -c "SET client_min_messages = warning" \
+        -c "DROP SCHEMA IF EXISTS $cli CASCADE; CREATE SCHEMA $cli" >/dev/null
+    base=$(psql "$PGB_DSN" -X -At -c "SHOW search_path")
+    leaked=0
+    cli_run() {
+        local out
+        if ! out=$("$pqmq_bin" -d "$PGB_DSN" --schema "$cli" "$@" 2>&1 </dev/null); then
+            echo "not ok - pqmq --schema $cli $* through pgbouncer: $out"
+            rc=1
+        fi
+        for _ in 1 2 3; do
+            out=$(psql "$PGB_DSN" -X -At -c "SHOW search_path")
+            if [[ $out != "$base" ]]; then
+                echo "not ok - after pqmq $*, another client's search_path is $out (not $base)"
+                leaked=1
+                rc=1
+                break
+            fi
+        done
+    }
+    cli_run migrate
+    cli_run migrate --status
+    cli_run send work job '{"n": 1}'
+    cli_run status work
+    cli_run peek work
+    cli_run dead
+    cli_run metrics
+    cli_run purge --channel work --yes
+    [[ $(psql "$direct" -X -At -c "SELECT count(*) FROM $cli.mq_msgs") == 0 ]] ||
+        { echo "not ok - purge through pgbouncer left messages in $cli"; rc=1; }
+    if "$pqmq_bin" serve --help >/dev/null 2>&1; then
+        out_file=$(mktemp)
+        "$pqmq_bin" -d "$PGB_DSN" --schema "$cli" serve --listen 127.0.0.1:0 --interval 1 \
+            >"$out_file" 2>&1 &
+        server=$!
+        port=
+        for _ in $(seq 100); do
+            port=$(sed -n 's|^pqmq serve: listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' \
+                "$out_file")
+            [[ -n $port ]] && break
+            sleep 0.1
+        done
+        if [[ -z $port ]]; then
+            echo "not ok - pqmq serve --schema through pgbouncer: $(head -c 300 "$out_file")"
+            rc=1
+        else
+            sleep 1.5 # a sample or two after the first
+            curl -sS --max-time 10 "http://127.0.0.1:$port/metrics" | grep -q mq_removed_total ||
+                { echo "not ok - serve through pgbouncer: no /metrics"; rc=1; }
+            got=$(psql "$PGB_DSN" -X -At -c "SHOW search_path")
+            [[ $got == "$base" ]] ||
+                { echo "not ok - while serve runs, another client's search_path is $got"; rc=1; }
+        fi
+        kill "$server" 2>/dev/null
+        wait "$server" 2>/dev/null
+        rm -f "$out_file"
+    fi
+    psql "$direct" -X -q -c "SET client_min_messages = warning" -c "DROP SCHEMA $cli CASCADE" \
+        >/dev/null
+    ((leaked)) || echo "ok - pqmq --schema leaves no setting in a pooled session"
 fi
 exit $rc

@@ -102,10 +102,10 @@ static void setup(void)
     t_exec(su, "CREATE ROLE %s NOLOGIN", adm);
     t_exec(su, "CREATE ROLE %s NOLOGIN", other);
     /* mq_insert (with and without priorities), mq_insert_unique, mq_commit,
-     * mq_schedule, mq_cron_slots */
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 6);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 16);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 14);
+     * mq_schedule, mq_cron_slots; and, for each duty, mq_schema_version */
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 7);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 17);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 15);
 }
 
 /* ---- each duty does its own job ---------------------------------------- */
@@ -266,13 +266,13 @@ static void test_unknown_duty_and_revoke(void)
 {
     CHECK_STR(sql_state(su, "SELECT mq_grant('drive', 'postgres')"), "22023");
     CHECK_STR(sql_state(su, "SELECT mq_grant(NULL, 'postgres')"), "22023");
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", other), 6);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", other), 7);
     CHECK_INT(t_sql_int(su,
                         "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[])', "
                         "'EXECUTE')::int",
                         other),
               1);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 6);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 7);
     CHECK_INT(t_sql_int(su,
                         "SELECT has_function_privilege('%s', 'mq_insert(mq_new_t[], int[])', "
                         "'EXECUTE')::int",
@@ -283,6 +283,17 @@ static void test_unknown_duty_and_revoke(void)
                         "'EXECUTE')::int",
                         other),
               0);
+
+    /* A function of two duties stays while the role holds the other one:
+     * mq_schema_version (every duty's), which the pqmq command calls, and
+     * mq_cron_slots (produce's and administer's). */
+    const char *version = "SELECT has_function_privilege('%s', 'mq_schema_version()', "
+                          "'EXECUTE')::int";
+    t_exec(su, "SELECT mq_grant('produce', '%s'), mq_grant('administer', '%s')", other, other);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 5);
+    CHECK_INT(t_sql_int(su, version, other), 1);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('administer', '%s')", other), 15);
+    CHECK_INT(t_sql_int(su, version, other), 0);
 }
 
 /* ---- escaping through search_path -------------------------------------- */
@@ -408,8 +419,8 @@ static void test_grant_refuses_a_role_that_can_create_in_the_schema(void)
     t_exec(su, "GRANT CREATE ON SCHEMA %s TO PUBLIC", t_schema());
     CHECK_STR(sql_state(su, sql), "42501");
     t_exec(su, "REVOKE CREATE ON SCHEMA %s FROM PUBLIC", t_schema());
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 16);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 16);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", other), 17);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('consume', '%s')", other), 17);
 }
 
 /* mq_create_roles makes NOLOGIN group roles; a login role that is a member

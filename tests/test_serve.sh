@@ -198,12 +198,36 @@ jq -e . "$work/body" >/dev/null || fail "/api/state is not JSON"
 [[ $(jq -r '[.dead[] | select(.id == "'"$mail_id"'") | .error][0]' "$work/body") \
    == "SMTP 550: mailbox unavailable" ]] || fail "/api/state: the dead letter's error is missing"
 
+# A channel drained to nothing keeps its completions: the history counts
+# them within a refresh or two (the channel does not vanish with its
+# counter), and /metrics keeps its pqmq_removed_total.
+insert drainme job 5
+sleep 1.5
+http 200 /api/state
+before=$(jq '.history[-1][1]' "$work/body")
+sql "SELECT mq_complete(ARRAY(SELECT id FROM mq_claim('{drainme}', 10)))" >/dev/null
+drained=
+for _ in $(seq 20); do
+    sleep 0.5
+    http 200 /api/state
+    drained=$(jq ".history[-1][1] - $before" "$work/body")
+    [[ $drained == 5 ]] && break
+done
+[[ $drained == 5 ]] || fail "the history counts $drained of a drained channel's 5 completions"
+jq -e '[.history[][1]] | . == (. | sort)' "$work/body" >/dev/null ||
+    fail "the history's removed count went down: $(jq -c '[.history[][1]]' "$work/body")"
+http 200 /metrics
+grep -qx 'pqmq_removed_total{channel="drainme"} 5' "$work/body" ||
+    fail "/metrics lost the drained channel's counter: $(grep drainme "$work/body")"
+
 # --- the page's counts, in headless Chromium ---------------------------------
 echo "== the page's counts, in headless Chromium (at ${SECONDS}s)"
 if ((wd_rc == 0)); then
     billing_left=$((100 - completed))
+    # (The total too: the drained channel's ready messages are gone from it.)
     wd_wait 'const td = document.querySelector("tr[data-channel=billing] td[data-col=ready]");
       return td !== null && td.textContent === arguments[0]
+        && document.getElementById("total-ready").textContent === "'"$((3 + billing_left))"'"
         && document.querySelector("#dead tbody tr") !== null' "$billing_left" \
         || fail "the page never drew the last reading"
     table_js='const out = {};
@@ -290,6 +314,7 @@ http 405 /api/retry
 grep -qi '^Allow: POST' "$work/head" || fail "405 without Allow: POST"
 http 200 -I /metrics
 http 431 -H "X-Big: $(head -c 100000 /dev/zero | tr '\0' a)" /metrics
+http 414 "/$(head -c 100000 /dev/zero | tr '\0' a)"
 http 403 -H "Host: rebound.example:$port" /api/state
 has_body "Host not accepted"
 http 403 -H "Host: rebound.example" /
@@ -360,7 +385,16 @@ raw 'GET / FTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'
 grep -q '^HTTP/1.1 400' "$work/body" || fail "a malformed request line: not 400: $(head -c 200 "$work/body")"
 raw 'GET /metrics HTTP/1.1\r\n\r\n'
 grep -q '^HTTP/1.1 400' "$work/body" || fail "HTTP/1.1 without Host: not 400"
-raw 'GARBAGE\r\n\r\n\x00\xff' # closed without an answer
+raw 'GET /%00 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'
+grep -q '^HTTP/1.1 404' "$work/body" || fail "GET /%00: not 404: $(head -c 200 "$work/body")"
+raw 'GET /index%2ehtml HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n'
+grep -q '^HTTP/1.1 404' "$work/body" || fail "an escaped path: not 404: $(head -c 200 "$work/body")"
+raw 'GARBAGE / \r\n\r\n'
+grep -q '^HTTP/1.1 400' "$work/body" || fail "a request line without a version: not 400"
+# A line that is not method, path and version: libmicrohttpd closes the
+# connection without an answer (docs/dashboard.md says so).
+raw 'GARBAGE\r\n\r\n\x00\xff'
+[[ -s $work/body ]] && fail "garbage got an answer: $(head -c 200 "$work/body")"
 kill -0 "$admin_pid" 2>/dev/null || fail "the server died after the bad requests"
 http 200 /healthz
 

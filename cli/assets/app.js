@@ -50,13 +50,19 @@
     e.hidden = !text;
   }
 
+  // What a counter gained from a to b. It only grows; a lower reading is a
+  // reset (the queue's counters truncated), counted from zero as Prometheus
+  // does, never dropped.
+  function gain(a, b) {
+    return b >= a ? b - a : b;
+  }
+
   // Completions per second between consecutive samples of the history.
   function rates(history) {
     const out = [];
     for (let i = 1; i < history.length; i++) {
       const dt = history[i][0] - history[i - 1][0];
-      const d = history[i][1] - history[i - 1][1];
-      if (dt > 0 && d >= 0) out.push([history[i][0], d / dt]);
+      if (dt > 0) out.push([history[i][0], gain(history[i - 1][1], history[i][1]) / dt]);
     }
     return out;
   }
@@ -119,8 +125,7 @@
     const a = seen[0], b = seen[seen.length - 1];
     const before = a.removed.get(name), after = b.removed.get(name);
     if (after === undefined) return null;
-    const d = after - (before === undefined ? 0 : before);
-    return d >= 0 ? d / (b.at - a.at) : null;
+    return gain(before === undefined ? 0 : before, after) / (b.at - a.at);
   }
 
   // Completions per second over the last RATE_WINDOW seconds of the history.
@@ -129,8 +134,10 @@
     const end = history[history.length - 1];
     let i = history.length - 2;
     while (i > 0 && history[i][0] > end[0] - RATE_WINDOW) i--;
-    const d = end[1] - history[i][1], dt = end[0] - history[i][0];
-    return d >= 0 && dt > 0 ? d / dt : null;
+    let d = 0;
+    for (let k = i + 1; k < history.length; k++) d += gain(history[k - 1][1], history[k][1]);
+    const dt = end[0] - history[i][0];
+    return dt > 0 ? d / dt : null;
   }
 
   function renderCards(st) {
