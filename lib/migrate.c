@@ -153,10 +153,15 @@ static int run_each(pqmq_client *c, const char *sql, const char *what)
 
 static int apply_all(pqmq_client *c)
 {
-    int rc = run(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")", "pqmq_migrate");
+    /* Until the path is narrowed below, every name is qualified: the
+     * caller's path may put a schema that others create in ahead of
+     * pg_catalog. */
+    int rc =
+        run(c, "SELECT pg_catalog.pg_advisory_xact_lock(" MIGRATE_LOCK ")", "pqmq_migrate");
     if (rc)
         return rc;
-    PGresult *r = pqmq__exec_text(c, "SELECT current_schema() IS NULL", "pqmq_migrate", &rc);
+    PGresult *r =
+        pqmq__exec_text(c, "SELECT pg_catalog.current_schema() IS NULL", "pqmq_migrate", &rc);
     if (!r)
         return rc;
     int no_schema = PQgetvalue(r, 0, 0)[0] == 't';
@@ -166,8 +171,11 @@ static int apply_all(pqmq_client *c)
             c, PQMQ_ESCHEMA,
             "pqmq_migrate: no schema on the search_path to create the queue in");
     /* Functions pin the search_path they are created under: only the
-     * target schema. */
-    rc = run(c, "SELECT set_config('search_path', quote_ident(current_schema()), true)",
+     * target schema, so pg_catalog comes first for them, for column
+     * defaults and for standard SQL bodies. */
+    rc = run(c,
+             "SELECT pg_catalog.set_config('search_path', "
+             "pg_catalog.quote_ident(pg_catalog.current_schema()), true)",
              "pqmq_migrate");
     int citus = 0;
     if (!rc)
