@@ -1,17 +1,19 @@
 /*
  * test_hardening_three.c: the third round of hostile and careless callers
  * (issue 52): an install under a search_path that puts a schema others
- * create in ahead of pg_catalog.
+ * create in ahead of pg_catalog; ids that the payload view cannot rewrite.
  *
  * The install tests run in a database of their own, whose public schema a
  * hostile role plants functions and operators in; roles and the database
- * are named after this process and dropped at the end.
+ * are named after this process and dropped at the end. The other tests
+ * run in the harness's schema.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* asprintf */
 #endif
 #include <stdlib.h>
 #include <unistd.h>
+#include <uuid/uuid.h>
 
 #include "harness.h"
 
@@ -253,11 +255,67 @@ static void test_install_binds_pg_catalog_whatever_the_path(void)
     t_exec(su, "DROP ROLE %s", mallory);
 }
 
+/* ---- the payload view ---------------------------------------------------- */
+
+/* A role with only UPDATE (and SELECT) on mq_payloads cannot give a message
+ * a new id: its key row would keep the old one, and a second live message
+ * with the same unique key could then be inserted. */
+static void test_payload_view_keeps_ids(void)
+{
+    char editor[64];
+    snprintf(editor, sizeof editor, "t_h3_%ld_editor", (long)getpid());
+    t_exec(su, "DROP ROLE IF EXISTS %s", editor);
+    t_exec(su, "CREATE ROLE %s NOLOGIN", editor);
+    t_exec(su, "GRANT USAGE ON SCHEMA \"%s\" TO %s", t_schema(), editor);
+    t_exec(su, "GRANT SELECT, UPDATE ON mq_payloads TO %s", editor);
+    pqmq_client *q = t_client();
+    pqmq_msg *m = t_msg("h3keys", "", "keyed", "{}", 0);
+    pqmq_msg_set_unique_key(m, "k1");
+    pqmq_insert_result res;
+    CHECK_OK(q, pqmq_insert_unique(q, &m, 1, PQMQ_KEY_KEEP, 0, &res));
+    CHECK_INT(res.outcome, PQMQ_INSERTED);
+    pqmq_msg_free(m);
+    char id[37];
+    uuid_unparse_lower(res.id, id);
+
+    PGconn *e = t_pg();
+    t_exec(e, "SET ROLE %s", editor);
+    PGresult *r = PQexec(e, "UPDATE mq_payloads SET id = gen_random_uuid() "
+                            "WHERE name = 'keyed'");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "0A000");
+    CHECK(strstr(PQresultErrorMessage(r), id) != NULL);
+    PQclear(r);
+    /* The rest of the row stays the view's to write. */
+    t_exec(e, "UPDATE mq_payloads SET payload_json = '{\"b\": 2}', id = id "
+              "WHERE name = 'keyed'");
+    PQfinish(e);
+    CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_msgs WHERE id = '%s' "
+                            "AND payload_json = '{\"b\": 2}'",
+                        id),
+              1);
+    CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_keys WHERE unique_key = 'k1' "
+                            "AND message_id = '%s'",
+                        id),
+              1);
+    /* The key still holds: a second message with it is not inserted. */
+    m = t_msg("h3keys", "", "keyed", "{}", 0);
+    pqmq_msg_set_unique_key(m, "k1");
+    CHECK_OK(q, pqmq_insert_unique(q, &m, 1, PQMQ_KEY_KEEP, 0, &res));
+    CHECK_INT(res.outcome, PQMQ_KEPT);
+    pqmq_msg_free(m);
+    CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_msgs WHERE channel_name = 'h3keys'"), 1);
+    pqmq_client_free(q);
+    t_exec(su, "REVOKE ALL ON mq_payloads FROM %s", editor);
+    t_exec(su, "REVOKE ALL ON SCHEMA \"%s\" FROM %s", t_schema(), editor);
+    t_exec(su, "DROP ROLE %s", editor);
+}
+
 int main(void)
 {
     t_init("hardening_three");
     su = t_pg();
     T_RUN(test_install_binds_pg_catalog_whatever_the_path);
+    T_RUN(test_payload_view_keeps_ids);
     PQfinish(su);
     return t_done();
 }
