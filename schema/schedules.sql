@@ -21,10 +21,21 @@ RETURNS TABLE(slot timestamp, due timestamptz)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    bounded boolean;
 BEGIN
     PERFORM mq_cron_check('mq_cron_slots', minutes, hours, doms, months, dows, dom_any,
                           dow_any, tz);
-    IF after IS NULL OR until IS NULL OR until - after > interval '31 days' THEN
+    -- Not until - after, which wraps around past 292,000 years: an end
+    -- that is infinite or out of range is as refused as a span over 31
+    -- days, with the same message.
+    BEGIN
+        bounded := isfinite(after) AND isfinite(until)
+                   AND until <= after + interval '31 days';
+    EXCEPTION WHEN datetime_field_overflow THEN
+        bounded := false;
+    END;
+    IF after IS NULL OR until IS NULL OR NOT bounded THEN
         RAISE EXCEPTION 'mq_cron_slots: after and until must be given and at most 31 days apart (% to %)',
             after, until
             USING ERRCODE = 'invalid_parameter_value';
