@@ -289,12 +289,14 @@ static void test_payload_view_keeps_ids(void)
     t_exec(e, "UPDATE mq_payloads SET payload_json = '{\"b\": 2}', id = id "
               "WHERE name = 'keyed'");
     PQfinish(e);
-    CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_msgs WHERE id = '%s' "
-                            "AND payload_json = '{\"b\": 2}'",
+    CHECK_INT(t_sql_int(su,
+                        "SELECT count(*) FROM mq_msgs WHERE id = '%s' "
+                        "AND payload_json = '{\"b\": 2}'",
                         id),
               1);
-    CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_keys WHERE unique_key = 'k1' "
-                            "AND message_id = '%s'",
+    CHECK_INT(t_sql_int(su,
+                        "SELECT count(*) FROM mq_keys WHERE unique_key = 'k1' "
+                        "AND message_id = '%s'",
                         id),
               1);
     /* The key still holds: a second message with it is not inserted. */
