@@ -168,8 +168,9 @@ int pqmq__cron_parse(const char *expr, pqmq__cron *out, char *err, size_t errlen
     out->doms = bits[2];
     out->months = bits[3];
     out->dows = bits[4];
-    /* A field that starts with '*' does not restrict the day; when both
-     * day fields restrict it, either may match (as every cron does). */
+    /* As cronie and vixie cron: when neither day field starts with '*',
+     * a day matches either; when one does ('*', '*' with a step), both
+     * fields' bits must match (mq_cron_slots). */
     out->dom_any = start[2][0] == '*';
     out->dow_any = start[4][0] == '*';
     return 0;

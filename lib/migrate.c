@@ -34,9 +34,10 @@ static int applied_version(pqmq_client *c, int *version)
     /* Two statements: the second would not even parse without the table. */
     PGresult *r = pqmq__exec_text(
         c,
-        "SELECT CASE WHEN to_regclass(t) IS NULL THEN 0 "
-        "WHEN has_table_privilege(t, 'SELECT') THEN 1 ELSE 2 END "
-        "FROM (SELECT quote_ident(current_schema()) || '.mq_schema_migrations' AS t) x",
+        "SELECT CASE WHEN pg_catalog.to_regclass(t) IS NULL THEN 0 "
+        "WHEN pg_catalog.has_table_privilege(t, 'SELECT') THEN 1 ELSE 2 END "
+        "FROM (SELECT pg_catalog.quote_ident(pg_catalog.current_schema()) "
+        "OPERATOR(pg_catalog.||) '.mq_schema_migrations' AS t) x",
         &rc);
     if (!r)
         return rc;
@@ -45,7 +46,7 @@ static int applied_version(pqmq_client *c, int *version)
     if (how == 0)
         return 0;
     r = pqmq__exec_text(c,
-                        how == 1 ? "SELECT COALESCE(max(version), 0) FROM mq_schema_migrations"
+                        how == 1 ? "SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations"
                                  : "SELECT mq_schema_version()",
                         &rc);
     if (!r)
@@ -172,9 +173,9 @@ static int select_schema(pqmq_client *c, const char *schema)
 {
     const char *p[1] = {schema};
     int rc;
-    PGresult *r =
-        PQexecParams(c->conn, "SELECT set_config('search_path', quote_ident($1), true)", 1,
-                     NULL, p, NULL, NULL, 0);
+    PGresult *r = PQexecParams(
+        c->conn, "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1), true)",
+        1, NULL, p, NULL, NULL, 0);
     r = pqmq__result_outcome(c, r, &rc);
     PQclear(r);
     return rc;
@@ -182,12 +183,15 @@ static int select_schema(pqmq_client *c, const char *schema)
 
 static int apply_all(pqmq_client *c, const char *schema)
 {
-    int rc = run(c, "SELECT pg_advisory_xact_lock(" MIGRATE_LOCK ")");
+    /* Until the path is narrowed below, every name is qualified: the
+     * caller's path may put a schema that others create in ahead of
+     * pg_catalog. */
+    int rc = run(c, "SELECT pg_catalog.pg_advisory_xact_lock(" MIGRATE_LOCK ")");
     if (!rc && schema)
         rc = select_schema(c, schema);
     if (rc)
         return rc;
-    PGresult *r = pqmq__exec_text(c, "SELECT current_schema() IS NULL", &rc);
+    PGresult *r = pqmq__exec_text(c, "SELECT pg_catalog.current_schema() IS NULL", &rc);
     if (!r)
         return rc;
     int no_schema = PQgetvalue(r, 0, 0)[0] == 't';
@@ -199,8 +203,10 @@ static int apply_all(pqmq_client *c, const char *schema)
         return pqmq__err(c, PQMQ_ESCHEMA,
                          "no schema on the search_path to create the queue in");
     /* Functions pin the search_path they are created under: only the
-     * target schema. */
-    rc = run(c, "SELECT set_config('search_path', quote_ident(current_schema()), true)");
+     * target schema, so pg_catalog comes first for them, for column
+     * defaults and for standard SQL bodies. */
+    rc = run(c, "SELECT pg_catalog.set_config('search_path', "
+                "pg_catalog.quote_ident(pg_catalog.current_schema()), true)");
     int citus = 0;
     if (!rc)
         rc = on_citus(c, &citus);

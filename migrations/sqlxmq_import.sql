@@ -10,9 +10,11 @@
 --   * the original's sentinel row (the nil UUID) is not moved: pqmq reads
 --     the nil UUID in after_message_id as "head of its chain" without a row
 --     behind it;
---   * a message the original delivered for the last time (no attempt_at: it
---     lingered forever) becomes a dead letter, listed by mq_dead_letters and
---     retried with mq_retry;
+--   * a message the original delivered for the last time (no attempt_at and
+--     no attempt left: it lingered forever) becomes a dead letter, listed by
+--     mq_dead_letters and retried with mq_retry; one with attempts left but
+--     no attempt_at (its mq_insert got a NULL delay, so the original never
+--     delivered it) is ready at once, with no delivery counted;
 --   * chains keep their order by place (chain_seq) instead of links;
 --   * the grants others had on the original's tables pass to mq_msgs and
 --     the mq_payloads view.
@@ -46,8 +48,8 @@ BEGIN
                COALESCE(m.attempt_at, pg_catalog.now()), m.attempts, m.retry_backoff,
                m.channel_name, COALESCE(m.channel_args, ''), m.commit_interval,
                CASE WHEN m.after_message_id IS NOT NULL THEN nil END,
-               CASE WHEN m.attempt_at IS NULL THEN 1 ELSE 0 END,
-               CASE WHEN m.attempt_at IS NULL THEN pg_catalog.now() END,
+               CASE WHEN m.attempt_at IS NULL AND m.attempts = 0 THEN 1 ELSE 0 END,
+               CASE WHEN m.attempt_at IS NULL AND m.attempts = 0 THEN pg_catalog.now() END,
                COALESCE(m.attempt_at, pg_catalog.now()),
                COALESCE(p.name, ''), p.payload_json, p.payload_bytes,
                CASE WHEN m.after_message_id IS NOT NULL THEN base + pg_catalog.row_number() OVER (

@@ -65,3 +65,25 @@ CREATE OR REPLACE TRIGGER mq_payloads_insert INSTEAD OF INSERT ON mq_payloads
     FOR EACH ROW EXECUTE FUNCTION mq_payloads_insert();
 CREATE OR REPLACE TRIGGER mq_payloads_delete INSTEAD OF DELETE ON mq_payloads
     FOR EACH ROW EXECUTE FUNCTION mq_payloads_delete();
+
+-- A message's id is what its unique key's row, its chain and every fence of
+-- a delivery name, so it never changes. The view writes every column it
+-- shows, id included, for a role with UPDATE on it; the table refuses a new
+-- id (the queue's own statements never set one, so they never fire this).
+CREATE OR REPLACE FUNCTION mq_keep_id()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    RAISE EXCEPTION 'mq_payloads: the id of message % cannot change', OLD.id
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'Complete the message and insert a new one.';
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER mq_msgs_keep_id
+    BEFORE UPDATE OF id ON mq_msgs
+    FOR EACH ROW
+    WHEN (OLD.id IS DISTINCT FROM NEW.id)
+    EXECUTE FUNCTION mq_keep_id();

@@ -63,8 +63,8 @@ CREATE OR REPLACE FUNCTION mq_in_channel(dead_since timestamptz, after_message_i
 RETURNS boolean
 LANGUAGE sql IMMUTABLE
 RETURN dead_since IS NULL AND after_message_id IS NULL
-    AND channel_key >= (hashtext(name)::bigint << 32)
-    AND channel_key <= ((hashtext(name)::bigint << 32) | 4294967295)
+    AND channel_key >= (pg_catalog.hashtext(name)::bigint << 32)
+    AND channel_key <= ((pg_catalog.hashtext(name)::bigint << 32) | 4294967295)
     AND channel_name = name;
 
 -- The key a walk's next probe starts at (the walks of mq_pick_keys,

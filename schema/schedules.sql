@@ -2,8 +2,10 @@
 -- a time zone, and inserting each slot once however many runners carry it. The cron expression itself
 -- is parsed by the client (lib/cron.c) into the bit sets taken here: bit v
 -- of minutes, hours, doms, months, dows is value v (weekday 0 is Sunday);
--- dom_any / dow_any say the day field was '*' (when both day fields are
--- restricted, either may match, as in every cron).
+-- dom_any / dow_any say the day field starts with '*' ('*', '*/2'). As
+-- cronie and vixie cron match days: when neither does, a day matches
+-- either field; when one does, it must match both (the bits of a bare '*'
+-- are all set, those of '*/2' every other day).
 
 -- The local wall-clock minutes of the schedule that come due in (after,
 -- until], and the minute (UTC) each comes due at. Minutes are walked in UTC
@@ -19,10 +21,21 @@ RETURNS TABLE(slot timestamp, due timestamptz)
 LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    bounded boolean;
 BEGIN
     PERFORM mq_cron_check('mq_cron_slots', minutes, hours, doms, months, dows, dom_any,
                           dow_any, tz);
-    IF after IS NULL OR until IS NULL OR until - after > interval '31 days' THEN
+    -- Not until - after, which wraps around past 292,000 years: an end
+    -- that is infinite or out of range is as refused as a span over 31
+    -- days, with the same message.
+    BEGIN
+        bounded := isfinite(after) AND isfinite(until)
+                   AND until <= after + interval '31 days';
+    EXCEPTION WHEN datetime_field_overflow THEN
+        bounded := false;
+    END;
+    IF after IS NULL OR until IS NULL OR NOT bounded THEN
         RAISE EXCEPTION 'mq_cron_slots: after and until must be given and at most 31 days apart (% to %)',
             after, until
             USING ERRCODE = 'invalid_parameter_value';
@@ -49,9 +62,9 @@ BEGIN
       AND (minutes >> extract(minute FROM l.m)::int) & 1 = 1
       AND (hours >> extract(hour FROM l.m)::int) & 1 = 1
       AND (months >> extract(month FROM l.m)::int) & 1 = 1
-      AND CASE WHEN dom_any AND dow_any THEN true
-               WHEN dom_any THEN (dows >> extract(dow FROM l.m)::int) & 1 = 1
-               WHEN dow_any THEN (doms >> extract(day FROM l.m)::int) & 1 = 1
+      AND CASE WHEN dom_any OR dow_any
+               THEN (dows >> extract(dow FROM l.m)::int) & 1 = 1
+                    AND (doms >> extract(day FROM l.m)::int) & 1 = 1
                ELSE (dows >> extract(dow FROM l.m)::int) & 1 = 1
                     OR (doms >> extract(day FROM l.m)::int) & 1 = 1 END
     ORDER BY s.utc, l.m;

@@ -105,7 +105,7 @@ $$;
 CREATE TABLE IF NOT EXISTS mq_schema_migrations (
     version    int PRIMARY KEY,
     name       text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 
 DO $$
@@ -159,8 +159,8 @@ $$;
 -- completion.
 CREATE TABLE IF NOT EXISTS mq_msgs (
     id               uuid PRIMARY KEY,
-    created_at       timestamptz NOT NULL DEFAULT now(),
-    attempt_at       timestamptz NOT NULL DEFAULT now(),
+    created_at       timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    attempt_at       timestamptz NOT NULL DEFAULT pg_catalog.now(),
     attempts         int NOT NULL DEFAULT 5,
     retry_backoff    interval NOT NULL DEFAULT interval '1 second',
     channel_name     text NOT NULL,
@@ -176,7 +176,7 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     -- The chain key (above), written by mq_insert_rows, or for a row
     -- written by hand without one by mq_fill_row (below).
     channel_key      bigint NOT NULL,
-    ready_at         timestamptz NOT NULL DEFAULT now(),
+    ready_at         timestamptz NOT NULL DEFAULT pg_catalog.now(),
     name             text NOT NULL,
     payload_json     jsonb,
     payload_bytes    bytea,
@@ -289,8 +289,8 @@ CREATE TABLE IF NOT EXISTS mq_chains (
     channel_args text NOT NULL,
     tail_id      uuid NOT NULL,
     channel_key  bigint GENERATED ALWAYS AS (
-        (hashtext(channel_name)::bigint << 32)
-        | (hashtext(channel_args)::bigint & 4294967295)
+        (pg_catalog.hashtext(channel_name)::bigint << 32)
+        | (pg_catalog.hashtext(channel_args)::bigint & 4294967295)
     ) STORED
 );
 

@@ -82,6 +82,36 @@ static void test_field_forms(void)
               "2026-01-02T09:00");
 }
 
+/* Days as cronie and vixie cron match them: OR'ed only when neither day
+ * field starts with '*'; a step after '*' restricts. 2026-02-01 is a
+ * Sunday, 2026-06-01 a Monday. */
+static void test_days_as_cronie(void)
+{
+    static const char *const table[][4] = {
+        {"0 0 */2 * *", "2026-02-01 00:00", "2026-02-08 00:00",
+         "2026-02-03T00:00 2026-02-05T00:00 2026-02-07T00:00"},
+        {"0 0 */10 * mon", "2026-05-25 00:00", "2026-06-24 00:00", "2026-06-01T00:00"},
+        {"0 0 */10 * 1-5", "2026-05-31 00:00", "2026-06-30 00:00",
+         "2026-06-01T00:00 2026-06-11T00:00"},
+        {"0 0 * * */2", "2026-02-01 00:00", "2026-02-08 00:00",
+         "2026-02-03T00:00 2026-02-05T00:00 2026-02-07T00:00 2026-02-08T00:00"},
+        {"0 0 15 * */3", "2026-02-01 00:00", "2026-03-01 00:00", "2026-02-15T00:00"},
+        {"0 0 1-7 * mon", "2026-02-01 00:00", "2026-02-10 00:00",
+         "2026-02-02T00:00 2026-02-03T00:00 2026-02-04T00:00 2026-02-05T00:00 "
+         "2026-02-06T00:00 2026-02-07T00:00 2026-02-09T00:00"},
+        {"0 0 1 * 7", "2026-02-01 00:00", "2026-03-01 00:00",
+         "2026-02-08T00:00 2026-02-15T00:00 2026-02-22T00:00 2026-03-01T00:00"},
+        {"0 0 */7 * */7", "2026-02-01 00:00", "2026-02-28 00:00",
+         "2026-02-08T00:00 2026-02-15T00:00 2026-02-22T00:00"},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+        const char *got = slots(table[i][0], NULL, table[i][1], table[i][2]);
+        if (strcmp(got, table[i][3]) != 0)
+            t_fail(__FILE__, __LINE__, "%s: \"%s\", expected \"%s\"", table[i][0], got,
+                   table[i][3]);
+    }
+}
+
 static void test_daylight_saving(void)
 {
     /* New York springs forward on 2026-03-08: 02:00 EST becomes 03:00 EDT
@@ -296,6 +326,7 @@ int main(void)
     q = t_client();
     pg = t_pg();
     T_RUN(test_field_forms);
+    T_RUN(test_days_as_cronie);
     T_RUN(test_daylight_saving);
     T_RUN(test_bad_expressions_name_the_field);
     T_RUN(test_backfill_after_a_gap);

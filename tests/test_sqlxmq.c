@@ -1444,6 +1444,12 @@ static void test_adopt_original_database(void)
     t_exec(orig, "%s", fixture);
     free(fixture);
     CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs"), 11);
+    /* A message the original's mq_insert got a NULL delay for: no
+     * attempt_at, but every attempt left (never delivered). */
+    t_exec(orig, "INSERT INTO mq_msgs (id, attempt_at, attempts, channel_name, channel_args) "
+                 "VALUES ('f0000000-0000-4000-8000-000000000001', NULL, 5, 'later', '')");
+    t_exec(orig, "INSERT INTO mq_payloads (id, name, payload_json) "
+                 "VALUES ('f0000000-0000-4000-8000-000000000001', 'f1', '{}')");
 
     pqmq_client *mc = NULL;
     CHECK_INT(pqmq_wrap(orig, &mc), 0);
@@ -1452,8 +1458,17 @@ static void test_adopt_original_database(void)
               pqmq_schema_version());
     /* The sentinel row is gone; the last-attempt message is a dead letter;
      * each chain's links became places (three chains, none linked now). */
-    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs"), 10);
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs"), 11);
     CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_dead_letters(NULL)"), 1);
+    /* The NULL-delay message is ready, with no delivery counted. */
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs WHERE id = "
+                              "'f0000000-0000-4000-8000-000000000001' AND deliveries = 0 "
+                              "AND attempts = 5 AND dead_since IS NULL "
+                              "AND attempt_at <= now() AND ready_at <= now()"),
+              1);
+    CHECK_INT(t_sql_int(orig, "SELECT mq_complete('{f0000000-0000-4000-8000-000000000001}')"),
+              1);
+    CHECK_INT(t_sql_int(orig, "SELECT count(*) FROM mq_msgs"), 10);
     CHECK_INT(t_sql_int(orig, "SELECT count(DISTINCT channel_key) FROM mq_msgs "
                               "WHERE chain_seq IS NOT NULL"),
               3);
