@@ -107,7 +107,8 @@ static void latency_rows(const struct results *r)
         /* Where the time went: the producer's pqmq_insert (insert and
          * commit), then the runner (notification, claim and commit,
          * handoff). */
-        printf("%-42s %12.2f %12.2f\n", "    insert+commit", l[i]->insert_p50, l[i]->insert_p99);
+        printf("%-42s %12.2f %12.2f\n", "    insert+commit", l[i]->insert_p50,
+               l[i]->insert_p99);
         printf("%-42s %12.2f %12.2f\n", "    runner", l[i]->runner_p50, l[i]->runner_p99);
     }
 }

@@ -32,23 +32,24 @@ static int applied_version(pqmq_client *c, int *version)
     int rc;
     *version = 0;
     /* Two statements: the second would not even parse without the table. */
-    PGresult *r = pqmq__exec_text(
-        c,
-        "SELECT CASE WHEN pg_catalog.to_regclass(t) IS NULL THEN 0 "
-        "WHEN pg_catalog.has_table_privilege(t, 'SELECT') THEN 1 ELSE 2 END "
-        "FROM (SELECT pg_catalog.quote_ident(pg_catalog.current_schema()) "
-        "OPERATOR(pg_catalog.||) '.mq_schema_migrations' AS t) x",
-        &rc);
+    PGresult *r =
+        pqmq__exec_text(c,
+                        "SELECT CASE WHEN pg_catalog.to_regclass(t) IS NULL THEN 0 "
+                        "WHEN pg_catalog.has_table_privilege(t, 'SELECT') THEN 1 ELSE 2 END "
+                        "FROM (SELECT pg_catalog.quote_ident(pg_catalog.current_schema()) "
+                        "OPERATOR(pg_catalog.||) '.mq_schema_migrations' AS t) x",
+                        &rc);
     if (!r)
         return rc;
     int how = atoi(PQgetvalue(r, 0, 0));
     PQclear(r);
     if (how == 0)
         return 0;
-    r = pqmq__exec_text(c,
-                        how == 1 ? "SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations"
-                                 : "SELECT mq_schema_version()",
-                        &rc);
+    r = pqmq__exec_text(
+        c,
+        how == 1 ? "SELECT COALESCE(pg_catalog.max(version), 0) FROM mq_schema_migrations"
+                 : "SELECT mq_schema_version()",
+        &rc);
     if (!r)
         return rc;
     *version = atoi(PQgetvalue(r, 0, 0));
@@ -174,8 +175,9 @@ static int select_schema(pqmq_client *c, const char *schema)
     const char *p[1] = {schema};
     int rc;
     PGresult *r = PQexecParams(
-        c->conn, "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1), true)",
-        1, NULL, p, NULL, NULL, 0);
+        c->conn,
+        "SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident($1), true)", 1,
+        NULL, p, NULL, NULL, 0);
     r = pqmq__result_outcome(c, r, &rc);
     PQclear(r);
     return rc;
