@@ -24,8 +24,8 @@ enum { EXIT_OK = 0, EXIT_ERR = 1, EXIT_USAGE = 2 };
 
 typedef struct {
     const char *cmd;     /* the subcommand's name, for messages */
-    const char *dsn;     /* --dsn, or NULL for libpq's environment */
-    const char *schema;  /* --schema, or NULL for the search_path's first */
+    const char *dsn;     /* --dsn, $PQMQ_DSN, $DATABASE_URL, or NULL: libpq's */
+    const char *schema;  /* --schema, $PQMQ_SCHEMA, or NULL: search_path's */
     pqmq_client *client; /* after tool_connect */
     PGconn *conn;        /* borrowed from client */
     char *errbuf;        /* when set, tool_err and tool_usage also keep their */

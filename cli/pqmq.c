@@ -28,10 +28,10 @@ static const struct {
 };
 
 const char tool_common_help[] =
-    "  -d, --dsn CONNINFO  the server (default: libpq's PG* environment and\n"
-    "                      service file)\n"
-    "      --schema NAME   the schema the queue lives in (default: the first\n"
-    "                      schema of the search_path)\n"
+    "  -d, --dsn CONNINFO  the server (default: $PQMQ_DSN, else $DATABASE_URL,\n"
+    "                      else libpq's PG* environment and service file)\n"
+    "      --schema NAME   the schema the queue lives in (default: $PQMQ_SCHEMA,\n"
+    "                      else the first schema of the search_path)\n"
     "  -h, --help          this help\n";
 
 static void usage(FILE *f)
@@ -345,9 +345,28 @@ int tool_parse_rows(tool *t, const char *text, long long *out)
     return *out == 0 ? tool_usage(t, "-n: must be at least 1") : 0;
 }
 
+/* A set, non-empty environment variable's value, else NULL. */
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* The defaults of -d and --schema; the options, parsed after, override
+ * them. PQMQ_DSN wins over DATABASE_URL so that pqmq can be pointed at a
+ * queue other than the application's database. */
+static void tool_env_defaults(tool *t)
+{
+    t->dsn = env("PQMQ_DSN");
+    if (!t->dsn)
+        t->dsn = env("DATABASE_URL");
+    t->schema = env("PQMQ_SCHEMA");
+}
+
 int main(int argc, char **argv)
 {
     tool t = {0};
+    tool_env_defaults(&t);
     static const struct option opts[] = {
         TOOL_COMMON_OPTS,
         {"version", no_argument, NULL, 'V'},

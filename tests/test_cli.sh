@@ -18,6 +18,9 @@ pqmq_bin=${1:-${PQMQ_TEST_BUILDDIR:-.}/cli/pqmq}
 t_need_dsn
 t_need_program "$pqmq_bin" "pqmq command" "make cli/pqmq"
 t_need_tools psql
+# The checks below choose the connection and schema with options; the
+# environment section sets these itself.
+unset PQMQ_DSN DATABASE_URL PQMQ_SCHEMA
 
 schema=cli_$$
 old=cli_old_$$
@@ -75,7 +78,7 @@ run 2 nosuchcommand
 has err "unknown command"
 for c in migrate status peek dead retry skip purge send watch metrics; do
     run 0 "$c" --help
-    has out "usage: pqmq $c" "--dsn" "--schema"
+    has out "usage: pqmq $c" "--dsn" "--schema" "PQMQ_DSN" "PQMQ_SCHEMA"
     run 2 "$c" --no-such-option
 done
 
@@ -116,6 +119,51 @@ has out "queue installed at version 100"
 run 0 migrate
 has out "is at version 100 already: nothing to do"
 grep -q "installed" "$work/out" && fail "a second migrate says it installed: $(cat "$work/out")"
+
+# --- the environment: PQMQ_DSN, DATABASE_URL, PQMQ_SCHEMA ----------------------
+# envrun EXPECTED_STATUS [NAME=VALUE...] ARGS...: runs pqmq with only these
+# of pqmq's variables set, and libpq's own PG* defaults pointing nowhere, so
+# that a variable pqmq ignored makes the connection fail.
+envrun() {
+    local want=$1 rc
+    shift
+    local -a vars=()
+    while [[ $# -gt 0 && $1 == *=* ]]; do
+        vars+=("$1")
+        shift
+    done
+    env -u PQMQ_DSN -u DATABASE_URL -u PQMQ_SCHEMA -u PGSERVICE PGHOST=/nonexistent PGPORT=1 \
+        "${vars[@]}" "$pqmq_bin" "$@" >"$work/out" 2>"$work/err" </dev/null
+    rc=$?
+    [[ $rc == "$want" ]] ||
+        fail "${vars[*]} pqmq $* exited $rc, expected $want; stderr: $(head -c 300 "$work/err")"
+}
+# urlencode TEXT: TEXT percent-encoded for a postgresql:// URL.
+urlencode() {
+    local s=$1 out= c i
+    for ((i = 0; i < ${#s}; i++)); do
+        c=${s:i:1}
+        case $c in
+        [A-Za-z0-9/._~-]) out+=$c ;;
+        *) out+=$(printf '%%%02X' "'$c") ;;
+        esac
+    done
+    printf '%s' "$out"
+}
+read -r u_host u_port u_user u_db < <(psql -X -q -d "$PQMQ_TEST_DSN" \
+    -c '\echo :HOST :PORT :USER :DBNAME')
+url="postgresql://$(urlencode "$u_user")@/$(urlencode "$u_db")?host=$(urlencode "$u_host")&port=$u_port"
+nowhere="host=/nonexistent port=1"
+envrun 0 PQMQ_DSN="$PQMQ_TEST_DSN" PQMQ_SCHEMA="$schema" status
+envrun 0 DATABASE_URL="$url" PQMQ_SCHEMA="$schema" status
+envrun 0 PQMQ_DSN="$url" DATABASE_URL="$nowhere" PQMQ_SCHEMA="$schema" status
+envrun 0 PQMQ_DSN= DATABASE_URL="$PQMQ_TEST_DSN" PQMQ_SCHEMA="$schema" status
+envrun 0 PQMQ_DSN="$nowhere" DATABASE_URL="$nowhere" PQMQ_SCHEMA="$schema" \
+    -d "$PQMQ_TEST_DSN" status
+envrun 1 PQMQ_DSN="$PQMQ_TEST_DSN" PQMQ_SCHEMA="no_such_schema_$$" status
+has err "schema \"no_such_schema_$$\" does not exist"
+envrun 0 PQMQ_DSN="$PQMQ_TEST_DSN" PQMQ_SCHEMA="no_such_schema_$$" --schema "$schema" status
+envrun 0 PQMQ_DSN="$PQMQ_TEST_DSN" PQMQ_SCHEMA="no_such_schema_$$" status --schema "$schema"
 # A missing schema: the error says how to have it; --create-schema makes it.
 made=cli_made_$$
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$made" migrate >/dev/null 2>"$work/err"
