@@ -573,7 +573,8 @@ typedef enum {
  * connects as that first evaluated it (another role's runner fails the
  * run), and evaluating one is the produce duty's. Checked here: a bad
  * expression is PQMQ_EINVAL, and pqmq_runner_errmsg names the field; so is
- * a name that is empty or over 998 bytes; an unknown time zone fails
+ * a name that is empty or over 998 bytes, and a payload that is not valid
+ * JSON (the errmsg names the schedule); an unknown time zone fails
  * pqmq_runner_run. msg stays the caller's.
  */
 PQMQ_EXPORT int pqmq_runner_schedule(pqmq_runner *runner, const char *name, const char *cron,

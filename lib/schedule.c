@@ -80,6 +80,14 @@ int pqmq__schedule_new(const char *name, const char *cron, const char *time_zone
         return snprintf(err, errlen, "pqmq_runner_schedule: name is over %d bytes",
                         PQMQ__SCHEDULE_NAME_MAX),
                PQMQ_EINVAL;
+    /* Refused here, not at the first slot: a bad payload would otherwise
+     * let the runner start and fail each evaluation. */
+    size_t at = msg->json ? pqmq_json_check(msg->json, strlen(msg->json)) : 0;
+    if (at)
+        return snprintf(err, errlen,
+                        "pqmq_runner_schedule: %s: payload is not valid JSON (at byte %zu)",
+                        name, at),
+               PQMQ_EINVAL;
     if (backfill != PQMQ_BACKFILL_ALL && backfill != PQMQ_BACKFILL_LATEST)
         return snprintf(err, errlen, "pqmq_runner_schedule: backfill %d is not a pqmq_backfill",
                         (int)backfill),

@@ -169,6 +169,16 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM ts AT TIME ZONE tz; -- names an unknown time zone
+    -- Refused before any slot comes due, naming the schedule.
+    IF payload_json IS NOT NULL THEN
+        BEGIN
+            PERFORM payload_json::jsonb;
+        EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+            RAISE EXCEPTION 'mq_schedule: schedule %: payload is not valid JSON',
+                quote_literal(left(sched_name, 100))
+                USING ERRCODE = 'invalid_text_representation', DETAIL = SQLERRM;
+        END;
+    END IF;
     INSERT INTO mq_schedules AS s (name, last_slot, owner) VALUES (sched_name, ts, who)
     ON CONFLICT (name) DO NOTHING;
     -- (A schedule from before owners were recorded goes to its next caller.)

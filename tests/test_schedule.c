@@ -163,6 +163,33 @@ static void test_bad_expressions_name_the_field(void)
     pqmq_runner_free(r);
 }
 
+/* A payload that is not JSON is refused when the schedule is given, not
+ * left to fail (or be skipped) when a slot comes due. */
+static void test_bad_json_payload_is_refused(void)
+{
+    pqmq_runner *r = new_runner();
+    pqmq_msg *m = t_msg("sched", NULL, "tick", "{\"a\": ", 0);
+    CHECK_INT(pqmq_runner_schedule(r, "s-json", "* * * * *", NULL, m, PQMQ_BACKFILL_ALL),
+              PQMQ_EINVAL);
+    if (!strstr(pqmq_runner_errmsg(r), "s-json: payload is not valid JSON"))
+        t_fail(__FILE__, __LINE__, "errmsg: %s", pqmq_runner_errmsg(r));
+    pqmq_msg_free(m);
+    pqmq_runner_free(r);
+
+    /* Through SQL too, for a schedule first seen (no slot due yet). */
+    PGresult *res =
+        PQexec(pg, "SELECT mq_schedule('s-json-sql', 1, 16777215, 4294967294, 8190, "
+                   "127, true, true, 'UTC', 'all', 'sched', 'tick', '{\"a\": ', "
+                   "NULL, 3, interval '1 second')");
+    const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+    CHECK_INT(PQresultStatus(res), PGRES_FATAL_ERROR);
+    CHECK_STR(state ? state : "", "22P02");
+    if (!strstr(PQresultErrorMessage(res), "schedule 's-json-sql': payload is not valid JSON"))
+        t_fail(__FILE__, __LINE__, "error: %s", PQresultErrorMessage(res));
+    PQclear(res);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_schedules WHERE name = 's-json-sql'"), 0);
+}
+
 /* Runs mq_schedule as a runner would, with now moved by shifting the
  * schedule's memory (mq_schedules.last_slot) back instead. */
 static int tick(const char *name, const char *backfill)
@@ -329,6 +356,7 @@ int main(void)
     T_RUN(test_days_as_cronie);
     T_RUN(test_daylight_saving);
     T_RUN(test_bad_expressions_name_the_field);
+    T_RUN(test_bad_json_payload_is_refused);
     T_RUN(test_backfill_after_a_gap);
     T_RUN(test_backfill_stops_at_31_days);
     T_RUN(test_two_runners_insert_each_slot_once);
