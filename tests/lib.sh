@@ -42,6 +42,15 @@ fail() {
     failed=$((failed + 1))
 }
 
+# has FILE TEXT...: each TEXT is in $work/FILE (fixed strings).
+has() {
+    local f=$work/$1 s
+    shift
+    for s in "$@"; do
+        grep -qF -- "$s" "$f" || fail "$(basename "$f") lacks \"$s\": $(head -c 400 "$f")"
+    done
+}
+
 sql() {
     PGOPTIONS="-c search_path=$schema -c client_min_messages=warning" \
         psql -X -q -At -v ON_ERROR_STOP=1 -d "$PQMQ_TEST_DSN" -c "$1"

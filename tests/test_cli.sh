@@ -49,15 +49,6 @@ run() {
     return 0
 }
 
-# has FILE TEXT...: each TEXT is in FILE (fixed strings).
-has() {
-    local f=$work/$1 s
-    shift
-    for s in "$@"; do
-        grep -qF -- "$s" "$f" || fail "$(basename "$f") lacks \"$s\": $(head -c 400 "$f")"
-    done
-}
-
 # one_line: the error is exactly one line.
 one_line() {
     local n

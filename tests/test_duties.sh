@@ -65,14 +65,6 @@ as() {
     return 0
 }
 
-has() {
-    local f=$work/$1 s
-    shift
-    for s in "$@"; do
-        grep -qF -- "$s" "$f" || fail "$(basename "$f") lacks \"$s\": $(head -c 400 "$f")"
-    done
-}
-
 psql -X -q -v ON_ERROR_STOP=1 -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA $schema" \
     -c "CREATE ROLE $admin LOGIN" -c "CREATE ROLE $producer LOGIN" \
     -c "CREATE ROLE $consumer LOGIN" >/dev/null ||
