@@ -13,7 +13,7 @@
 #   fair      the floor with the same fairness pick as pqmq's poll: its table
 #             with an index on (channel, created_at), and a loose index scan
 #             over the channels taking at most a quarter of the batch from
-#             each (mq_pick_keys' shape, without a lease, lanes or
+#             each (_mq_pick_keys' shape, without a lease, lanes or
 #             priorities): what fairness costs on its own.
 #   table     the floor's DELETE on pqmq's mq_msgs (its row, its indexes,
 #             its readiness test): what the table costs.
@@ -77,9 +77,9 @@ fill_pqmq() {
                    '{\"k\": 1}', t, t
             FROM generate_series(1, $n) g,
                  LATERAL (SELECT now() - interval '1 hour' + (g / 100) * interval '1 ms') s(t)" \
-        -c "SELECT ceiling.mq_count_fold()" \
+        -c "SELECT ceiling._mq_count_fold()" \
         -c "VACUUM ANALYZE ceiling.mq_msgs, ceiling.mq_count_deltas, ceiling.mq_counts" >/dev/null
-    # (Rows written by hand are counted a delta row each (mq_fill_row); the
+    # (Rows written by hand are counted a delta row each (_mq_fill_row); the
     # fold and the vacuum leave none, dead or alive, for the runs' own folds
     # to step over: without them every fold of the first minute read the
     # fill's n dead delta rows, and the forms that delete drained at a
@@ -92,7 +92,7 @@ DELETE FROM ceiling_floor.msgs WHERE ctid = ANY (ARRAY(
     FOR UPDATE SKIP LOCKED)) RETURNING id, payload;
 EOF
 # The floor's DELETE of a batch picked fairly: channels in key order (a
-# loose index scan, at most 2 * 100 + 16 visits, as mq_pick_set's budget),
+# loose index scan, at most 2 * 100 + 16 visits, as _mq_pick_set's budget),
 # at most 25 messages from each.
 cat >"$work/fair.sql" <<'EOF'
 WITH RECURSIVE ch(c, n) AS (

@@ -63,7 +63,7 @@ enum {
     PQMQ_ESTALE = -9    /* the message was delivered again since: not yours */
 };
 
-/* Limits; the server enforces the same ones (SQL function mq_limits). */
+/* Limits; the server enforces the same ones (SQL function _mq_limits). */
 #define PQMQ_MAX_BATCH 10000                       /* messages per insert/poll */
 #define PQMQ_MAX_PAYLOAD (16 * 1024 * 1024)        /* bytes, JSON and binary each */
 #define PQMQ_MAX_DURATION_MS (3650LL * 86400000LL) /* ten years */

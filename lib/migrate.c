@@ -142,7 +142,7 @@ static int citus_settings(pqmq_client *c)
         "'plan_cache_mode=force_generic_plan' = ANY (p.proconfig) AS generic "
         "FROM pg_catalog.pg_proc p "
         "WHERE p.pronamespace = quote_ident(current_schema())::regnamespace "
-        "AND p.proname LIKE 'mq\\_%' AND p.prosqlbody IS NULL LOOP "
+        "AND p.proname ~ '^_?mq_' AND p.prosqlbody IS NULL LOOP "
         "EXECUTE pg_catalog.format('ALTER FUNCTION %s SET pqmq.citus = on', f.sig); "
         "IF f.generic THEN EXECUTE pg_catalog.format("
         "'ALTER FUNCTION %s SET plan_cache_mode = force_custom_plan', f.sig); "

@@ -38,7 +38,7 @@ static char *put_field(char *p, uint32_t oid, const void *data, size_t len)
 }
 
 /* An interval of ms milliseconds: microseconds, then no days or months
- * (mq_insert_rows takes a month or day field as 30 days or 24 hours). */
+ * (_mq_insert_rows takes a month or day field as 30 days or 24 hours). */
 static char *put_interval(char *p, int64_t ms)
 {
     uint64_t us = (uint64_t)(ms * 1000);

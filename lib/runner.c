@@ -39,7 +39,7 @@
 #define COMMIT_OPEN_MS_MAX 60000
 #define COMMIT_OPEN_MS_DEFAULT 50
 /* Channel names of at most this many bytes (in the server's encoding) have
- * a notify channel of their own, mq_<name> (mq_wake). */
+ * a notify channel of their own, mq_<name> (_mq_wake). */
 #define PQMQ_MAX_CHANNEL_NOTIFY 60
 
 struct pqmq_runner {
@@ -323,7 +323,7 @@ struct loop {
     int64_t tick_at;  /* schedules: evaluate them next at this time */
 };
 
-/* Whether the server notifies mq_<channel> for this channel (mq_wake: a
+/* Whether the server notifies mq_<channel> for this channel (_mq_wake: a
  * name of at most 60 bytes). The server counts bytes in its own encoding,
  * which a client in another encoding cannot: ask it, on the connection
  * that LISTENs (whose encoding the name is in). */

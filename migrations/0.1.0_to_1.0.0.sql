@@ -7,6 +7,12 @@ DO $$
 DECLARE
     base bigint;
     n    bigint;
+    fn   regprocedure;
+    ddl  text;
+    -- The queue's schema (this step calls none of 0.1.0's helpers, which
+    -- it drops below).
+    nsp  oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
+                 WHERE c.oid = pg_catalog.to_regclass('mq_schema_migrations'));
 BEGIN
     IF pg_catalog.to_regclass('mq_schema_migrations') IS NULL THEN
         RETURN;
@@ -69,15 +75,39 @@ BEGIN
     -- mq_schedule and mq_cron_slots leave the consume duty: every grant of
     -- them goes, and roles.sql's mq_regrant() gives them back to the
     -- holders of the duties that keep them (produce, administer).
-    PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s',
-                                         mq_qualified(p.oid), acl.grantee::regrole))
-    FROM pg_catalog.pg_proc p
-    CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) acl
-    WHERE p.pronamespace = pg_catalog.quote_ident(mq_queue_schema())::regnamespace
-      AND p.proname = ANY (ARRAY['mq_schedule', 'mq_cron_slots']::name[])
-      AND acl.privilege_type = 'EXECUTE'
-      AND acl.grantee <> p.proowner
-      AND acl.grantee <> 0::oid;
+    FOR ddl IN
+        SELECT pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s.%I(%s) FROM %s', nsp::regnamespace,
+                                 p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid),
+                                 acl.grantee::regrole)
+        FROM pg_catalog.pg_proc p
+        CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) acl
+        WHERE p.pronamespace = nsp
+          AND p.proname = ANY (ARRAY['mq_schedule', 'mq_cron_slots']::name[])
+          AND acl.privilege_type = 'EXECUTE'
+          AND acl.grantee <> p.proowner
+          AND acl.grantee <> 0::oid
+    LOOP
+        EXECUTE ddl;
+    END LOOP;
+    -- Internal helpers are named _mq_* from 1.0.0 on, the API keeps its
+    -- names: 0.1.0's helpers go, with the triggers that call them; schema/
+    -- makes their successors.
+    FOR fn IN
+        SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+        WHERE p.pronamespace = nsp
+          AND p.proname LIKE 'mq\_%'
+          AND p.proname <> ALL (ARRAY[
+                  'mq_checkpoint', 'mq_checkpoint_found', 'mq_claim', 'mq_claim_lane',
+                  'mq_claim_locked', 'mq_clear', 'mq_clear_all', 'mq_clear_count', 'mq_commit',
+                  'mq_complete', 'mq_complete_all', 'mq_complete_claim', 'mq_complete_poll',
+                  'mq_create_roles', 'mq_cron_slots', 'mq_dead_jobs', 'mq_dead_letters', 'mq_delete',
+                  'mq_duties', 'mq_fail', 'mq_grant', 'mq_insert', 'mq_insert_unique',
+                  'mq_keep_alive', 'mq_keep_alive_count', 'mq_metrics', 'mq_peek', 'mq_poll',
+                  'mq_poll_jobs', 'mq_purge', 'mq_reap_dead', 'mq_release', 'mq_retry', 'mq_revoke',
+                  'mq_schedule', 'mq_schema_version', 'mq_skip', 'mq_stats']::name[])
+    LOOP
+        EXECUTE pg_catalog.format('DROP FUNCTION %s CASCADE', fn);
+    END LOOP;
     INSERT INTO mq_schema_migrations (version, name) VALUES (100, '1.0.0');
 END
 $$;

@@ -6,7 +6,7 @@
 -- appends to, in key order against deadlock. A producer takes its places
 -- (mq_chain_seq) after these locks, so a later producer of a chain gets
 -- later places and its rows become visible after the earlier one's.
-CREATE OR REPLACE FUNCTION mq_lock_new_chains(new_messages mq_new_t[])
+CREATE OR REPLACE FUNCTION _mq_lock_new_chains(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT

@@ -8,6 +8,9 @@
 -- (not yet visible here) stays, and heads what is left of its chain. The
 -- nil UUID is never a message (the original kept a row for it; pqmq needs
 -- none). Returns how many it deleted.
+-- Parameters: channel_names: the channels to empty; all_channels: every
+--   channel instead.
+-- Returns: how many messages it deleted. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_clear_count(channel_names text[],
                                           all_channels boolean DEFAULT false)
 RETURNS int
@@ -34,6 +37,8 @@ END;
 $$;
 
 -- The original's mq_clear: deletes the messages of the given channels.
+-- Parameters: channel_names: the channels to empty.
+-- Returns: nothing. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_clear(channel_names text[])
 RETURNS void
 LANGUAGE plpgsql
@@ -45,6 +50,8 @@ END;
 $$;
 
 -- The original's mq_clear_all: deletes every message.
+-- Parameters: none.
+-- Returns: nothing. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_clear_all()
 RETURNS void
 LANGUAGE plpgsql

@@ -3,7 +3,7 @@
 -- Limits shared by every function and by the C library (include/pqmq.h).
 -- (PL/pgSQL: a SQL function with a SET clause is planned again at every
 -- call, twice the cost of this one, and every batch calls it.)
-CREATE OR REPLACE FUNCTION mq_limits(
+CREATE OR REPLACE FUNCTION _mq_limits(
     OUT max_batch int, OUT max_payload bigint, OUT max_duration interval)
 LANGUAGE plpgsql IMMUTABLE
 SET search_path FROM CURRENT
@@ -18,7 +18,7 @@ $$;
 -- Wakes listeners of the given channels: one notification per channel on
 -- mq_<channel>, plus one on mq. A channel whose notify name would be longer
 -- than PostgreSQL's 63-byte limit wakes only mq. No payload data is sent.
-CREATE OR REPLACE FUNCTION mq_wake(channel_names text[])
+CREATE OR REPLACE FUNCTION _mq_wake(channel_names text[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -45,13 +45,13 @@ $$;
 -- at + d, declared IMMUTABLE (timestamptz + interval is STABLE: a day's
 -- length depends on the time zone). Citus ships an UPDATE to a worker only
 -- when the functions it applies to a row's columns are immutable; the
--- queue's intervals have a fixed length (mq_fixed_length), so it is. Used
+-- queue's intervals have a fixed length (_mq_fixed_length), so it is. Used
 -- on Citus, and in statements too rare for a call per row to matter. A
 -- standard SQL body, whose operator was resolved when the schema was
 -- applied: so no settings, which a call would set and restore (mq_commit
 -- makes two calls a row). The planner still calls it, as it inlines no immutable function
 -- around a stable operator.
-CREATE OR REPLACE FUNCTION mq_at(at timestamptz, d interval)
+CREATE OR REPLACE FUNCTION _mq_at(at timestamptz, d interval)
 RETURNS timestamptz
 LANGUAGE sql IMMUTABLE
 RETURN at OPERATOR(pg_catalog.+) d;
@@ -60,7 +60,7 @@ RETURN at OPERATOR(pg_catalog.+) d;
 -- for the tests of a row's locker (xmax) on the locked lane: on Citus, the
 -- worker's, found by a statement that reads a queue table (Citus runs it on
 -- the worker that holds the queue, in this transaction); else this server's.
-CREATE OR REPLACE FUNCTION mq_xact_id()
+CREATE OR REPLACE FUNCTION _mq_xact_id()
 RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -77,7 +77,7 @@ $$;
 -- schemas, whatever the search_path: for the GRANT, REVOKE and ALTER
 -- FUNCTION statements the queue builds, which a Citus coordinator forwards
 -- as text to workers that resolve names under a path of their own.
-CREATE OR REPLACE FUNCTION mq_qualified(f oid)
+CREATE OR REPLACE FUNCTION _mq_qualified(f oid)
 RETURNS text
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -91,11 +91,11 @@ END;
 $$;
 
 -- Runs a GRANT, REVOKE or ALTER FUNCTION the queue builds (its names
--- qualified: mq_qualified) with only pg_catalog on the search_path: a
+-- qualified: _mq_qualified) with only pg_catalog on the search_path: a
 -- Citus coordinator deparses such a statement for its workers, naming what
 -- the path leaves visible without its schema, and the workers resolve
--- those names under a path of their own. Not for PUBLIC (mq_secure).
-CREATE OR REPLACE FUNCTION mq_run_ddl(command text)
+-- those names under a path of their own. Not for PUBLIC (_mq_secure).
+CREATE OR REPLACE FUNCTION _mq_run_ddl(command text)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -108,7 +108,7 @@ $$;
 
 -- An interval with its months taken as 30 days and its days as 24 hours:
 -- a fixed length, which compares and adds the same on every date.
-CREATE OR REPLACE FUNCTION mq_fixed_length(x interval)
+CREATE OR REPLACE FUNCTION _mq_fixed_length(x interval)
 RETURNS interval
 LANGUAGE sql IMMUTABLE STRICT
 SET search_path FROM CURRENT

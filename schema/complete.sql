@@ -7,6 +7,9 @@
 -- whose message was delivered again cannot complete it for the new owner.
 -- A consumer completing inside its own transaction rolls back on a short
 -- count.
+-- Parameters: msg_ids; msg_attempts: each id's attempt number (NULL: any
+--   attempt).
+-- Returns: how many it deleted. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_complete(msg_ids uuid[], msg_attempts int[] DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
@@ -62,8 +65,8 @@ BEGIN
     FROM gone g;
     IF n < cardinality(msg_ids) THEN
         -- Keyed messages release their keys: take the keys' locks in key
-        -- order first, as producers do (mq_lock_keys), against deadlock.
-        PERFORM mq_lock_keys(msg_ids);
+        -- order first, as producers do (_mq_lock_keys), against deadlock.
+        PERFORM _mq_lock_keys(msg_ids);
         WITH gone AS (
             DELETE FROM mq_msgs m
             WHERE m.id = ANY (msg_ids)
@@ -79,7 +82,7 @@ BEGIN
     END IF;
     -- A chain moved on: its next member may be ready now.
     IF chans IS NOT NULL THEN
-        PERFORM mq_wake(chans);
+        PERFORM _mq_wake(chans);
     END IF;
     RETURN n;
 END;
@@ -91,6 +94,8 @@ $$;
 -- after its lease ran out, or gone), and cannot read a count first when
 -- the COMMIT is already on its way (pqmq_complete_commit sends both at
 -- once). SQLSTATE PQ001 names the shortfall. Returns how many it completed.
+-- Parameters: msg_ids; msg_attempts: each id's attempt number.
+-- Returns: how many it completed, or SQLSTATE PQ001. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_complete_all(msg_ids uuid[], msg_attempts int[])
 RETURNS int
 LANGUAGE plpgsql
@@ -110,6 +115,8 @@ $$;
 
 -- Deletes messages: completion, or cancellation of pending ones. Deleting any
 -- member of a chain leaves the others in their order (chain_seq).
+-- Parameters: msg_ids.
+-- Returns: nothing. Duty: consume, administer.
 CREATE OR REPLACE FUNCTION mq_delete(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
@@ -124,6 +131,9 @@ $$;
 -- then claims as mq_claim: one round trip and one commit per batch. Every
 -- row carries how many of msg_ids were completed (mq_claim always returns at
 -- least one row). If the statement fails, neither took effect.
+-- Parameters: msg_ids, msg_attempts: as mq_complete; channel_names (NULL:
+--   every channel), batch_size: as mq_claim.
+-- Returns: mq_claim's rows, each with how many were completed. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_complete_claim(msg_ids uuid[], msg_attempts int[],
                                              channel_names text[], batch_size int)
 RETURNS TABLE(job mq_job_t, completed int)
@@ -141,6 +151,8 @@ END;
 $$;
 
 -- Version 3's completing poll with its columns.
+-- Parameters: as mq_complete_claim.
+-- Returns: mq_complete_claim's rows as flat columns. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_complete_poll(msg_ids uuid[], msg_attempts int[],
                                             channel_names text[], batch_size int)
 RETURNS TABLE(id uuid, is_committed boolean, name text, payload_json text,
@@ -160,6 +172,8 @@ $$;
 -- Hands claimed messages back unstarted (a runner stopping with jobs still
 -- queued): ready again at once, with the attempt refunded. Only the given
 -- delivery (attempt number) of a message still leased is released.
+-- Parameters: msg_ids; msg_attempts: each id's attempt number.
+-- Returns: how many it released. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_release(msg_ids uuid[], msg_attempts int[])
 RETURNS int
 LANGUAGE plpgsql
@@ -203,7 +217,7 @@ BEGIN
         RETURNING m.channel_name
     )
     SELECT count(*), array_agg(DISTINCT r.channel_name) INTO n, chans FROM r;
-    PERFORM mq_wake(chans);
+    PERFORM _mq_wake(chans);
     RETURN n;
 END;
 $$;

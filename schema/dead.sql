@@ -3,6 +3,8 @@
 -- Marks the messages whose final lease ran out as dead and announces them
 -- on mq_dead. Cheap (a tiny partial index); polls call it when idle, and
 -- mq_dead_letters before listing. Returns how many it marked.
+-- Parameters: none.
+-- Returns: how many messages it marked dead. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_reap_dead()
 RETURNS int
 LANGUAGE plpgsql
@@ -33,6 +35,8 @@ $$;
 -- Lists dead messages (oldest first): those that ran out of attempts and
 -- were never completed. blocking: it still heads an ordered chain, which
 -- waits behind it until mq_retry or mq_skip.
+-- Parameters: channel_names (NULL: every channel); max_rows.
+-- Returns: the dead messages, oldest first. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_dead_letters(channel_names text[], max_rows int DEFAULT 100)
 RETURNS TABLE(id uuid, channel_name text, channel_args text, name text,
               attempts int, last_error text, dead_since timestamptz,
@@ -41,9 +45,9 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (mq_limits()).max_batch THEN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (_mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_dead_letters: max_rows % is outside 1..%',
-            max_rows, (mq_limits()).max_batch
+            max_rows, (_mq_limits()).max_batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM mq_reap_dead();
@@ -61,6 +65,8 @@ $$;
 
 -- Dead letters (mq_dead_letters) as jobs, for readers of mq_job_t: attempt
 -- is the number of deliveries made; no lease, no wait.
+-- Parameters: channel_names (NULL: every channel); max_rows.
+-- Returns: the dead messages as mq_job_t rows. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_dead_jobs(channel_names text[], max_rows int)
 RETURNS SETOF mq_job_t
 LANGUAGE sql
@@ -74,6 +80,9 @@ $$;
 
 -- Gives dead messages `retries` more retries (retries + 1 deliveries), ready
 -- now. A dead chain head delivered again keeps its chain's order.
+-- Parameters: msg_ids: dead messages; retries: retries beyond the one
+--   delivery.
+-- Returns: how many it revived. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_retry(msg_ids uuid[], retries int DEFAULT 0)
 RETURNS int
 LANGUAGE plpgsql
@@ -105,9 +114,9 @@ BEGIN
     INTO n, chans, keyed FROM r;
     -- A live message holds its key again (schema/keys.sql).
     IF keyed IS NOT NULL THEN
-        PERFORM mq_retake_keys(keyed);
+        PERFORM _mq_retake_keys(keyed);
     END IF;
-    PERFORM mq_wake(chans);
+    PERFORM _mq_wake(chans);
     RETURN n;
 END;
 $$;
@@ -115,6 +124,8 @@ $$;
 -- Moves ordered messages out of their chains into the dead letters (kept,
 -- never delivered again) and releases the next message of each chain.
 -- This is how a chain blocked by a dead head moves on.
+-- Parameters: msg_ids: ordered messages.
+-- Returns: how many it moved out of their chains. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_skip(msg_ids uuid[])
 RETURNS int
 LANGUAGE plpgsql
@@ -142,7 +153,7 @@ BEGIN
     IF n = 0 THEN
         RETURN 0;
     END IF;
-    PERFORM mq_wake(chans);
+    PERFORM _mq_wake(chans);
     PERFORM pg_notify('mq_dead', '');
     RETURN n;
 END;
@@ -153,6 +164,8 @@ $$;
 -- returns what it deleted. Chains are repaired as by mq_complete (which it
 -- calls), so nothing of another channel is touched. A consumer still
 -- holding one of them finds it gone when it completes (ignored).
+-- Parameters: channel; args: one chain's (NULL: all); dead_only.
+-- Returns: one row per message deleted. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_purge(channel text, args text DEFAULT NULL,
                                     dead_only boolean DEFAULT false)
 RETURNS TABLE(id uuid, channel_args text, name text, was_dead boolean)

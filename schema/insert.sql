@@ -1,13 +1,16 @@
 -- schema/insert.sql: producing: inserting a batch, and the second phase of two-phase messages.
 
 -- Inserts a batch in one statement: all of it, or (on any error) none of it.
+-- Parameters: new_messages: the batch (mq_new_t); priorities: one per message
+--   (this form only).
+-- Returns: nothing; an error rolls back the whole batch. Duty: produce.
 CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM mq_insert_rows(new_messages, NULL, NULL, NULL, NULL);
+    PERFORM _mq_insert_rows(new_messages, NULL, NULL, NULL, NULL);
 END;
 $$;
 
@@ -15,13 +18,16 @@ $$;
 -- element: 0): among the ready messages of a channel, higher priorities
 -- are delivered first. 0 to 32767; 0, the default, is the lowest. A chain
 -- is never reordered: its messages become ready one at a time.
+-- Parameters: new_messages: the batch (mq_new_t); priorities: one per message
+--   (this form only).
+-- Returns: nothing; an error rolls back the whole batch. Duty: produce.
 CREATE OR REPLACE FUNCTION mq_insert(new_messages mq_new_t[], priorities int[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM mq_insert_rows(new_messages, NULL, NULL, NULL, priorities);
+    PERFORM _mq_insert_rows(new_messages, NULL, NULL, NULL, priorities);
 END;
 $$;
 
@@ -30,9 +36,9 @@ $$;
 -- message i with unique key unique_keys[i] (NULL: none) kept key_retention
 -- after it is deleted, with priority priorities[i] (NULL: 0). Ordered
 -- messages not taken are not in any chain.
-CREATE OR REPLACE FUNCTION mq_insert_rows(new_messages mq_new_t[], unique_keys text[],
-                                          key_retention interval, take boolean[],
-                                          priorities int[])
+CREATE OR REPLACE FUNCTION _mq_insert_rows(new_messages mq_new_t[], unique_keys text[],
+                                           key_retention interval, take boolean[],
+                                           priorities int[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -49,7 +55,7 @@ BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
         RETURN;
     END IF;
-    lim := mq_limits();
+    lim := _mq_limits();
     IF cardinality(new_messages) > lim.max_batch THEN
         RAISE EXCEPTION 'mq_insert: batch of % messages is over the limit of %',
             cardinality(new_messages), lim.max_batch
@@ -61,7 +67,7 @@ BEGIN
     -- interval, is an id there twice, is any message ordered, and is the
     -- batch on one channel (for the counters and the wake-ups). (A read per
     -- question would unpack every message each time.) The
-    -- interval checks hold before and after mq_fixed_length: interval
+    -- interval checks hold before and after _mq_fixed_length: interval
     -- comparison already counts months as 30 days and days as 24 hours.
     SELECT pg_catalog.min(t.ordinality) FILTER (WHERE
                t.id IS NULL
@@ -96,12 +102,12 @@ BEGIN
     INTO pass
     FROM unnest(new_messages) WITH ORDINALITY AS t;
     IF pass.bad IS NOT NULL THEN
-        PERFORM mq_insert_refuse(new_messages[pass.bad], pass.bad::int);
+        PERFORM _mq_insert_refuse(new_messages[pass.bad], pass.bad::int);
     END IF;
-    -- Shapes and duplicate ids, named (mq_insert_check).
+    -- Shapes and duplicate ids, named (_mq_insert_check).
     IF array_ndims(new_messages) > 1 OR array_ndims(priorities) > 1
        OR pass.ids < cardinality(new_messages) THEN
-        PERFORM mq_insert_check(new_messages, priorities);
+        PERFORM _mq_insert_check(new_messages, priorities);
     END IF;
     IF priorities IS NOT NULL THEN
         IF cardinality(priorities) <> cardinality(new_messages) THEN
@@ -118,13 +124,13 @@ BEGIN
         END IF;
     END IF;
     -- Months count 30 days and days 24 hours in the timestamps computed
-    -- below (see mq_fixed_length). Only a batch with a month or day field
+    -- below (see _mq_fixed_length). Only a batch with a month or day field
     -- in it is rewritten: the C library sends none.
     IF pass.days THEN
         new_messages := ARRAY(
-            SELECT ROW(t.id, mq_fixed_length(t.delay), t.retries,
-                       mq_fixed_length(t.retry_backoff), t.channel_name,
-                       t.channel_args, mq_fixed_length(t.commit_interval), t.ordered,
+            SELECT ROW(t.id, _mq_fixed_length(t.delay), t.retries,
+                       _mq_fixed_length(t.retry_backoff), t.channel_name,
+                       t.channel_args, _mq_fixed_length(t.commit_interval), t.ordered,
                        t.name, t.payload_json, t.payload_bytes)::mq_new_t
             FROM unnest(new_messages) WITH ORDINALITY AS t
             ORDER BY t.ordinality);
@@ -154,7 +160,7 @@ BEGIN
         -- first, then the places, so a later producer of a chain gets later
         -- ones; within the batch, array order. Nothing of the chain is read
         -- or written: its head is whatever entry comes first.
-        PERFORM mq_lock_new_chains(new_messages);
+        PERFORM _mq_lock_new_chains(new_messages);
         base := nextval('mq_chain_seq');
     END IF;
 
@@ -174,7 +180,7 @@ BEGIN
     END IF;
     -- channel_key is written here rather than by the table (a stored
     -- generated column formed every row twice), and so are the counters
-    -- (mq_counts): one delta row for the batch (mq_count_batch), where a
+    -- (mq_counts): one delta row for the batch (_mq_count_batch), where a
     -- trigger copied every row into a transition table to count it.
     INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
                          channel_name, channel_args, commit_interval, after_message_id,
@@ -199,15 +205,15 @@ BEGIN
                             + COALESCE(t.commit_interval, interval '0')) AS r(at);
 
     IF pass.first_name = pass.last_name THEN
-        -- A batch on one channel (the common case) does mq_count_batch's and
-        -- mq_wake's work here: a call of a function that pins settings costs
+        -- A batch on one channel (the common case) does _mq_count_batch's and
+        -- _mq_wake's work here: a call of a function that pins settings costs
         -- more than these statements, a large part of a one-message insert
         -- (bench/insert_instructions.sh). Same statements.
         INSERT INTO mq_count_batches (sign, names, totals, waits)
         VALUES (1, ARRAY[pass.first_name], ARRAY[cardinality(new_messages)],
                 ARRAY[pass.waiting::int]);
         IF pg_catalog.random() < 0.004 THEN
-            PERFORM mq_count_fold();
+            PERFORM _mq_count_fold();
         END IF;
         IF octet_length(pass.first_name) <= 60 THEN
             PERFORM pg_notify('mq_' || pass.first_name, '');
@@ -217,14 +223,16 @@ BEGIN
         SELECT array_agg(t.channel_name), array_agg(CASE WHEN t.ordered THEN 1 ELSE 0 END)
         INTO names, ords
         FROM unnest(new_messages) AS t;
-        PERFORM mq_count_batch(1, names, array_fill(1, ARRAY[cardinality(names)]), ords);
-        PERFORM mq_wake(names);
+        PERFORM _mq_count_batch(1, names, array_fill(1, ARRAY[cardinality(names)]), ords);
+        PERFORM _mq_wake(names);
     END IF;
 END;
 $$;
 
 -- Second phase of a two-phase insert: the messages become ready at once
 -- (or when their delay ends) and listeners are woken.
+-- Parameters: msg_ids: messages inserted uncommitted.
+-- Returns: nothing. Duty: produce.
 CREATE OR REPLACE FUNCTION mq_commit(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
@@ -241,14 +249,14 @@ BEGIN
     END IF;
     WITH c AS (
         -- Ready when its delay ends, and placed no earlier than now, so
-        -- never behind a poll's low-water mark (mq_low_mark).
+        -- never behind a poll's low-water mark (_mq_low_mark).
         UPDATE mq_msgs m SET
-            -- (mq_at: see schema/common.sql.)
+            -- (_mq_at: see schema/common.sql.)
             attempt_at = CASE WHEN m.deliveries = 0
-                              THEN GREATEST(mq_at(m.attempt_at, - m.commit_interval), ts)
+                              THEN GREATEST(_mq_at(m.attempt_at, - m.commit_interval), ts)
                               ELSE m.attempt_at END,
             ready_at = CASE WHEN m.deliveries = 0
-                            THEN GREATEST(mq_at(m.attempt_at, - m.commit_interval), ts)
+                            THEN GREATEST(_mq_at(m.attempt_at, - m.commit_interval), ts)
                             ELSE m.ready_at END,
             commit_interval = NULL
         WHERE m.id = ANY (msg_ids)
@@ -256,19 +264,19 @@ BEGIN
         RETURNING m.channel_name
     )
     SELECT array_agg(DISTINCT c.channel_name) INTO chans FROM c;
-    PERFORM mq_wake(chans);
+    PERFORM _mq_wake(chans);
 END;
 $$;
 
--- Names what is wrong with message ord of a batch (mq_insert_rows found
+-- Names what is wrong with message ord of a batch (_mq_insert_rows found
 -- it bad) and refuses the batch.
-CREATE OR REPLACE FUNCTION mq_insert_refuse(m mq_new_t, ord int)
+CREATE OR REPLACE FUNCTION _mq_insert_refuse(m mq_new_t, ord int)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    lim record := mq_limits();
+    lim record := _mq_limits();
 BEGIN
     RAISE EXCEPTION 'mq_insert: message % of the batch: %', ord, CASE
         WHEN m.id IS NULL THEN 'id is NULL'
@@ -290,11 +298,11 @@ BEGIN
 END;
 $$;
 
--- mq_insert_rows' checks of a batch's shape: one-dimensional arrays (one
+-- _mq_insert_rows' checks of a batch's shape: one-dimensional arrays (one
 -- subscript of a 2-D array reads NULL: every priority would be 0), and no
 -- id twice (which the primary key would report without saying that both
 -- are in the batch, or which messages they are).
-CREATE OR REPLACE FUNCTION mq_insert_check(new_messages mq_new_t[], priorities int[])
+CREATE OR REPLACE FUNCTION _mq_insert_check(new_messages mq_new_t[], priorities int[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT

@@ -17,6 +17,9 @@
 -- holder's) and what happened: 'inserted', 'kept' or 'replaced'.
 -- Keys that start with 'schedule:' are the schedules' (mq_schedule) and
 -- refused here: a producer could take a slot's key before its schedule does.
+-- Parameters: new_messages; unique_keys: one per message; mode: 'keep',
+--   'replace' or 'replace_payload'; retention; priorities.
+-- Returns: per message, the id it stands for and its outcome. Duty: produce.
 CREATE OR REPLACE FUNCTION mq_insert_unique(new_messages mq_new_t[], unique_keys text[],
                                             mode text DEFAULT 'keep',
                                             retention interval DEFAULT NULL,
@@ -36,15 +39,15 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   DETAIL = 'Keys that start with ''schedule:'' are the recurring messages''.';
     END IF;
-    RETURN QUERY SELECT * FROM mq_insert_keyed(new_messages, unique_keys, mode, retention,
+    RETURN QUERY SELECT * FROM _mq_insert_keyed(new_messages, unique_keys, mode, retention,
                                                priorities);
 END;
 $$;
 
 -- mq_insert_unique's work, for it and for mq_schedule (whose keys start
 -- with 'schedule:'). Not for callers: no duty has it.
-CREATE OR REPLACE FUNCTION mq_insert_keyed(new_messages mq_new_t[], unique_keys text[],
-                                           mode text, retention interval, priorities int[])
+CREATE OR REPLACE FUNCTION _mq_insert_keyed(new_messages mq_new_t[], unique_keys text[],
+                                            mode text, retention interval, priorities int[])
 RETURNS TABLE(id uuid, outcome text)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -71,7 +74,7 @@ BEGIN
     IF n IS NULL OR n = 0 THEN
         RETURN;
     END IF;
-    lim := mq_limits();
+    lim := _mq_limits();
     -- (One subscript of a 2-D array reads NULL: every key would be "none".)
     IF array_ndims(unique_keys) > 1 OR array_ndims(priorities) > 1
        OR array_ndims(new_messages) > 1 THEN
@@ -104,7 +107,7 @@ BEGIN
         RAISE EXCEPTION 'mq_insert_unique: retention % is outside 0..36500000 days', retention
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    retention := NULLIF(mq_fixed_length(retention), interval '0');
+    retention := NULLIF(_mq_fixed_length(retention), interval '0');
     SELECT min(k.o) INTO bad FROM unnest(unique_keys) WITH ORDINALITY AS k(key, o)
     WHERE k.key = '' OR octet_length(k.key) > 1024;
     IF bad IS NOT NULL THEN
@@ -114,8 +117,8 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Every message is checked before any key is taken or any holder changed.
-    PERFORM mq_insert_rows(new_messages, NULL, NULL, array_fill(false, ARRAY[n]), priorities);
-    PERFORM mq_check_json(new_messages);
+    PERFORM _mq_insert_rows(new_messages, NULL, NULL, array_fill(false, ARRAY[n]), priorities);
+    PERFORM _mq_check_json(new_messages);
 
     ids := ARRAY(SELECT (new_messages[t.o]).id FROM generate_subscripts(new_messages, 1) AS t(o) ORDER BY t.o);
     outs := array_fill('inserted'::text, ARRAY[n]);
@@ -125,8 +128,8 @@ BEGIN
 
     -- Each key once (the first message of the batch with it, "first"), in
     -- key order so that producers racing on the same keys cannot deadlock
-    -- (consumers take them in the same order, mq_lock_keys, before any
-    -- chain's lock; so do producers: mq_insert_rows comes after).
+    -- (consumers take them in the same order, _mq_lock_keys, before any
+    -- chain's lock; so do producers: _mq_insert_rows comes after).
     -- The upsert takes a free key or locks the row of a held one; the
     -- primary key decides between racing producers.
     FOR g IN
@@ -169,18 +172,18 @@ BEGIN
                     FOR NO KEY UPDATE OF m SKIP LOCKED;
                 END IF;
                 IF got IS NOT NULL THEN
-                    -- (A value, and mq_at, where Citus needs them: see
+                    -- (A value, and _mq_at, where Citus needs them: see
                     -- schema/common.sql.)
-                    at0 := ts + COALESCE(mq_fixed_length(src.delay), interval '0');
+                    at0 := ts + COALESCE(_mq_fixed_length(src.delay), interval '0');
                     UPDATE mq_msgs m SET
                         name = COALESCE(src.name, ''),
                         payload_json = src.payload_json::jsonb,
                         payload_bytes = src.payload_bytes,
                         attempt_at = CASE WHEN mode = 'replace'
-                            THEN mq_at(at0, COALESCE(m.commit_interval, interval '0'))
+                            THEN _mq_at(at0, COALESCE(m.commit_interval, interval '0'))
                             ELSE m.attempt_at END,
                         ready_at = CASE WHEN mode = 'replace'
-                            THEN mq_at(at0, COALESCE(m.commit_interval, interval '0'))
+                            THEN _mq_at(at0, COALESCE(m.commit_interval, interval '0'))
                             ELSE m.ready_at END,
                         priority = CASE WHEN mode = 'replace'
                             THEN COALESCE(priorities[g.last], 0) ELSE m.priority END
@@ -218,10 +221,10 @@ BEGIN
 
     -- Forget a few keys whose window has passed (those who keep keys pay).
     IF EXISTS (SELECT 1 FROM mq_keys e WHERE e.expires_at <= ts) THEN
-        PERFORM mq_sweep_keys(ts, 2 * n + 16);
+        PERFORM _mq_sweep_keys(ts, 2 * n + 16);
     END IF;
 
-    PERFORM mq_insert_rows(eff, unique_keys, retention, take, prio);
+    PERFORM _mq_insert_rows(eff, unique_keys, retention, take, prio);
     RETURN QUERY SELECT ids[i], outs[i] FROM generate_series(1, n) AS i ORDER BY i;
 END;
 $$;
@@ -234,7 +237,7 @@ $$;
 -- heap_lock_updated_tuple). Such a wait could close a circle with a
 -- producer waiting for a key swept here; a lock_timeout far below
 -- deadlock_timeout ends it first, and the sweep is left to a later batch.
-CREATE OR REPLACE FUNCTION mq_sweep_keys(ts timestamptz, most int)
+CREATE OR REPLACE FUNCTION _mq_sweep_keys(ts timestamptz, most int)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -253,7 +256,7 @@ $$;
 -- key is kept for the message's retention window, or freed at once; a dead
 -- letter's key is freed (a dead message holds no key: the work it stood
 -- for did not get done). Only the key row that names this message.
-CREATE OR REPLACE FUNCTION mq_release_key()
+CREATE OR REPLACE FUNCTION _mq_release_key()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -280,12 +283,12 @@ CREATE OR REPLACE TRIGGER mq_msgs_release_key
     AFTER DELETE ON mq_msgs
     FOR EACH ROW
     WHEN (OLD.unique_key IS NOT NULL)
-    EXECUTE FUNCTION mq_release_key();
+    EXECUTE FUNCTION _mq_release_key();
 
 -- Takes the keys of dead letters that mq_retry brings back (msg_ids): a
 -- key that another message took meanwhile, and still holds or keeps,
 -- refuses the retry, naming both.
-CREATE OR REPLACE FUNCTION mq_retake_keys(msg_ids uuid[])
+CREATE OR REPLACE FUNCTION _mq_retake_keys(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -321,7 +324,7 @@ $$;
 -- Fails naming the first message of the batch whose payload_json is not
 -- JSON (the insert's cast would not say which). One subtransaction per
 -- batch; one per message only when the batch has a bad one.
-CREATE OR REPLACE FUNCTION mq_check_json(new_messages mq_new_t[])
+CREATE OR REPLACE FUNCTION _mq_check_json(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -351,7 +354,7 @@ $$;
 -- producers take them (mq_insert_unique): a completion deletes keyed
 -- messages only after this, and before any chain's lock, so producers and
 -- consumers that share keys never wait for each other in a circle.
-CREATE OR REPLACE FUNCTION mq_lock_keys(msg_ids uuid[])
+CREATE OR REPLACE FUNCTION _mq_lock_keys(msg_ids uuid[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT

@@ -1,22 +1,22 @@
 -- schema/lease.sql: leases of messages in flight: keep-alive, checkpoint, failure.
 
 -- Where a lease given now (ts) for duration ends: months count 30 days and
--- days 24 hours (mq_fixed_length), and a client that doubles its keep-alive
+-- days 24 hours (_mq_fixed_length), and a client that doubles its keep-alive
 -- (sqlxmq's runner does) reaches any limit in time, so longer durations are
 -- cut to the longest lease, not refused. A NULL or negative duration is
 -- refused in the name of the caller (fn).
-CREATE OR REPLACE FUNCTION mq_lease_end(fn text, ts timestamptz, duration interval)
+CREATE OR REPLACE FUNCTION _mq_lease_end(fn text, ts timestamptz, duration interval)
 RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    duration := mq_fixed_length(duration);
+    duration := _mq_fixed_length(duration);
     IF duration IS NULL OR duration < interval '0' THEN
         RAISE EXCEPTION '%: duration % is NULL or negative', fn, duration
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN ts + LEAST(duration, (mq_limits()).max_duration);
+    RETURN ts + LEAST(duration, (_mq_limits()).max_duration);
 END;
 $$;
 
@@ -24,6 +24,8 @@ $$;
 -- two-phase messages) to now + duration. Never shortens a lease, and never
 -- touches a message whose lease already ran out: that one belongs to the
 -- next poll (or, with no attempts left, is dead and stays dead).
+-- Parameters: msg_ids; duration: the new lease, from now.
+-- Returns: nothing. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_keep_alive(msg_ids uuid[], duration interval)
 RETURNS void
 LANGUAGE plpgsql
@@ -35,6 +37,8 @@ END;
 $$;
 
 -- mq_keep_alive that reports how many messages it extended.
+-- Parameters: msg_ids; duration: the new lease, from now.
+-- Returns: how many it extended. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_keep_alive_count(msg_ids uuid[], duration interval)
 RETURNS int
 LANGUAGE plpgsql
@@ -46,7 +50,7 @@ DECLARE
     until timestamptz;
 BEGIN
     -- Computed once, outside the statement (which Citus then ships whole).
-    until := mq_lease_end('mq_keep_alive', ts, duration);
+    until := _mq_lease_end('mq_keep_alive', ts, duration);
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
     -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
     -- A kept-alive message is a long one: it moves out of the polls' way
@@ -71,6 +75,9 @@ $$;
 -- Keep-alive plus progress: replaces the payload where a new one is given and
 -- grants extra_retries more deliveries. Only a delivered message whose lease
 -- is still running is touched, so a dead message is never revived.
+-- Parameters: msg_id; duration: the new lease; new_payload_json /
+--   new_payload_bytes (NULL: keep); extra_retries.
+-- Returns: nothing. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_checkpoint(msg_id uuid, duration interval,
                                          new_payload_json text,
                                          new_payload_bytes bytea,
@@ -86,6 +93,8 @@ END;
 $$;
 
 -- mq_checkpoint that reports whether the message was found holding a lease.
+-- Parameters: as mq_checkpoint.
+-- Returns: whether the message held a lease. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
                                                new_payload_json text,
                                                new_payload_bytes bytea,
@@ -98,13 +107,13 @@ DECLARE
     ts    timestamptz := clock_timestamp();
     until timestamptz;
 BEGIN
-    until := mq_lease_end('mq_checkpoint', ts, duration);
+    until := _mq_lease_end('mq_checkpoint', ts, duration);
     IF extra_retries < 0 THEN
         RAISE EXCEPTION 'mq_checkpoint: extra_retries % is negative', extra_retries
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF octet_length(new_payload_json) > (mq_limits()).max_payload
-       OR octet_length(new_payload_bytes) > (mq_limits()).max_payload THEN
+    IF octet_length(new_payload_json) > (_mq_limits()).max_payload
+       OR octet_length(new_payload_bytes) > (_mq_limits()).max_payload THEN
         RAISE EXCEPTION 'mq_checkpoint: payload is over 16 MiB'
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
@@ -130,6 +139,9 @@ $$;
 -- message is dead at once: kept, never delivered again, announced on mq_dead.
 -- With an attempt number, only that delivery may fail the message. A job of
 -- the locked lane fails inside the transaction that holds it.
+-- Parameters: msg_id; error: recorded as last_error; msg_attempt: the attempt
+--   that failed (NULL: any).
+-- Returns: whether a message was failed. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -140,14 +152,14 @@ DECLARE
     dead boolean;
     mine xid;
 BEGIN
-    -- (mq_at: see schema/common.sql.)
+    -- (_mq_at: see schema/common.sql.)
     UPDATE mq_msgs m SET
         attempt_at = CASE WHEN m.attempts > 0
-                          THEN mq_at(ts, m.retry_backoff / 2)
+                          THEN _mq_at(ts, m.retry_backoff / 2)
                           ELSE ts END,
         dead_since = CASE WHEN m.attempts > 0 THEN NULL ELSE ts END,
         ready_at = CASE WHEN m.attempts > 0
-                        THEN mq_at(ts, m.retry_backoff / 2)
+                        THEN _mq_at(ts, m.retry_backoff / 2)
                         ELSE m.ready_at END,
         last_error = left(error, 10000)
     WHERE m.id = msg_id
@@ -158,15 +170,15 @@ BEGIN
     IF NOT FOUND THEN
         -- A locked delivery (mq_claim_locked) held by this transaction:
         -- its attempt is counted here, as a lease would have counted it.
-        mine := (mq_xact_id() & 4294967295)::text::xid;
+        mine := (_mq_xact_id() & 4294967295)::text::xid;
         UPDATE mq_msgs m SET
             attempts = m.attempts - 1,
             deliveries = m.deliveries + 1,
-            retry_backoff = CASE WHEN m.retry_backoff * 2 > (mq_limits()).max_duration
+            retry_backoff = CASE WHEN m.retry_backoff * 2 > (_mq_limits()).max_duration
                                  THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
-            attempt_at = CASE WHEN m.attempts > 1 THEN mq_at(ts, m.retry_backoff) ELSE ts END,
+            attempt_at = CASE WHEN m.attempts > 1 THEN _mq_at(ts, m.retry_backoff) ELSE ts END,
             dead_since = CASE WHEN m.attempts > 1 THEN NULL ELSE ts END,
-            ready_at = CASE WHEN m.attempts > 1 THEN mq_at(ts, m.retry_backoff)
+            ready_at = CASE WHEN m.attempts > 1 THEN _mq_at(ts, m.retry_backoff)
                             ELSE m.ready_at END,
             last_error = left(error, 10000)
         WHERE m.id = msg_id

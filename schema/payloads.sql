@@ -6,7 +6,7 @@
 -- message's row, and concurrent updates of one row wait and recheck as on a
 -- table. INSERT and DELETE need more than a rewrite onto mq_msgs, so they
 -- have INSTEAD OF triggers. Both functions run as the queue's owner
--- (mq_secure), as the view's own reads and writes of mq_msgs do: the right
+-- (_mq_secure), as the view's own reads and writes of mq_msgs do: the right
 -- to write through the view is the view's grant, nothing more.
 
 -- A message's payload is written with it, by mq_insert; a payload cannot
@@ -16,7 +16,7 @@
 -- original's primary key), an id that is none has no message to carry it
 -- (foreign_key_violation). Nothing is written, so no message is ever half
 -- written.
-CREATE OR REPLACE FUNCTION mq_payloads_insert()
+CREATE OR REPLACE FUNCTION _mq_payloads_insert()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -48,7 +48,7 @@ $$;
 -- chains takes them in the order it finds the rows, so two such DELETEs
 -- at once can deadlock (40P01, which the crate retries); mq_delete takes
 -- them in key order and never does.
-CREATE OR REPLACE FUNCTION mq_payloads_delete()
+CREATE OR REPLACE FUNCTION _mq_payloads_delete()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -61,16 +61,16 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER mq_payloads_insert INSTEAD OF INSERT ON mq_payloads
-    FOR EACH ROW EXECUTE FUNCTION mq_payloads_insert();
-CREATE OR REPLACE TRIGGER mq_payloads_delete INSTEAD OF DELETE ON mq_payloads
-    FOR EACH ROW EXECUTE FUNCTION mq_payloads_delete();
+CREATE OR REPLACE TRIGGER _mq_payloads_insert INSTEAD OF INSERT ON mq_payloads
+    FOR EACH ROW EXECUTE FUNCTION _mq_payloads_insert();
+CREATE OR REPLACE TRIGGER _mq_payloads_delete INSTEAD OF DELETE ON mq_payloads
+    FOR EACH ROW EXECUTE FUNCTION _mq_payloads_delete();
 
 -- A message's id is what its unique key's row, its chain and every fence of
 -- a delivery name, so it never changes. The view writes every column it
 -- shows, id included, for a role with UPDATE on it; the table refuses a new
 -- id (the queue's own statements never set one, so they never fire this).
-CREATE OR REPLACE FUNCTION mq_keep_id()
+CREATE OR REPLACE FUNCTION _mq_keep_id()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -86,4 +86,4 @@ CREATE OR REPLACE TRIGGER mq_msgs_keep_id
     BEFORE UPDATE OF id ON mq_msgs
     FOR EACH ROW
     WHEN (OLD.id IS DISTINCT FROM NEW.id)
-    EXECUTE FUNCTION mq_keep_id();
+    EXECUTE FUNCTION _mq_keep_id();

@@ -1,11 +1,11 @@
 -- schema/roles.sql: the duties (produce, consume, administer), granting them,
 -- and every function's security: pg_catalog, the queue's schema and pg_temp
 -- pinned, no EXECUTE for PUBLIC, the duty functions SECURITY DEFINER. Applied
--- after every other file (mq_secure() alters the functions they define).
+-- after every other file (_mq_secure() alters the functions they define).
 
 -- The queue's schema: where mq_msgs is. (Not current_schema(), which is
 -- pg_catalog inside the functions, whose path starts with it.)
-CREATE OR REPLACE FUNCTION mq_queue_schema()
+CREATE OR REPLACE FUNCTION _mq_queue_schema()
 RETURNS text
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
@@ -19,6 +19,9 @@ $$;
 -- The queue's schema version (the highest in mq_schema_migrations), for
 -- every duty: pqmq_migrate and the pqmq command read it to learn that the
 -- queue is current, and the duties have no rights on the tables.
+-- Parameters: none.
+-- Returns: the queue's schema version (100 for release 1.0.0). Duty: produce,
+--   consume, administer.
 CREATE OR REPLACE FUNCTION mq_schema_version()
 RETURNS int
 LANGUAGE sql STABLE
@@ -29,7 +32,10 @@ $$;
 
 -- Which function belongs to which duty. A function given to a duty is added
 -- here; every install and upgrade applies this file again and calls
--- mq_regrant() (at the end), so holders of the duty get it.
+-- _mq_regrant() (at the end), so holders of the duty get it.
+-- Parameters: none.
+-- Returns: one row per (duty, function). Duty: the queue's owner (or a
+--   superuser).
 CREATE OR REPLACE FUNCTION mq_duties()
 RETURNS TABLE(duty text, function_name text)
 LANGUAGE sql IMMUTABLE
@@ -66,13 +72,16 @@ $$;
 -- queue: USAGE on the schema and EXECUTE on the duty's functions, nothing
 -- on the tables. Refuses a role that can create objects in the queue's
 -- schema (see the top of this file). Returns how many functions it granted.
+-- Parameters: duty: 'produce', 'consume' or 'administer'; grantee.
+-- Returns: how many functions it granted. Duty: the queue's owner (or a
+--   superuser).
 CREATE OR REPLACE FUNCTION mq_grant(duty text, grantee regrole)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    q  text := mq_queue_schema();
+    q  text := _mq_queue_schema();
     fn text;
     n  int := 0;
 BEGIN
@@ -89,15 +98,15 @@ BEGIN
                   HINT = pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC (and from %s).',
                                            q, grantee);
     END IF;
-    PERFORM mq_run_ddl(pg_catalog.format('GRANT USAGE ON SCHEMA %I TO %s', q, grantee));
+    PERFORM _mq_run_ddl(pg_catalog.format('GRANT USAGE ON SCHEMA %I TO %s', q, grantee));
     FOR fn IN
-        SELECT mq_qualified(p.oid)
+        SELECT _mq_qualified(p.oid)
         FROM pg_catalog.pg_proc p
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_grant.duty
     LOOP
-        PERFORM mq_run_ddl(pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, grantee));
+        PERFORM _mq_run_ddl(pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, grantee));
         n := n OPERATOR(pg_catalog.+) 1;
     END LOOP;
     RETURN n;
@@ -108,7 +117,10 @@ $$;
 -- duties may need it), except the functions that another duty grantee
 -- still holds has too (mq_schema_version, mq_delete, mq_cron_slots): it
 -- holds a duty when it may run the duty's anchor function, as in
--- mq_regrant. Returns how many functions it revoked.
+-- _mq_regrant. Returns how many functions it revoked.
+-- Parameters: duty; grantee.
+-- Returns: how many functions it revoked. Duty: the queue's owner (or a
+--   superuser).
 CREATE OR REPLACE FUNCTION mq_revoke(duty text, grantee regrole)
 RETURNS int
 LANGUAGE plpgsql
@@ -119,10 +131,10 @@ DECLARE
     n  int := 0;
 BEGIN
     FOR fn IN
-        SELECT mq_qualified(p.oid)
+        SELECT _mq_qualified(p.oid)
         FROM pg_catalog.pg_proc p
         JOIN mq_duties() d ON d.function_name OPERATOR(pg_catalog.=) p.proname::text
-        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
+        WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(_mq_queue_schema())::regnamespace
           AND d.duty OPERATOR(pg_catalog.=) mq_revoke.duty
           AND NOT EXISTS (
               SELECT 1
@@ -137,7 +149,7 @@ BEGIN
                 AND o.duty OPERATOR(pg_catalog.<>) mq_revoke.duty
                 AND pg_catalog.has_function_privilege(grantee, ap.oid, 'EXECUTE'))
     LOOP
-        PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn,
+        PERFORM _mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn,
                                              grantee));
         n := n OPERATOR(pg_catalog.+) 1;
     END LOOP;
@@ -148,7 +160,7 @@ $$;
 -- Grants each duty's functions again to every role that holds the duty
 -- (a direct EXECUTE on one of its functions: mq_insert, mq_claim,
 -- mq_stats). For migrations that add functions to a duty.
-CREATE OR REPLACE FUNCTION mq_regrant()
+CREATE OR REPLACE FUNCTION _mq_regrant()
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -162,7 +174,7 @@ BEGIN
                      ('administer', 'mq_stats')) AS a(duty, anchor)
         JOIN pg_catalog.pg_proc p
           ON p.proname::text OPERATOR(pg_catalog.=) a.anchor
-         AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(mq_queue_schema())::regnamespace
+         AND p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(_mq_queue_schema())::regnamespace
         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) acl
         WHERE acl.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
           AND acl.grantee OPERATOR(pg_catalog.<>) p.proowner
@@ -178,6 +190,9 @@ $$;
 -- them their duties. Roles are cluster-wide, a queue is one schema of one
 -- database: the default prefix names both. Give login roles membership:
 -- GRANT PREFIX_consumer TO worker_app. Returns the three names.
+-- Parameters: prefix (NULL: the database and schema names).
+-- Returns: the duty and name of each role. Duty: the queue's owner (or a
+--   superuser).
 CREATE OR REPLACE FUNCTION mq_create_roles(prefix text DEFAULT NULL)
 RETURNS TABLE(duty text, role_name text)
 LANGUAGE plpgsql
@@ -185,7 +200,7 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     p text := COALESCE(prefix, pg_catalog.current_database()::text OPERATOR(pg_catalog.||) '_'
-                               OPERATOR(pg_catalog.||) mq_queue_schema()::text);
+                               OPERATOR(pg_catalog.||) _mq_queue_schema()::text);
     r record;
 BEGIN
     IF p OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(p) OPERATOR(pg_catalog.>) 54 THEN
@@ -208,24 +223,25 @@ BEGIN
 END;
 $$;
 
--- Every function of the queue (every function of its schema named mq_*):
+-- Every function of the queue (every function of its schema named mq_* or
+-- _mq_*, the API and its helpers):
 -- a pinned path (pg_catalog, the queue's schema, pg_temp), no EXECUTE for
 -- PUBLIC, and the duty functions run as the owner, as do the functions of
 -- the mq_payloads view's triggers (schema/payloads.sql), which stand for the
 -- view's own access to mq_msgs. CREATE OR REPLACE FUNCTION
 -- resets the first and the last (not the grants), so a migration that
--- replaces or adds functions ends with SELECT mq_secure().
-CREATE OR REPLACE FUNCTION mq_secure()
+-- replaces or adds functions ends with SELECT _mq_secure().
+CREATE OR REPLACE FUNCTION _mq_secure()
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    q text := mq_queue_schema();
+    q text := _mq_queue_schema();
     f record;
 BEGIN
     FOR f IN
-        SELECT mq_qualified(p.oid) AS sig,
+        SELECT _mq_qualified(p.oid) AS sig,
                EXISTS (SELECT 1 FROM mq_duties() d
                        WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text)
                OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
@@ -235,27 +251,27 @@ BEGIN
                p.prosqlbody IS NOT NULL AS parsed
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
-          AND p.proname::text OPERATOR(pg_catalog.~~) 'mq\_%'
+          AND p.proname::text OPERATOR(pg_catalog.~) '^_?mq_'
           AND p.prokind OPERATOR(pg_catalog.=) 'f'
     LOOP
         -- (A standard SQL body keeps no path: see schema/trust.sql.)
-        PERFORM mq_run_ddl(pg_catalog.format(
+        PERFORM _mq_run_ddl(pg_catalog.format(
             'ALTER FUNCTION %s %s%s', f.sig,
             CASE WHEN f.definer THEN 'SECURITY DEFINER' ELSE 'SECURITY INVOKER' END,
             CASE WHEN NOT f.parsed
                  THEN pg_catalog.format(' SET search_path = pg_catalog, %I, pg_temp', q) END));
-        PERFORM mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig));
+        PERFORM _mq_run_ddl(pg_catalog.format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f.sig));
     END LOOP;
 END;
 $$;
 
-SELECT mq_secure();
+SELECT _mq_secure();
 -- Holders of a duty get the functions it gained since they were granted it.
-SELECT mq_regrant();
+SELECT _mq_regrant();
 
 DO $$
 DECLARE
-    q   text := mq_queue_schema();
+    q   text := _mq_queue_schema();
     g   record;
 BEGIN
     -- Roles that used the queue through table rights keep working.

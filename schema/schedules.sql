@@ -13,7 +13,11 @@
 -- it: a minute the clock skips (spring forward) fires at the first minute
 -- after the gap, and a minute it repeats (fall back) fires once. The span
 -- is at most 31 days (as pqmq_cron_slots'); every bit set must have a bit
--- in its field's range (mq_cron_check).
+-- in its field's range (_mq_cron_check).
+-- Parameters: the schedule's fields as bit sets, tz, and the span (after,
+--   until].
+-- Returns: one row per slot: local time and when it is due. Duty: produce,
+--   administer.
 CREATE OR REPLACE FUNCTION mq_cron_slots(minutes bigint, hours int, doms bigint, months int,
                                          dows int, dom_any boolean, dow_any boolean,
                                          tz text, after timestamptz, until timestamptz)
@@ -24,7 +28,7 @@ AS $$
 DECLARE
     bounded boolean;
 BEGIN
-    PERFORM mq_cron_check('mq_cron_slots', minutes, hours, doms, months, dows, dom_any,
+    PERFORM _mq_cron_check('mq_cron_slots', minutes, hours, doms, months, dows, dom_any,
                           dow_any, tz);
     -- Not until - after, which wraps around past 292,000 years: an end
     -- that is infinite or out of range is as refused as a span over 31
@@ -75,9 +79,9 @@ $$;
 -- or has no bit in its field's range (minutes 0-59, hours 0-23, days of
 -- the month 1-31, months 1-12, weekdays 0-6), naming the field: such a
 -- schedule never fires, and its slots would pass unseen.
-CREATE OR REPLACE FUNCTION mq_cron_check(fn text, minutes bigint, hours int, doms bigint,
-                                         months int, dows int, dom_any boolean,
-                                         dow_any boolean, tz text)
+CREATE OR REPLACE FUNCTION _mq_cron_check(fn text, minutes bigint, hours int, doms bigint,
+                                          months int, dows int, dom_any boolean,
+                                          dow_any boolean, tz text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path FROM CURRENT
@@ -105,7 +109,7 @@ $$;
 -- Who calls: the role this session acts as (SET ROLE's, else the session's
 -- user). Inside a SECURITY DEFINER function current_user is the definer;
 -- the setting role is not, and only a member of a role may set it.
-CREATE OR REPLACE FUNCTION mq_caller()
+CREATE OR REPLACE FUNCTION _mq_caller()
 RETURNS oid
 LANGUAGE sql STABLE
 SET search_path FROM CURRENT
@@ -126,9 +130,12 @@ $$;
 -- schedule seen for the first time starts now; slots more than 31 days old
 -- are not inserted; one evaluation inserts at most 10,000 slots (the
 -- oldest, in batches of 1,000) and the next goes on from there. A schedule
--- belongs to the role that first evaluated it (mq_caller): only that role,
+-- belongs to the role that first evaluated it (_mq_caller): only that role,
 -- a role with its rights, or the queue's owner (or a superuser) may
 -- evaluate it. Returns how many messages it inserted.
+-- Parameters: sched_name; the schedule's fields and tz; backfill: 'all' or
+--   'latest'; the message's channel, name, payload, retries and backoff.
+-- Returns: how many messages it inserted. Duty: produce.
 CREATE OR REPLACE FUNCTION mq_schedule(sched_name text, minutes bigint, hours int, doms bigint,
                                        months int, dows int, dom_any boolean,
                                        dow_any boolean, tz text, backfill text,
@@ -147,7 +154,7 @@ DECLARE
     dues  timestamptz[];
     n     int := 0;
     k     int;
-    who   oid := mq_caller();
+    who   oid := _mq_caller();
     owner oid;
     heir  boolean;
 BEGIN
@@ -161,7 +168,7 @@ BEGIN
             octet_length(sched_name)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM mq_cron_check('mq_schedule', minutes, hours, doms, months, dows, dom_any,
+    PERFORM _mq_cron_check('mq_schedule', minutes, hours, doms, months, dows, dom_any,
                           dow_any, tz);
     IF backfill IS NULL OR backfill NOT IN ('all', 'latest') THEN
         RAISE EXCEPTION 'mq_schedule: backfill % is not all or latest',
@@ -227,7 +234,7 @@ BEGIN
         END IF;
         IF cardinality(slots) > 0 THEN
             SELECT count(*) FILTER (WHERE u.outcome = 'inserted') INTO k
-            FROM mq_insert_keyed(
+            FROM _mq_insert_keyed(
                 ARRAY(SELECT ROW(gen_random_uuid(), NULL, retries, retry_backoff, channel_name,
                                  '', NULL, false, msg_name,
                                  CASE WHEN jsonb_typeof(payload_json::jsonb) = 'object'

@@ -3,6 +3,8 @@
 -- Per channel: messages in all, ready now, waiting (delayed, leased,
 -- retrying, uncommitted or behind their chain), dead, and chains blocked by
 -- a dead head. Reads the whole table: for monitoring, not for hot paths.
+-- Parameters: channel_names (NULL: every channel).
+-- Returns: one row per channel. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_stats(channel_names text[] DEFAULT NULL)
 RETURNS TABLE(channel_name text, total bigint, ready bigint, waiting bigint,
               dead bigint, blocked_chains bigint)
@@ -38,7 +40,7 @@ $$;
 -- Moves the deltas into mq_counts. One folder at a time (the others return
 -- at once), and only in READ COMMITTED: a snapshot transaction could fail
 -- on a delta another folder deleted since its snapshot.
-CREATE OR REPLACE FUNCTION mq_count_fold()
+CREATE OR REPLACE FUNCTION _mq_count_fold()
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -80,17 +82,17 @@ $$;
 -- messages it inserted, -1 for those it deleted; totals[i] messages of
 -- channel names[i], waits[i] of them ordered. About one call in 250 also
 -- folds. Producers call it for a batch on several channels
--- (mq_insert_rows), the delete trigger for a statement that deleted
+-- (_mq_insert_rows), the delete trigger for a statement that deleted
 -- several channels' messages; for one channel both do its work inline.
 DO $$
 BEGIN
-    IF pg_catalog.to_regprocedure('mq_count_add(text[], bigint[], bigint[], bigint[])')
+    IF pg_catalog.to_regprocedure('_mq_count_add(text[], bigint[], bigint[], bigint[])')
        IS NOT NULL THEN
-        DROP FUNCTION mq_count_add(text[], bigint[], bigint[], bigint[]);
+        DROP FUNCTION _mq_count_add(text[], bigint[], bigint[], bigint[]);
     END IF;
 END
 $$;
-CREATE OR REPLACE FUNCTION mq_count_batch(sign int, names text[], totals int[], waits int[])
+CREATE OR REPLACE FUNCTION _mq_count_batch(sign int, names text[], totals int[], waits int[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -99,19 +101,19 @@ BEGIN
     INSERT INTO mq_count_batches (sign, names, totals, waits)
     VALUES (sign, names, totals, waits);
     IF pg_catalog.random() < 0.004 THEN
-        PERFORM mq_count_fold();
+        PERFORM _mq_count_fold();
     END IF;
 END;
 $$;
 
 -- Deletes: one row per statement (mq_count_batches), one element when the
 -- statement deleted messages of one channel, else one per message. A
--- statement that deletes more than a batch (mq_limits) of several channels
+-- statement that deletes more than a batch (_mq_limits) of several channels
 -- writes a row per channel instead (mq_count_deltas), as arrays of its rows
 -- could outgrow what a value may hold. (The transition table is read into
 -- values first: Citus ships an INSERT to the shard as text, where the
 -- transition table is unknown.)
-CREATE OR REPLACE FUNCTION mq_count_deleted()
+CREATE OR REPLACE FUNCTION _mq_count_deleted()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -133,20 +135,20 @@ BEGIN
     IF n = 0 THEN
         RETURN NULL;
     ELSIF first_name = last_name AND n <= 2147483647 THEN
-        -- (mq_count_batch's work, without the cost of calling it: see
-        -- mq_insert_rows)
+        -- (_mq_count_batch's work, without the cost of calling it: see
+        -- _mq_insert_rows)
         INSERT INTO mq_count_batches (sign, names, totals, waits)
         VALUES (-1, ARRAY[first_name], ARRAY[n::int], ARRAY[w::int]);
         IF pg_catalog.random() < 0.004 THEN
-            PERFORM mq_count_fold();
+            PERFORM _mq_count_fold();
         END IF;
         RETURN NULL;
-    ELSIF n <= (mq_limits()).max_batch THEN
+    ELSIF n <= (_mq_limits()).max_batch THEN
         SELECT pg_catalog.array_agg(o.channel_name),
                pg_catalog.array_agg((o.chain_seq IS NOT NULL)::int)
         INTO names, ordered
         FROM mq_old_rows o;
-        PERFORM mq_count_batch(-1, names, array_fill(1, ARRAY[n::int]), ordered);
+        PERFORM _mq_count_batch(-1, names, array_fill(1, ARRAY[n::int]), ordered);
         RETURN NULL;
     END IF;
     SELECT pg_catalog.array_agg(d.channel_name), pg_catalog.array_agg(d.total),
@@ -165,7 +167,7 @@ $$;
 -- A chain member skipped (mq_skip) leaves its chain. Row level, because
 -- transition tables cannot go with a column list: this fires only for the
 -- statements that take members out of chains, never for polls.
-CREATE OR REPLACE FUNCTION mq_count_unchained()
+CREATE OR REPLACE FUNCTION _mq_count_unchained()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -179,7 +181,7 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION mq_count_truncated()
+CREATE OR REPLACE FUNCTION _mq_count_truncated()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -192,14 +194,14 @@ BEGIN
 END;
 $$;
 
--- Inserts are counted by the functions that write them (mq_insert_rows),
--- and rows written by hand by the table's own trigger (mq_fill_row):
+-- Inserts are counted by the functions that write them (_mq_insert_rows),
+-- and rows written by hand by the table's own trigger (_mq_fill_row):
 -- a statement trigger here copied every inserted row into a transition table.
 DO $$
 BEGIN
-    IF pg_catalog.to_regprocedure('mq_count_inserted()') IS NOT NULL THEN
-        DROP TRIGGER IF EXISTS mq_count_inserted ON mq_msgs;
-        DROP FUNCTION mq_count_inserted();
+    IF pg_catalog.to_regprocedure('_mq_count_inserted()') IS NOT NULL THEN
+        DROP TRIGGER IF EXISTS _mq_count_inserted ON mq_msgs;
+        DROP FUNCTION _mq_count_inserted();
     END IF;
 END
 $$;
@@ -210,16 +212,16 @@ DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = 'mq_msgs'::regclass
-                     AND t.tgname = 'mq_count_deleted') THEN
-        CREATE TRIGGER mq_count_deleted AFTER DELETE ON mq_msgs
+                     AND t.tgname = '_mq_count_deleted') THEN
+        CREATE TRIGGER _mq_count_deleted AFTER DELETE ON mq_msgs
             REFERENCING OLD TABLE AS mq_old_rows
-            FOR EACH STATEMENT EXECUTE FUNCTION mq_count_deleted();
-        CREATE TRIGGER mq_count_unchained AFTER UPDATE OF chain_seq ON mq_msgs
+            FOR EACH STATEMENT EXECUTE FUNCTION _mq_count_deleted();
+        CREATE TRIGGER _mq_count_unchained AFTER UPDATE OF chain_seq ON mq_msgs
             FOR EACH ROW
             WHEN ((OLD.chain_seq IS NULL) IS DISTINCT FROM (NEW.chain_seq IS NULL))
-            EXECUTE FUNCTION mq_count_unchained();
-        CREATE TRIGGER mq_count_truncated AFTER TRUNCATE ON mq_msgs
-            FOR EACH STATEMENT EXECUTE FUNCTION mq_count_truncated();
+            EXECUTE FUNCTION _mq_count_unchained();
+        CREATE TRIGGER _mq_count_truncated AFTER TRUNCATE ON mq_msgs
+            FOR EACH STATEMENT EXECUTE FUNCTION _mq_count_truncated();
         DELETE FROM mq_count_deltas;
         DELETE FROM mq_count_batches;
         DELETE FROM mq_counts;
@@ -254,6 +256,8 @@ $$;
 -- entry); ready is what remains. The oldest ready message is a probe of
 -- mq_msgs_ready_plain per chain key of the channel (and a read of the
 -- channel's urgent messages) and one of mq_msgs_chain per chain.
+-- Parameters: channel_names (NULL: every channel).
+-- Returns: one row per channel. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
 RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
               uncommitted bigint, waiting bigint, dead bigint,
@@ -272,9 +276,9 @@ DECLARE
     h_ci   boolean[] := '{}';
     h_ra   timestamptz[] := '{}';
 BEGIN
-    PERFORM mq_count_fold();
+    PERFORM _mq_count_fold();
     -- The chains' heads (of the named channels' key ranges, or of all), in
-    -- a statement that reads no table (mq_chain_heads).
+    -- a statement that reads no table (_mq_chain_heads).
     SELECT pg_catalog.array_agg(h.head_name), pg_catalog.array_agg(h.head_at),
            pg_catalog.array_agg(h.head_deliveries), pg_catalog.array_agg(h.head_dead),
            pg_catalog.array_agg(h.head_uncommitted), pg_catalog.array_agg(h.head_ready_at)
@@ -287,7 +291,7 @@ BEGIN
                  (pg_catalog.hashtext(c.n)::bigint << 32) | 4294967295, c.n
           FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c
           WHERE channel_names IS NOT NULL) rg,
-         LATERAL mq_chain_heads(rg.lo, rg.hi, rg.nm, NULL, NULL) h;
+         LATERAL _mq_chain_heads(rg.lo, rg.hi, rg.nm, NULL, NULL) h;
     FOR r IN
     WITH counts AS (
         SELECT x.channel_name, pg_catalog.sum(x.total)::bigint AS total,
@@ -297,7 +301,7 @@ BEGIN
               UNION ALL
               SELECT d.channel_name, d.total, d.waiting, d.removed
               FROM mq_count_deltas d
-              UNION ALL -- (as in mq_count_fold)
+              UNION ALL -- (as in _mq_count_fold)
               SELECT e.n, e.sign * e.t, e.sign * e.w, CASE WHEN e.sign < 0 THEN e.t ELSE 0 END
               FROM (SELECT b.sign, pg_catalog.unnest(b.names) AS n,
                            pg_catalog.unnest(b.totals) AS t, pg_catalog.unnest(b.waits) AS w
@@ -343,13 +347,13 @@ BEGIN
         LATERAL (
             SELECT m.channel_name FROM mq_msgs m
             WHERE m.priority <= 0
-              AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+              AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                 m.channel_name, c.n)
               AND m.ready_at <= ts AND m.attempt_at > ts AND m.attempts > 0
             UNION ALL
             SELECT m.channel_name FROM mq_msgs m
             WHERE m.priority > 0
-              AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+              AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                 m.channel_name, c.n)
               AND m.ready_at <= ts AND m.attempt_at > ts AND m.attempts > 0
         ) m
@@ -412,7 +416,7 @@ BEGIN
         dead := r.d;
         blocked_chains := r.bl;
         oldest_ready_age := COALESCE(pg_catalog.date_part(
-            'epoch', ts OPERATOR(pg_catalog.-) mq_oldest_ready(r.ch, ts)), 0);
+            'epoch', ts OPERATOR(pg_catalog.-) _mq_oldest_ready(r.ch, ts)), 0);
         removed := r.rm;
         RETURN NEXT;
     END LOOP;
@@ -422,8 +426,8 @@ $$;
 -- When the oldest ready message of a channel became ready (NULL: none is
 -- ready): a loose index scan over the channel's chain keys, one probe each,
 -- in mq_msgs_ready_plain; the channel's urgent messages are read whole; and
--- the heads of its chains (mq_chain_heads, in a statement of its own).
-CREATE OR REPLACE FUNCTION mq_oldest_ready(channel text, ts timestamptz)
+-- the heads of its chains (_mq_chain_heads, in a statement of its own).
+CREATE OR REPLACE FUNCTION _mq_oldest_ready(channel text, ts timestamptz)
 RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -431,7 +435,7 @@ AS $$
 DECLARE
     head_at timestamptz := (
         SELECT pg_catalog.min(h.head_at)
-        FROM mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
+        FROM _mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
                             (pg_catalog.hashtext(channel)::bigint << 32) | 4294967295,
                             channel, NULL, NULL) h
         WHERE NOT h.head_dead AND h.head_attempts > 0 AND h.head_at <= ts);
@@ -477,7 +481,7 @@ BEGIN
         -- The urgent messages: few, read whole.
         (SELECT pg_catalog.min(m.attempt_at) FROM mq_msgs m
          WHERE m.priority > 0
-           AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+           AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                              m.channel_name, channel)
            AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0))));
 END;
@@ -489,6 +493,8 @@ $$;
 -- messages, highest priority first and then by the time they become ready, then the ordered messages behind
 -- them, chain by chain, each in chain order. Dead messages are left out
 -- (pqmq dead lists them). state is as in mq_metrics.
+-- Parameters: channel; args: one chain's (NULL: all); max_rows.
+-- Returns: the next messages in delivery order. Duty: administer.
 CREATE OR REPLACE FUNCTION mq_peek(channel text, args text DEFAULT NULL,
                                    max_rows int DEFAULT 10)
 RETURNS TABLE(id uuid, channel_args text, name text, state text,
@@ -502,15 +508,15 @@ DECLARE
     ts timestamptz := pg_catalog.clock_timestamp();
     head_ids uuid[];
 BEGIN
-    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (mq_limits()).max_batch THEN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (_mq_limits()).max_batch THEN
         RAISE EXCEPTION 'mq_peek: max_rows % is outside 1..%',
-            max_rows, (mq_limits()).max_batch
+            max_rows, (_mq_limits()).max_batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- The live heads of the channel's chains, in a statement of its own
-    -- (mq_chain_heads).
+    -- (_mq_chain_heads).
     SELECT pg_catalog.array_agg(h.head_id) INTO head_ids
-    FROM mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
+    FROM _mq_chain_heads(pg_catalog.hashtext(channel)::bigint << 32,
                         (pg_catalog.hashtext(channel)::bigint << 32) | 4294967295,
                         channel, NULL, NULL) h
     WHERE NOT h.head_dead AND h.head_attempts > 0;
@@ -522,7 +528,7 @@ BEGIN
                 m.commit_interval, m.chain_seq, m.channel_key, m.priority
          FROM mq_msgs m
          WHERE m.priority <= 0
-           AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+           AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                              m.channel_name, channel)
            AND m.attempts > 0 AND (args IS NULL OR m.channel_args = args)
          ORDER BY m.attempt_at, m.id
@@ -532,7 +538,7 @@ BEGIN
                 m.commit_interval, m.chain_seq, m.channel_key, m.priority
          FROM mq_msgs m
          WHERE m.priority > 0
-           AND mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
+           AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                              m.channel_name, channel)
            AND m.attempts > 0 AND (args IS NULL OR m.channel_args = args)
          ORDER BY m.priority DESC, m.attempt_at, m.id

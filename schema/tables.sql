@@ -32,7 +32,7 @@
 --   chain key  (hashtext(channel_name) << 32) | hashtext(channel_args): groups a
 --              channel's rows together in an index, and a name's channels in
 --              one range of keys (a poll that names channels visits that
---              range; see mq_pick_set for where polls start)
+--              range; see _mq_pick_set for where polls start)
 
 -- Refuse a queue schema whose owner is not trusted, before anything is
 -- created in it: a schema's owner may drop what is in it and plant
@@ -173,8 +173,8 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
     -- When the message ran out of attempts (set by mq_fail or mq_reap_dead);
     -- NULL while it may still be delivered.
     dead_since       timestamptz,
-    -- The chain key (above), written by mq_insert_rows, or for a row
-    -- written by hand without one by mq_fill_row (below).
+    -- The chain key (above), written by _mq_insert_rows, or for a row
+    -- written by hand without one by _mq_fill_row (below).
     channel_key      bigint NOT NULL,
     ready_at         timestamptz NOT NULL DEFAULT pg_catalog.now(),
     name             text NOT NULL,
@@ -212,9 +212,9 @@ BEGIN
 END
 $$;
 
--- Places in chains: one call per batch (mq_insert_rows), the batch's
+-- Places in chains: one call per batch (_mq_insert_rows), the batch's
 -- members at that value plus their position in the array (a batch holds at
--- most 10000 messages, mq_limits).
+-- most 10000 messages, _mq_limits).
 CREATE SEQUENCE IF NOT EXISTS mq_chain_seq INCREMENT BY 16384;
 
 -- Polls walk these indexes channel by channel (loose index scan on
@@ -331,7 +331,7 @@ CREATE TABLE IF NOT EXISTS mq_schedules (
 -- wait for each other nor deadlock), a row per statement in
 -- mq_count_batches, or a row per channel and statement in mq_count_deltas
 -- (rows written by hand, chains left, deletes of more than a batch on
--- several channels), and mq_count_fold moves them into mq_counts now and
+-- several channels), and _mq_count_fold moves them into mq_counts now and
 -- then.
 CREATE TABLE IF NOT EXISTS mq_counts (
     channel_name text PRIMARY KEY,
@@ -354,7 +354,7 @@ ALTER TABLE mq_count_deltas SET (
 );
 
 -- The deltas of the hot writers, a row per statement: an insert's batch
--- (sign 1, mq_insert_rows) or a delete's rows (sign -1, the delete
+-- (sign 1, _mq_insert_rows) or a delete's rows (sign -1, the delete
 -- trigger). Element i: totals[i] messages of channel names[i], waits[i] of
 -- them ordered (waiting in a chain), each counting sign in total, sign in
 -- waiting when ordered and, deleted, 1 in removed. A statement on one
@@ -377,11 +377,11 @@ ALTER TABLE mq_count_batches SET (
 
 -- A row written into mq_msgs by hand (an operator's INSERT, a tool's copy)
 -- gets its chain key and its place (ready_at no later than attempt_at; see
--- mq_keep_place) here, and is counted (mq_counts) as mq_insert_rows counts
+-- _mq_keep_place) here, and is counted (mq_counts) as _mq_insert_rows counts
 -- its own batches. The queue's functions write both themselves: for them
 -- the trigger's WHEN is false, and this one trigger's test is all an insert
 -- pays. A change of a row's channel moves its key and its count.
-CREATE OR REPLACE FUNCTION mq_fill_row()
+CREATE OR REPLACE FUNCTION _mq_fill_row()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -411,11 +411,11 @@ CREATE OR REPLACE TRIGGER mq_msgs_fill_row
     FOR EACH ROW
     WHEN (NEW.channel_key IS NULL
           OR (NEW.attempt_at < NEW.ready_at AND NEW.ready_at <> 'infinity'::timestamptz))
-    EXECUTE FUNCTION mq_fill_row();
+    EXECUTE FUNCTION _mq_fill_row();
 
 CREATE OR REPLACE TRIGGER mq_msgs_move_row
     BEFORE UPDATE OF channel_name, channel_args ON mq_msgs
     FOR EACH ROW
     WHEN (OLD.channel_name IS DISTINCT FROM NEW.channel_name
           OR OLD.channel_args IS DISTINCT FROM NEW.channel_args)
-    EXECUTE FUNCTION mq_fill_row();
+    EXECUTE FUNCTION _mq_fill_row();

@@ -39,24 +39,24 @@ BEGIN
     END IF;
     FOR f IN
         SELECT p.oid::regprocedure AS fn,
-               p.proname = ANY (ARRAY['mq_lock_new_chains', 'mq_wake', 'mq_pick',
-                                      'mq_fixed_length']) AS internal,
+               p.proname = ANY (ARRAY['_mq_lock_new_chains', '_mq_wake', 'mq_pick',
+                                      '_mq_fixed_length']) AS internal,
                p.proname = ANY (ARRAY[
-                   'mq_lock_new_chains', 'mq_complete', 'mq_release', 'mq_reap_dead', 'mq_skip',
-                   'mq_insert_rows', 'mq_commit', 'mq_insert_keyed', 'mq_lock_keys',
-                   'mq_keep_alive_count', 'mq_checkpoint_found', 'mq_fail', 'mq_pick_set',
-                   'mq_random_start', 'mq_wait_time', 'mq_claim_lane', 'mq_claim_locked',
-                   'mq_pick_keys', 'mq_pick_chains', 'mq_pick_urgent']) AS hot,
-               p.proname = ANY (ARRAY['mq_complete', 'mq_insert_rows', 'mq_insert_keyed',
-                                      'mq_pick_set', 'mq_claim_lane', 'mq_claim_locked'])
+                   '_mq_lock_new_chains', 'mq_complete', 'mq_release', 'mq_reap_dead', 'mq_skip',
+                   '_mq_insert_rows', 'mq_commit', '_mq_insert_keyed', '_mq_lock_keys',
+                   'mq_keep_alive_count', 'mq_checkpoint_found', 'mq_fail', '_mq_pick_set',
+                   '_mq_random_start', '_mq_wait_time', 'mq_claim_lane', 'mq_claim_locked',
+                   '_mq_pick_keys', '_mq_pick_chains', '_mq_pick_urgent']) AS hot,
+               p.proname = ANY (ARRAY['mq_complete', '_mq_insert_rows', '_mq_insert_keyed',
+                                      '_mq_pick_set', 'mq_claim_lane', 'mq_claim_locked'])
                    AS generic,
-               p.proname = ANY (ARRAY['mq_random_start', 'mq_pick_keys', 'mq_pick_chains',
-                                      'mq_pick_urgent']) AS no_bitmap,
+               p.proname = ANY (ARRAY['_mq_random_start', '_mq_pick_keys', '_mq_pick_chains',
+                                      '_mq_pick_urgent']) AS no_bitmap,
                p.prosqlbody IS NOT NULL AS parsed
         FROM pg_catalog.pg_proc p
-        WHERE p.pronamespace = nsp AND p.proname LIKE 'mq\_%'
+        WHERE p.pronamespace = nsp AND p.proname ~ '^_?mq_'
     LOOP
-        -- A standard SQL body (mq_lane_admits, ...) gets no settings: its names
+        -- A standard SQL body (_mq_lane_admits, ...) gets no settings: its names
         -- were resolved when it was created, and a setting would keep the
         -- planner from inlining it.
         IF f.parsed THEN

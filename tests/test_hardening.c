@@ -79,7 +79,7 @@ static void test_month_interval_lease(void)
                         "SELECT count(*) FROM generate_series(0, 400) AS k, "
                         "LATERAL (SELECT timestamptz '2026-01-01 00:30 America/New_York' "
                         "  + k * interval '23 hours' AS ts) t "
-                        "WHERE t.ts + mq_fixed_length(interval '1 day -24 hours +1 second') "
+                        "WHERE t.ts + _mq_fixed_length(interval '1 day -24 hours +1 second') "
                         "      - t.ts <> interval '1 second'"),
               0);
 }
@@ -161,14 +161,14 @@ static void test_schema_others_can_create_in_is_refused(void)
 static void test_helpers_not_for_public(void)
 {
     const char *helpers[] = {
-        "mq_lock_new_chains", "mq_pick_chains",  "mq_wake",         "mq_pick_keys",
-        "mq_pick_set",        "mq_next_head_at", "mq_oldest_ready", "mq_fixed_length",
-        "mq_insert_rows",     "mq_release_key",  "mq_retake_keys",  "mq_low_mark",
-        "mq_pick_urgent",     "mq_random_start", "mq_at",           "mq_xact_id",
-        "mq_qualified",       "mq_run_ddl",      "mq_insert_keyed", "mq_check_json",
-        "mq_lock_keys",       "mq_insert_check", "mq_cron_check",   "mq_caller",
-        "mq_chain_heads",     "mq_sweep_keys",   "mq_insert",       "mq_lane_admits",
-        "mq_claimable",       "mq_in_channel",   "mq_walk_next"};
+        "_mq_lock_new_chains", "_mq_pick_chains",  "_mq_wake",         "_mq_pick_keys",
+        "_mq_pick_set",        "_mq_next_head_at", "_mq_oldest_ready", "_mq_fixed_length",
+        "_mq_insert_rows",     "_mq_release_key",  "_mq_retake_keys",  "_mq_low_mark",
+        "_mq_pick_urgent",     "_mq_random_start", "_mq_at",           "_mq_xact_id",
+        "_mq_qualified",       "_mq_run_ddl",      "_mq_insert_keyed", "_mq_check_json",
+        "_mq_lock_keys",       "_mq_insert_check", "_mq_cron_check",   "_mq_caller",
+        "_mq_chain_heads",     "_mq_sweep_keys",   "mq_insert",       "_mq_lane_admits",
+        "_mq_claimable",       "_mq_in_channel",   "_mq_walk_next"};
     for (size_t i = 0; i < sizeof helpers / sizeof *helpers; i++)
         if (t_sql_int(pg,
                       "SELECT count(*) FROM pg_proc p WHERE p.proname = '%s' "
@@ -178,7 +178,7 @@ static void test_helpers_not_for_public(void)
     PGresult *r = t_sql(pg,
                         "SELECT string_agg(p.oid::regprocedure::text, ', ') FROM pg_proc p "
                         "WHERE p.pronamespace = '%s'::regnamespace "
-                        "AND p.proname LIKE 'mq\\_%%' "
+                        "AND p.proname ~ '^_?mq_' "
                         "AND (p.proacl IS NULL OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) a "
                         "     WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))",
                         t_schema());
@@ -344,7 +344,7 @@ static const char *trap_functions[] = {
     "random() RETURNS float8",
     "pg_advisory_xact_lock(int, int) RETURNS void",
     "format(text, text) RETURNS text",
-    "mq_limits() RETURNS int",
+    "_mq_limits() RETURNS int",
     "make_interval(int, int, int, int) RETURNS interval",
     "date_part(text, interval) RETURNS float8",
     "now() RETURNS timestamptz",

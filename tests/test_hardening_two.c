@@ -87,7 +87,7 @@ static long long tick_as(PGconn *c, const char *sched)
 static void back(const char *sched, const char *by)
 {
     t_exec(su,
-           "UPDATE mq_schedules SET last_slot = mq_at(last_slot, - interval '%s') "
+           "UPDATE mq_schedules SET last_slot = _mq_at(last_slot, - interval '%s') "
            "WHERE name = '%s'",
            by, sched);
 }

@@ -289,10 +289,10 @@ static void test_sql_clients_use_the_lane(void)
     PQfinish(c);
 }
 
-/* The lane test (mq_lane_admits) runs once per row a locking scan passes,
+/* The lane test (_mq_lane_admits) runs once per row a locking scan passes,
  * rows other consumers hold included: the planner must inline it into every
  * scan, since a call per row costs many times the inlined test; and the ready
- * test (mq_claimable) and the walks' next key (mq_walk_next) too, whose
+ * test (_mq_claimable) and the walks' next key (_mq_walk_next) too, whose
  * conditions bound the scans. A function the
  * planner inlines is never called, so with track_functions on, the
  * transaction's function statistics count the picks and not them. */
@@ -301,11 +301,11 @@ static void test_lane_test_is_inlined(void)
     if (t_citus_skip("the scans run on the worker, whose counts this session cannot see"))
         return;
     t_truncate();
-    insert_n(q, "lk", 6, 3, 60000); /* mq_pick_keys, then mq_pick_set's top-up */
+    insert_n(q, "lk", 6, 3, 60000); /* _mq_pick_keys, then _mq_pick_set's top-up */
     pqmq_msg *m[3] = {t_msg("lk", "urgent", "job", "{}", 0), t_msg("lk", "a", "job", "{}", 1),
                       t_msg("lk", "a", "job", "{}", 1)};
-    pqmq_msg_set_priority(m[0], 5);    /* mq_pick_urgent */
-    CHECK_OK(q, pqmq_insert(q, m, 3)); /* mq_pick_chains */
+    pqmq_msg_set_priority(m[0], 5);    /* _mq_pick_urgent */
+    CHECK_OK(q, pqmq_insert(q, m, 3)); /* _mq_pick_chains */
     t_msgs_free(m, 3);
     PGconn *c = t_pg();
     t_exec(c, "BEGIN");
@@ -316,13 +316,13 @@ static void test_lane_test_is_inlined(void)
     /* Each scan ran: the statistics count calls. */
     CHECK_INT(t_sql_int(c, "SELECT count(*) FROM pg_stat_xact_user_functions "
                            "WHERE schemaname = current_schema() AND calls > 0 "
-                           "AND funcname IN ('mq_pick_set', 'mq_pick_keys', "
-                           "'mq_pick_urgent', 'mq_pick_chains')"),
+                           "AND funcname IN ('_mq_pick_set', '_mq_pick_keys', "
+                           "'_mq_pick_urgent', '_mq_pick_chains')"),
               4);
     CHECK_INT(t_sql_int(c, "SELECT count(*) FROM pg_stat_xact_user_functions "
                            "WHERE schemaname = current_schema() "
-                           "AND funcname IN ('mq_lane_admits', 'mq_claimable', "
-                           "'mq_walk_next')"),
+                           "AND funcname IN ('_mq_lane_admits', '_mq_claimable', "
+                           "'_mq_walk_next')"),
               0);
     t_exec(c, "ROLLBACK");
     PQfinish(c);

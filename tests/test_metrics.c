@@ -183,7 +183,7 @@ static void test_metrics_match_a_full_scan(void)
     CHECK_INT(metric("deadch", "waiting"), 0);
 
     /* Folding the deltas changes no figure, and empties the deltas. */
-    t_exec(pg, "SELECT mq_count_fold()");
+    t_exec(pg, "SELECT _mq_count_fold()");
     CHECK_INT(t_sql_int(pg, "SELECT (SELECT count(*) FROM mq_count_deltas)"
                             " + (SELECT count(*) FROM mq_count_batches)"),
               0);
@@ -226,7 +226,7 @@ static void test_rolled_back_insert_is_not_counted(void)
 }
 
 /* Runs sql (a printf format) in a REPEATABLE READ transaction, where no
- * fold runs (mq_count_fold), and checks the deltas that are there then:
+ * fold runs (_mq_count_fold), and checks the deltas that are there then:
  * rows in mq_count_batches and their elements, rows in mq_count_deltas.
  * Then compares the figures with a full scan (mq_metrics folds them). */
 static void counted(long long batches, long long elements, long long rows, const char *sql,
@@ -252,13 +252,13 @@ static void counted(long long batches, long long elements, long long rows, const
 
 /* A statement counts in one row: an insert or a delete on one channel as
  * one element, on several as an element per message, and a delete of more
- * than a batch (mq_limits) on several as a row per channel in
+ * than a batch (_mq_limits) on several as a row per channel in
  * mq_count_deltas, as an array of its rows could outgrow a value. The
  * figures stay those of a full scan throughout. */
 static void test_counters_take_a_row_a_statement(void)
 {
     t_truncate();
-    t_exec(pg, "SELECT mq_count_fold()");
+    t_exec(pg, "SELECT _mq_count_fold()");
     /* 60 messages on 30 channel names, then 40 on one. */
     counted(1, 60, 0, INSERT_MANY("many"), 30, 60);
     counted(1, 1, 0, INSERT_MANY("solo"), 1, 40);
@@ -279,13 +279,13 @@ static void test_counters_take_a_row_a_statement(void)
     for (int i = 0; i < 2; i++)
         t_exec(pg, INSERT_MANY("big"), 3, 9000);
     check_against_scan("after 18,000 inserts");
-    t_exec(pg, "SELECT mq_count_fold()");
+    t_exec(pg, "SELECT _mq_count_fold()");
     counted(0, 0, 2, "DELETE FROM mq_msgs WHERE channel_name <> 'big%d' AND %d = 1", 0, 1);
     CHECK_INT(metric("big1", "removed"), 6000);
     CHECK_INT(metric("big0", "ready") + metric("big0", "waiting"), 6000);
     /* On one channel, any number is one element. */
     t_exec(pg, INSERT_MANY("big"), 1, 9000);
-    t_exec(pg, "SELECT mq_count_fold()");
+    t_exec(pg, "SELECT _mq_count_fold()");
     counted(1, 1, 0, "DELETE FROM mq_msgs WHERE channel_name = 'big%d' AND %d = 1", 0, 1);
     CHECK_INT(metric("big0", "removed"), 15000);
 }
@@ -304,7 +304,7 @@ static void test_drained_channel_keeps_its_counter(void)
     CHECK_OK(q, pqmq_complete_batch(q, b));
     pqmq_batch_free(b);
     CHECK_INT(t_sql_int(pg, "%s", all), 4);
-    t_exec(pg, "SELECT mq_count_fold()");
+    t_exec(pg, "SELECT _mq_count_fold()");
     CHECK_INT(t_sql_int(pg, "%s", all), 4);
     CHECK_INT(t_sql_int(pg, "SELECT ready + in_flight + scheduled + waiting + dead"
                             " FROM mq_metrics() WHERE channel_name = 'drains'"),
@@ -554,7 +554,7 @@ static void test_named_channels_read_only_their_messages(void)
         CHECK(read < 500);
 }
 
-/* The channel test of named-channel reads (mq_in_channel) bounds their
+/* The channel test of named-channel reads (_mq_in_channel) bounds their
  * index scans only if the planner inlines it: a function it inlines is
  * never called, so with track_functions on, the transaction's function
  * statistics count the readers and not it. */
@@ -574,12 +574,12 @@ static void test_channel_test_is_inlined(void)
               1);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_stat_xact_user_functions "
                             "WHERE schemaname = current_schema() AND calls > 0 "
-                            "AND funcname IN ('mq_metrics', 'mq_oldest_ready', 'mq_peek', "
-                            "'mq_wait_time')"),
+                            "AND funcname IN ('mq_metrics', '_mq_oldest_ready', 'mq_peek', "
+                            "'_mq_wait_time')"),
               4);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_stat_xact_user_functions "
                             "WHERE schemaname = current_schema() "
-                            "AND funcname IN ('mq_in_channel', 'mq_claimable')"),
+                            "AND funcname IN ('_mq_in_channel', '_mq_claimable')"),
               0);
     t_exec(pg, "ROLLBACK");
 }

@@ -730,7 +730,7 @@ static void test_every_function_pins_search_path(void)
     /* The exceptions: standard SQL bodies, whose names were resolved when
      * they were created, for the planner to inline (it never inlines a
      * function with settings; test_locked and test_plans check that it
-     * does), or, mq_at, to spare each call the settings. They have no
+     * does), or, _mq_at, to spare each call the settings. They have no
      * settings at all, and PUBLIC may not call them. */
     PGresult *r = t_sql(cat,
                         "SELECT string_agg(p.proname || ' ' || COALESCE(p.proconfig::text, "
@@ -740,8 +740,8 @@ static void test_every_function_pins_search_path(void)
                         "AND p.prosqlbody IS NOT NULL",
                         t_schema());
     CHECK_STR(PQgetvalue(r, 0, 0),
-              "mq_at (none) false; mq_claimable (none) false; mq_in_channel (none) false; "
-              "mq_lane_admits (none) false; mq_walk_next (none) false");
+              "_mq_at (none) false; _mq_claimable (none) false; _mq_in_channel (none) false; "
+              "_mq_lane_admits (none) false; _mq_walk_next (none) false");
     PQclear(r);
 }
 
@@ -834,7 +834,7 @@ static void test_qualified_calls_from_another_search_path(void)
     PQclear(r);
 
     /* Qualified calls work: everything the functions call unqualified
-     * (tables, mq_limits, mq_pick_keys, mq_wake, ...) comes from the pinned path. */
+     * (tables, _mq_limits, _mq_pick_keys, _mq_wake, ...) comes from the pinned path. */
     t_exec(c,
            "SELECT %s.mq_insert(ARRAY["
            "('00000000-0000-7000-8000-000000000001', NULL, 2, '10s', 'pin', 'a', NULL, true,"

@@ -228,7 +228,7 @@ static void test_each_head_is_picked_once(void)
     PGconn *a = t_pg();
     for (int i = 0; i < 12; i++) {
         PGresult *r = t_sql(a, "SELECT cardinality(p.ids), (SELECT count(DISTINCT x) FROM "
-                               "unnest(p.ids) AS x) FROM mq_pick_set(NULL, 10, "
+                               "unnest(p.ids) AS x) FROM _mq_pick_set(NULL, 10, "
                                "clock_timestamp(), 0) p");
         CHECK_STR(PQgetvalue(r, 0, 0), "3");
         CHECK_STR(PQgetvalue(r, 0, 1), "3");
@@ -288,13 +288,13 @@ static void test_held_head_gives_nothing(void)
 
 /* Sets the attempt_at of the head of the k-th chain in key order (0-based)
  * to now plus the interval `in`. (Two statements: on Citus an UPDATE may
- * call no volatile function, and mq_chain_heads runs in a statement of its
+ * call no volatile function, and _mq_chain_heads runs in a statement of its
  * own.) */
 static void head_due_in(int k, const char *in)
 {
     char sql[256];
     snprintf(sql, sizeof sql,
-             "SELECT h.head_id FROM mq_chain_heads(-9223372036854775808, "
+             "SELECT h.head_id FROM _mq_chain_heads(-9223372036854775808, "
              "9223372036854775807, NULL, NULL, NULL) h ORDER BY h.head_key OFFSET %d LIMIT 1",
              k);
     PGresult *r = PQexec(pg, sql);
@@ -310,15 +310,15 @@ static void head_due_in(int k, const char *in)
  * head due now. */
 static int heads_read_to_due(void)
 {
-    return (int)t_sql_int(pg, "SELECT count(*) FROM mq_chain_heads(-9223372036854775808, "
+    return (int)t_sql_int(pg, "SELECT count(*) FROM _mq_chain_heads(-9223372036854775808, "
                               "9223372036854775807, NULL, NULL, clock_timestamp())");
 }
 
-/* How long mq_wait_time says until a message is due (ms), -1 for never;
- * told the queue has chains, as mq_pick_set's probe tells a poll here. */
+/* How long _mq_wait_time says until a message is due (ms), -1 for never;
+ * told the queue has chains, as _mq_pick_set's probe tells a poll here. */
 static long long wait_ms(void)
 {
-    return t_sql_int(pg, "SELECT COALESCE((extract(epoch FROM mq_wait_time(NULL, "
+    return t_sql_int(pg, "SELECT COALESCE((extract(epoch FROM _mq_wait_time(NULL, "
                          "clock_timestamp(), true)) * 1000)::bigint, -1)");
 }
 

@@ -546,7 +546,7 @@ static void test_foreign_row_is_refused(void)
 
 /* While another transaction holds back the xmin horizon, deleted messages
  * stay in the indexes and their row versions in the heap. A poll starts
- * where live rows start (mq_low_mark), so it passes those entries in the
+ * where live rows start (_mq_low_mark), so it passes those entries in the
  * index instead of fetching each from the heap. */
 static void test_held_snapshot_dead_entries_are_passed(void)
 {

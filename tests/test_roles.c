@@ -215,10 +215,10 @@ static void test_producer_cannot_consume_read_or_administer(void)
     DENIED(pc, "SELECT * FROM mq_purge('p')");
     DENIED(pc, "SELECT mq_skip(ARRAY[gen_random_uuid()])");
     /* Internal helpers: one call could hold a chain's producers back. */
-    DENIED(pc, "SELECT mq_lock_new_chains(ARRAY[]::mq_new_t[])");
-    DENIED(pc, "SELECT mq_pick_chains(NULL, 0, 0, 0, 1, 1, 1, now(), 0, false, now(), "
+    DENIED(pc, "SELECT _mq_lock_new_chains(ARRAY[]::mq_new_t[])");
+    DENIED(pc, "SELECT _mq_pick_chains(NULL, 0, 0, 0, 1, 1, 1, now(), 0, false, now(), "
                "'{}', '{}', '{}')");
-    DENIED(pc, "SELECT mq_wake(ARRAY['p'])");
+    DENIED(pc, "SELECT _mq_wake(ARRAY['p'])");
     /* Nor can it give itself more. */
     DENIED(pc, "SELECT mq_grant('consume', current_user::regrole)");
     CHECK_INT(t_sql_int(su, "SELECT count(*) FROM mq_msgs WHERE deliveries = 0"), 1);

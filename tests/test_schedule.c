@@ -208,9 +208,9 @@ static void test_backfill_after_a_gap(void)
     /* Minute 0 of every hour. First seen: starts now, nothing from before. */
     CHECK_INT(tick("hourly", "all"), 0);
     CHECK_INT(tick("hourly-latest", "latest"), 0);
-    /* Down for five hours: five slots came due. (mq_at: a form of the
+    /* Down for five hours: five slots came due. (_mq_at: a form of the
      * update that a Citus coordinator can ship, schema/common.sql.) */
-    t_exec(pg, "UPDATE mq_schedules SET last_slot = mq_at(last_slot, - interval '5 hours')");
+    t_exec(pg, "UPDATE mq_schedules SET last_slot = _mq_at(last_slot, - interval '5 hours')");
     CHECK_INT(tick("hourly", "all"), 5);
     CHECK_INT(tick("hourly-latest", "latest"), 1);
     CHECK_INT(tick("hourly", "all"), 0);
@@ -221,7 +221,7 @@ static void test_backfill_after_a_gap(void)
     /* A runner that lost its memory of the schedule does not insert a slot
      * twice: the slot's key decides (kept a day after completion). */
     t_exec(pg, "SELECT mq_complete(ARRAY(SELECT id FROM mq_msgs))");
-    t_exec(pg, "UPDATE mq_schedules SET last_slot = mq_at(last_slot, - interval '5 hours')");
+    t_exec(pg, "UPDATE mq_schedules SET last_slot = _mq_at(last_slot, - interval '5 hours')");
     CHECK_INT(tick("hourly", "all"), 0);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 0);
 }
@@ -232,7 +232,7 @@ static void test_backfill_stops_at_31_days(void)
     t_truncate();
     t_exec(pg, "DELETE FROM mq_schedules");
     CHECK_INT(tick("long", "all"), 0);
-    t_exec(pg, "UPDATE mq_schedules SET last_slot = mq_at(last_slot, - interval '960 hours')");
+    t_exec(pg, "UPDATE mq_schedules SET last_slot = _mq_at(last_slot, - interval '960 hours')");
     CHECK_INT(tick("long", "all"), 31 * 24);
 }
 

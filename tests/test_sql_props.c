@@ -513,7 +513,7 @@ static void test_intervals_agree_on_every_date(void)
                       "        make_interval(0, (k %% 5) - 2, 0, ((k * 7) %% 81) - 40,"
                       "                      0, 0, ((k * 7919) %% 200000) - 100000) AS x"
                       " FROM generate_series(0, 25000) AS k) s,"
-                      " LATERAL (SELECT mq_fixed_length(s.x) AS f) f "
+                      " LATERAL (SELECT _mq_fixed_length(s.x) AS f) f "
                       "WHERE (f.f < interval '0') <> (s.ts + f.f < s.ts)"
                       "   OR (s.ts + f.f) - s.ts <> f.f"
                       "   OR f.f <> s.x"),
