@@ -167,7 +167,7 @@ static void test_helpers_not_for_public(void)
         "_mq_pick_urgent",     "_mq_random_start", "_mq_at",           "_mq_xact_id",
         "_mq_qualified",       "_mq_run_ddl",      "_mq_insert_keyed", "_mq_check_json",
         "_mq_lock_keys",       "_mq_insert_check", "_mq_cron_check",   "_mq_caller",
-        "_mq_chain_heads",     "_mq_sweep_keys",   "mq_insert",       "_mq_lane_admits",
+        "_mq_chain_heads",     "_mq_sweep_keys",   "mq_insert",        "_mq_lane_admits",
         "_mq_claimable",       "_mq_in_channel",   "_mq_walk_next"};
     for (size_t i = 0; i < sizeof helpers / sizeof *helpers; i++)
         if (t_sql_int(pg,
