@@ -526,11 +526,11 @@ static int kept_up(const struct opts *o, const struct load_result *r)
 
 static void load_title(const struct opts *o)
 {
-    char a[32], b[32];
+    char a[32], b[32], c[32];
     if (o->burn_down > 0)
         printf("pqmq-bench --steady: %s queued messages burnt down at %s messages/s;\n"
                "  offered half of it, %s messages/s",
-               grouped(o->messages, a), grouped(o->burn_down, b), grouped(o->rate, a));
+               grouped(o->messages, a), grouped(o->burn_down, b), grouped(o->rate, c));
     else if (o->rate)
         printf("pqmq-bench: offered %s messages/s", grouped(o->rate, a));
     else

@@ -165,6 +165,11 @@ if ! "$bench" "${small[@]}" --steady --duration 1 >"$work/steady" 2>"$work/err";
 else
     grep -qE "^pqmq-bench --steady: 400 queued messages burnt down at [0-9,]+ messages/s" \
         "$work/steady" || fail "--steady does not print its burn-down: $(head -2 "$work/steady")"
+    burn=$(sed -n 's/.* burnt down at \([0-9,]*\) messages.*/\1/p' "$work/steady" | tr -d ,)
+    offered=$(sed -n 's/^  offered half of it, \([0-9,]*\) messages.*/\1/p' "$work/steady" | tr -d ,)
+    [[ -n $burn && -n $offered ]] && awk -v b="$burn" -v o="$offered" \
+        'BEGIN { d = b / 2 - o; exit !(d <= 1 && d >= -1) }' ||
+        fail "--steady offered '$offered' messages/s, not half of '$burn': $(head -2 "$work/steady")"
     grep -qE "^poll call p99 +[0-9.]+ ms +- +- +<= 20 ms +(ok|MISSED)$" "$work/steady" ||
         fail "--steady does not judge poll p99: $(cat "$work/steady")"
 fi
