@@ -8,6 +8,8 @@
  *              [--sweep consumers=1,2,4,8 | --sweep batch=10,100,1000]
  *              [--backlog] [--profile]   (--help lists every option)
  *   pqmq-bench [--rate N [--duration S]] [--held-xmin S] [--floor] ...
+ *   pqmq-bench --steady [--duration S] [--held-xmin S] [--floor] ...
+ *   pqmq-bench --floor --repeat N ...
  *
  * The default run, in order (every phase starts its clock once all its
  * clients are connected):
@@ -46,7 +48,9 @@
  * of N rounds, each figure the median of its rounds), writes
  * bench-sweep.csv and (with gnuplot) a plot, bench-sweep.png. --backlog runs the poll-cost
  * scaling check instead. --rate and --held-xmin run the queue under steady load instead (see
- * load.c), and with --floor the floor after it.
+ * load.c), and with --floor the floor after it; --steady first measures the burn-down rate and
+ * offers half of it (steady.c). --repeat N runs steps 1-6 N times and judges each target on
+ * its median (repeat.c). Each report ends with the targets beside their figures (targets.c).
  *
  * Peak memory (maxrss) must stay flat in --messages: nothing here or in the
  * library may buffer more than a batch per client.
@@ -65,9 +69,11 @@
 #include "physical.h"
 #include "profile.h"
 #include "queue.h"
+#include "repeat.h"
 #include "report.h"
 #include "results.h"
 #include "rounds.h"
+#include "steady.h"
 #include "util.h"
 
 static void usage(FILE *f, const char *argv0)
@@ -116,10 +122,16 @@ static void usage(FILE *f, const char *argv0)
             "                        N messages/s in all, poll-API consumers keep up or\n"
             "                        not; a line a second on stderr (with --floor, the\n"
             "                        floor runs the same load after pqmq)\n"
-            "  --duration S          seconds of a --rate run (60)\n"
+            "  --duration S          seconds of a --rate run (60; --steady: 300)\n"
+            "  --steady              measure the burn-down rate of --messages queued\n"
+            "                        messages (poll API), then offer half of it for\n"
+            "                        --duration s: kept up, poll p99 against targets\n"
             "  --held-xmin S         load (--rate, or saturated without it) for S seconds\n"
             "                        before, during and after a held REPEATABLE READ\n"
-            "                        snapshot: rates, poll times, dead rows, sizes\n",
+            "                        snapshot: rates, poll times, dead rows, sizes\n"
+            "  --repeat N            the whole default run N times (1..9): each run's\n"
+            "                        report, then each target's figure as the range\n"
+            "                        of the runs, judged on their median\n",
             argv0);
 }
 
@@ -284,26 +296,31 @@ static void run_rounds(const struct opts *o, PGconn *admin, struct results *r)
     r->floor_insert_pipelined = median_of(fl[3], o->rounds);
 }
 
-static void run_default(const struct opts *o, PGconn *admin)
+/* Steps 1-6: every figure of a default run. */
+static void measure_default(const struct opts *o, PGconn *admin, struct results *r)
 {
-    struct results r;
-    memset(&r, 0, sizeof r);
-    r.runner_threads = threads_for(o, admin);
-    run_rounds(o, admin, &r);
+    memset(r, 0, sizeof *r);
+    r->runner_threads = threads_for(o, admin);
+    run_rounds(o, admin, r);
     if (o->floor)
-        run_once(o, admin, r.runner_threads, &r);
+        run_once(o, admin, r->runner_threads, r);
 
     queue_reset(admin);
     profile_begin(o, admin);
-    queue_latency(o, 0, &r.idle);
+    queue_latency(o, 0, &r->idle);
     profile_end(o, admin, "latency, idle runner", o->latency_samples);
     queue_reset(admin);
     profile_begin(o, admin);
-    queue_latency(o, 1, &r.idle_ordered);
+    queue_latency(o, 1, &r->idle_ordered);
     profile_end(o, admin, "latency, one ordered chain", o->latency_samples);
     queue_reset(admin);
+    r->maxrss_kb = maxrss_kb();
+}
 
-    r.maxrss_kb = maxrss_kb();
+static void run_default(const struct opts *o, PGconn *admin)
+{
+    struct results r;
+    measure_default(o, admin, &r);
     if (o->json)
         report_json(o, &r);
     else
@@ -421,6 +438,22 @@ static void run_sweep(const struct opts *o, PGconn *admin)
     free(rows);
 }
 
+/* --steady sets the rate itself; --repeat repeats the default run only. */
+static int check_modes(const struct opts *o)
+{
+    if (o->steady && o->rate) {
+        fprintf(stderr, "pqmq-bench: --steady offers half its burn-down rate: no --rate\n");
+        return 0;
+    }
+    if (o->repeat > 1 &&
+        (o->steady || o->rate || o->held_xmin || o->sweep || o->backlog || o->once_only)) {
+        fprintf(stderr, "pqmq-bench: --repeat repeats the default run: no --steady, --rate,\n"
+                        "  --held-xmin, --sweep, --backlog or --exactly-once\n");
+        return 0;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     struct opts o = {
@@ -437,8 +470,8 @@ int main(int argc, char **argv)
         .latency_samples = 200,
         .latency_gap_ms = 5,
         .sweep_out = "bench-sweep",
-        .duration = 60,
         .rounds = 1,
+        .repeat = 1,
     };
     enum {
         O_DSN = 256,
@@ -467,6 +500,8 @@ int main(int argc, char **argv)
         O_DURATION,
         O_HELD,
         O_ROUNDS,
+        O_STEADY,
+        O_REPEAT,
         O_HELP
     };
     static const struct option longs[] = {{"dsn", required_argument, 0, O_DSN},
@@ -495,6 +530,8 @@ int main(int argc, char **argv)
                                           {"duration", required_argument, 0, O_DURATION},
                                           {"held-xmin", required_argument, 0, O_HELD},
                                           {"rounds", required_argument, 0, O_ROUNDS},
+                                          {"steady", no_argument, 0, O_STEADY},
+                                          {"repeat", required_argument, 0, O_REPEAT},
                                           {"help", no_argument, 0, O_HELP},
                                           {0, 0, 0, 0}};
     int ch;
@@ -537,6 +574,8 @@ int main(int argc, char **argv)
         case O_DURATION: o.duration = int_arg("duration", optarg, 1, 86400); break;
         case O_HELD: o.held_xmin = int_arg("held-xmin", optarg, 1, 86400); break;
         case O_ROUNDS: o.rounds = int_arg("rounds", optarg, 1, BENCH_MAX_ROUNDS); break;
+        case O_STEADY: o.steady = 1; break;
+        case O_REPEAT: o.repeat = int_arg("repeat", optarg, 1, BENCH_MAX_ROUNDS); break;
         case O_HELP: usage(stdout, argv[0]); return 0;
         default: usage(stderr, argv[0]); return 2;
         }
@@ -545,6 +584,10 @@ int main(int argc, char **argv)
         usage(stderr, argv[0]);
         return 2;
     }
+    if (!check_modes(&o))
+        return 2;
+    if (!o.duration)
+        o.duration = o.steady ? 300 : 60;
 
     o.conninfo = bench_conninfo(o.dsn, o.profile);
     PGconn *admin = bench_connect(&o);
@@ -553,6 +596,8 @@ int main(int argc, char **argv)
         floor_setup(admin);
     if (o.backlog) {
         run_backlog(&o, admin);
+    } else if (o.steady) {
+        run_steady(&o, admin);
     } else if (o.rate || o.held_xmin) {
         run_load(&o, admin);
     } else {
@@ -562,6 +607,8 @@ int main(int argc, char **argv)
             run_once_only(&o, admin);
         else if (o.sweep)
             run_sweep(&o, admin);
+        else if (o.repeat > 1)
+            run_repeat(&o, admin, measure_default);
         else
             run_default(&o, admin);
     }

@@ -26,8 +26,11 @@ struct opts {
     const char *sweep;     /* "consumers=1,2,4" or NULL */
     const char *sweep_out; /* file name prefix of the sweep's CSV and PNG */
     int rate;              /* --rate: offered messages/s; 0: not a load run */
-    int duration;          /* --duration: seconds of a --rate run */
+    int duration;          /* --duration: seconds of a --rate run (0: the mode's default) */
     int held_xmin;         /* --held-xmin: seconds of each of the three phases */
+    int steady;            /* --steady: --rate is half the burn-down rate (steady.c) */
+    double burn_down;      /* --steady: the measured burn-down, messages/s; 0: none */
+    int repeat;            /* --repeat: the whole default run this often (repeat.c) */
 };
 
 /* Which messages a phase moves: message seq goes to chain/channel

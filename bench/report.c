@@ -1,6 +1,7 @@
 /*
  * report.c: what pqmq-bench prints. A small aligned table (figure, value,
- * floor, ratio, target), or with --json exactly one JSON object; for
+ * floor, ratio, target) and the targets beside their figures
+ * (report_targets.c), or with --json exactly one JSON object; for
  * --sweep a CSV file and, when gnuplot is installed, a PNG plot of it.
  */
 #include <stdio.h>
@@ -11,21 +12,13 @@
 #include "load_ops.h"
 #include "options.h"
 #include "report.h"
+#include "report_targets.h"
 #include "results.h"
+#include "targets.h"
 #include "util.h"
 
-/* The project's targets (2-core machine, server on the same box); the
- * README says which are reached, over several runs. */
-#define TARGET_ENQUEUE 0.7          /* enqueue / floor insert */
-#define TARGET_PROCESS 0.6          /* runner processing / floor drain */
-#define TARGET_ORDERED 0.7          /* ordered processing / unordered */
-#define TARGET_ORDERED_ENQUEUE 0.85 /* ordered enqueue / unordered */
-#define TARGET_ORDERED_PHYSICAL 1.5 /* ordered WAL per message / unordered, at most */
-#define TARGET_ONCE 0.5             /* exactly-once processing / floor drain */
-#define TARGET_POLL 0.7             /* processing with the poll API / floor drain */
-
 /* 1234567.8 -> "1,234,568"; "-" for 0 (not measured). */
-static const char *grouped(double v, char *buf)
+const char *grouped(double v, char *buf)
 {
     if (v <= 0)
         return "-";
@@ -113,6 +106,16 @@ static void latency_rows(const struct results *r)
     }
 }
 
+/* A run's targets beside their figures, as spans of one run; returns how
+ * many. */
+static int run_targets(const struct opts *o, const struct results *r, struct target_span *s)
+{
+    struct target t[1][TARGETS_MAX];
+    int n = targets_of_results(o, r, t[0]);
+    targets_span(t, 1, n, s);
+    return n;
+}
+
 void report_text(const struct opts *o, const struct results *r)
 {
     char m[32];
@@ -138,7 +141,7 @@ void report_text(const struct opts *o, const struct results *r)
     rate_row("processing, runner, locked lane", r->main.runner_locked, r->floor_drain,
              TARGET_PROCESS, f);
     rate_row("processing, poll API", r->main.poll, r->floor_drain, TARGET_POLL, f);
-    rate_row("processing, locked lane", r->main.locked, r->floor_drain, TARGET_POLL, f);
+    rate_row("processing, locked lane", r->main.locked, r->floor_drain, TARGET_LOCKED, f);
     if (r->floor_drain_ctid > 0) {
         rate_row("processing, runner, vs ctid floor", r->main.runner, r->floor_drain_ctid, 0,
                  f);
@@ -182,10 +185,14 @@ void report_text(const struct opts *o, const struct results *r)
         rate_row(g, r->ordered.poll, r->main.poll, TARGET_ORDERED, 1);
         snprintf(g, sizeof g, "%d ordered chains: locked lane", o->chains);
         rate_row(g, r->ordered.locked, r->main.locked, TARGET_ORDERED, 1);
+        snprintf(g, sizeof g, "%d ordered chains: runner, locked lane", o->chains);
+        rate_row(g, r->ordered.runner_locked, r->main.runner_locked, TARGET_ORDERED, 1);
     }
     physical_rows(o, r);
     latency_rows(r);
     printf("%-42s %12ld\n", "peak memory, maxrss (kB)", r->maxrss_kb);
+    struct target_span ts[TARGETS_MAX];
+    targets_text(ts, run_targets(o, r, ts));
     if (r->floor_drain_ctid > 0)
         printf(
             "\nfloor: the cheapest SQL that moves the same messages with the same clients:"
@@ -250,10 +257,11 @@ static void jparams(const struct opts *o, int runner_threads)
     printf("\"parameters\": {\"messages\": %d, \"producers\": %d, \"consumers\": %d, "
            "\"batch\": %d, \"channels\": %d, \"ordered\": %g, \"payload_bytes\": %d, "
            "\"runner_threads\": %d, \"chains\": %d, \"latency_samples\": %d, "
-           "\"latency_gap_ms\": %d, \"floor\": %s, \"rounds\": %d}, ",
+           "\"latency_gap_ms\": %d, \"floor\": %s, \"rounds\": %d, \"repeat\": %d, "
+           "\"steady\": %s}, ",
            o->messages, o->producers, o->consumers, o->batch, o->channels, o->ordered,
            o->payload_bytes, runner_threads, o->chains, o->latency_samples, o->latency_gap_ms,
-           o->floor ? "true" : "false", o->rounds);
+           o->floor ? "true" : "false", o->rounds, o->repeat, o->steady ? "true" : "false");
 }
 
 /* A scenario's rates, the floor's and the ratios, as JSON members. */
@@ -335,7 +343,28 @@ void report_json(const struct opts *o, const struct results *r)
     printf("\"latency_ms\": {");
     jlatency("idle", &r->idle, 0);
     jlatency("ordered", &r->idle_ordered, 1);
-    printf("}, \"maxrss_kb\": %ld}\n", r->maxrss_kb);
+    printf("}, ");
+    struct target_span ts[TARGETS_MAX];
+    targets_json(ts, run_targets(o, r, ts), 0);
+    printf("\"maxrss_kb\": %ld}\n", r->maxrss_kb);
+}
+
+/* ---- --repeat ---------------------------------------------------------- */
+
+void report_repeat(const struct opts *o, const struct target_span *s, int n)
+{
+    if (o->json) {
+        printf("{");
+        jparams(o, 0);
+        targets_json(s, n, 0);
+        printf("\"maxrss_kb\": %ld}\n", maxrss_kb());
+        return;
+    }
+    printf("pqmq-bench --repeat %d: each figure the range (min-max) of %d whole runs; each\n"
+           "target judged on the median of the runs' ratios (of their values, for a row\n"
+           "without a reference), which the median column shows\n",
+           o->repeat, o->repeat);
+    targets_text(s, n);
 }
 
 /* ---- --sweep ----------------------------------------------------------- */
@@ -492,13 +521,17 @@ static int kept_up(const struct opts *o, const struct load_result *r)
 {
     if (!o->rate)
         return -1;
-    return r->ph[r->nphases - 1].backlog_end < o->rate;
+    return r->ph[r->nphases - 1].backlog_end < TARGET_KEPT_UP_S * o->rate;
 }
 
 static void load_title(const struct opts *o)
 {
-    char a[32];
-    if (o->rate)
+    char a[32], b[32], c[32];
+    if (o->burn_down > 0)
+        printf("pqmq-bench --steady: %s queued messages burnt down at %s messages/s;\n"
+               "  offered half of it, %s messages/s",
+               grouped(o->messages, a), grouped(o->burn_down, b), grouped(o->rate, c));
+    else if (o->rate)
         printf("pqmq-bench: offered %s messages/s", grouped(o->rate, a));
     else
         printf("pqmq-bench: saturated producers");
@@ -557,20 +590,33 @@ static void load_summary(const struct opts *o, const struct load_result *r)
     }
 }
 
+/* pqmq's targets under load (the floor's run is its reference, not
+ * judged), as spans of one run; returns how many. */
+static int load_targets(const struct opts *o, const struct load_result *r,
+                        struct target_span *s)
+{
+    struct target t[1][TARGETS_MAX];
+    int n = targets_of_load(o, r, t[0]);
+    targets_span(t, 1, n, s);
+    return n;
+}
+
 static void load_text(const struct opts *o, const struct load_result *r, int n)
 {
     load_title(o);
-    printf("%-6s %-7s %12s %12s %10s %10s %8s %8s %8s\n", "target", "phase", "inserted/s",
+    printf("%-6s %-7s %12s %12s %10s %10s %8s %8s %8s\n", "queue", "phase", "inserted/s",
            "processed/s", "backlog", "max", "poll p50", "p99", "max ms");
     for (int i = 0; i < n; i++)
         load_rows(&r[i]);
-    printf("\n%-6s %-7s %-12s %12s %12s %12s %10s\n", "target", "end of", "table", "n_live_tup",
+    printf("\n%-6s %-7s %-12s %12s %12s %12s %10s\n", "queue", "end of", "table", "n_live_tup",
            "n_dead_tup", "size (kB)", "autovac.");
     for (int i = 0; i < n; i++)
         load_table_rows(&r[i]);
     printf("\n");
     for (int i = 0; i < n; i++)
         load_summary(o, &r[i]);
+    struct target_span ts[TARGETS_MAX];
+    targets_text(ts, load_targets(o, &r[0], ts));
     printf("\nbacklog: inserted minus completed (at the phase's end, and its maximum); "
            "poll:\n  each poll call's time; tables: pg_stat_user_tables and "
            "pg_total_relation_size;\n  autovac.: autovacuums / autoanalyzes since the "
@@ -602,9 +648,12 @@ static void load_json(const struct opts *o, const struct load_result *r, int n)
     jnum("offered_per_s", o->rate, "%.0f", 0);
     jnum("duration_s", o->held_xmin ? 0 : o->duration, "%.0f", 0);
     jnum("held_xmin_s", o->held_xmin, "%.0f", 0);
-    printf("\"targets\": [");
+    jnum("burn_down_per_s", o->burn_down, "%.0f", 0);
+    struct target_span ts[TARGETS_MAX];
+    targets_json(ts, load_targets(o, &r[0], ts), 0);
+    printf("\"queues\": [");
     for (int i = 0; i < n; i++) {
-        printf("%s{\"target\": \"%s\", \"phases\": [", i ? ", " : "", r[i].target);
+        printf("%s{\"queue\": \"%s\", \"phases\": [", i ? ", " : "", r[i].target);
         for (int k = 0; k < r[i].nphases; k++)
             jphase(&r[i], &r[i].ph[k], k == r[i].nphases - 1);
         int up = kept_up(o, &r[i]);

@@ -1,0 +1,47 @@
+/*
+ * steady.c: --steady. A queue that only just keeps up when it starts
+ * empty may fall behind once its dead rows pile up, so the question is
+ * whether it keeps up at a load it can carry with room to spare: half of
+ * its own burn-down rate. The burn-down is --messages queued messages
+ * drained by the poll-API consumers of the load run (the same --consumers
+ * and --batch), timed from their first poll to the empty queue. Then
+ * load.c offers half that rate for --duration seconds (or through
+ * --held-xmin's phases) with autovacuum at the server's settings: the
+ * bench runs no VACUUM or ANALYZE in either step.
+ */
+#include <stdio.h>
+
+#include "load.h"
+#include "options.h"
+#include "queue.h"
+#include "steady.h"
+#include "util.h"
+
+/* Messages/s of the poll-API consumers over a full backlog. */
+static double burn_down(const struct opts *o, PGconn *admin)
+{
+    struct shape s = {o->channels, o->ordered, 0};
+    queue_reset(admin);
+    queue_enqueue(o, &s, "steady: prefill");
+    double seconds = queue_drain_poll(o, "steady: burn-down");
+    long left = bench_scalar(admin, "SELECT count(*) FROM mq_msgs");
+    if (left)
+        die("steady: the burn-down left %ld messages in the queue", left);
+    return o->messages / seconds;
+}
+
+void run_steady(const struct opts *o, PGconn *admin)
+{
+    if (bench_scalar(admin, "SELECT (current_setting('autovacuum') = 'on')::int") != 1)
+        fprintf(stderr, "steady: autovacuum is off on this server: the run cannot say whether\n"
+                        "  the queue keeps up with it at its defaults\n");
+    struct opts run = *o;
+    run.burn_down = burn_down(o, admin);
+    run.rate = (int)(run.burn_down / 2 + 0.5);
+    if (run.rate < 1)
+        run.rate = 1;
+    if (!o->json)
+        fprintf(stderr, "steady: burn-down %.0f messages/s; offering %d messages/s\n",
+                run.burn_down, run.rate);
+    run_load(&run, admin);
+}

@@ -1,0 +1,15 @@
+/*
+ * steady.h: --steady: half the queue's own burn-down rate, offered for a while.
+ */
+#ifndef PQMQ_BENCH_STEADY_H
+#define PQMQ_BENCH_STEADY_H
+
+#include <libpq-fe.h>
+
+#include "options.h"
+
+/* Measures the burn-down rate, then runs the load run (load.c) at half of
+ * it and prints its report, targets included. */
+void run_steady(const struct opts *o, PGconn *admin);
+
+#endif
