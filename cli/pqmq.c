@@ -3,6 +3,8 @@
  * connection and the checks that give one clear line per error.
  */
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,9 @@ static void usage(FILE *f)
     fprintf(f, "\n'pqmq COMMAND --help' describes a command; see also pqmq(1).\n");
 }
 
+/* Messages name channels, keys and schemas that any producer chose: their
+ * control characters reach the terminal as \xHH, never raw, and the
+ * message stays one line. */
 static void vsay(const tool *t, const char *fmt, va_list ap)
 {
     if (t && t->errbuf && t->errbuf_size) {
@@ -53,11 +58,19 @@ static void vsay(const tool *t, const char *fmt, va_list ap)
         vsnprintf(t->errbuf, t->errbuf_size, fmt, copy);
         va_end(copy);
     }
+    char msg[2048];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     if (t && t->cmd)
         fprintf(stderr, "pqmq %s: ", t->cmd);
     else
         fprintf(stderr, "pqmq: ");
-    vfprintf(stderr, fmt, ap);
+    for (const char *p = msg; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c < 0x20 || c == 0x7f)
+            fprintf(stderr, "\\x%02x", c);
+        else
+            fputc(c, stderr);
+    }
     fputc('\n', stderr);
 }
 
@@ -363,9 +376,23 @@ static void tool_env_defaults(tool *t)
     t->schema = env("PQMQ_SCHEMA");
 }
 
+/* Did the reader of stdout go away (`pqmq ... | head`)? A pipe whose
+ * reading end is closed polls as POLLERR. */
+int tool_output_closed(void)
+{
+    if (ferror(stdout) && errno == EPIPE)
+        return 1;
+    struct pollfd p = {.fd = fileno(stdout), .events = 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLERR);
+}
+
 int main(int argc, char **argv)
 {
     tool t = {0};
+    /* A reader that stops early (`pqmq dead | head`) must not kill the
+     * command in the middle of its transaction: writes fail with EPIPE
+     * instead, and the command finishes what it was doing. */
+    signal(SIGPIPE, SIG_IGN);
     tool_env_defaults(&t);
     static const struct option opts[] = {
         TOOL_COMMON_OPTS,
@@ -413,8 +440,12 @@ int main(int argc, char **argv)
         if (tool_commit(&t) && rc == EXIT_OK)
             rc = EXIT_ERR;
         tool_disconnect(&t);
-        if (fflush(stdout) != 0 && rc == EXIT_OK)
-            rc = tool_err(&t, "cannot write the output: %s", strerror(errno));
+        errno = 0;
+        /* Output nobody reads any more is not an error: the reader has
+         * what it wanted. */
+        if ((fflush(stdout) != 0 || ferror(stdout)) && rc == EXIT_OK && !tool_output_closed())
+            rc = tool_err(&t, "cannot write the output: %s",
+                          errno ? strerror(errno) : "write error");
         return rc;
     }
     return tool_usage(&t, "unknown command \"%s\" (try 'pqmq --help')", name);
