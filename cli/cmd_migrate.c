@@ -161,10 +161,8 @@ int cmd_migrate(tool *t, int argc, char **argv)
         return rc;
     char *name = tool_current_schema(t);
     if (!name)
-        return t->schema ? tool_err(t,
-                                    "schema \"%s\" does not exist: add --create-schema, or "
-                                    "create it as the role that will own the queue",
-                                    t->schema)
+        return t->schema ? tool_schema_unusable(t, ": add --create-schema, or create it as "
+                                                   "the role that will own the queue")
                          : tool_err(t, "no schema on the search_path (use --schema)");
     /* The messages show the name with its control characters escaped;
      * the SQL gets it as it is. */

@@ -66,6 +66,10 @@ int tool_begin(tool *t);
 /* Commits the open transaction (rolls back a failed one); 0 or EXIT_ERR. */
 int tool_commit(tool *t);
 void tool_disconnect(tool *t);
+/* The error for a --schema that current_schema() does not select: no
+ * USAGE on it, or (followed by missing_hint, may be NULL) no such schema.
+ * Returns EXIT_ERR (printed). */
+int tool_schema_unusable(tool *t, const char *missing_hint);
 /* The schema the queue lives in (after tool_connect). Caller frees. */
 char *tool_current_schema(tool *t);
 

@@ -185,6 +185,28 @@ static char *queue_schemas(tool *t)
     return s;
 }
 
+/* Why --schema selected nothing: current_schema() skips a schema the role
+ * has no USAGE on, as it skips a missing one, and the two need different
+ * fixes. Prints the reason; returns EXIT_ERR. */
+int tool_schema_unusable(tool *t, const char *missing_hint)
+{
+    const char *p[1] = {t->schema};
+    PGresult *r = tool_query(t,
+                             "SELECT pg_catalog.has_schema_privilege(oid, 'USAGE') "
+                             "FROM pg_catalog.pg_namespace "
+                             "WHERE nspname OPERATOR(pg_catalog.=) $1",
+                             1, p);
+    int exists = r && PQntuples(r) == 1, usable = exists && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    if (exists && !usable)
+        return tool_err(t,
+                        "permission denied for schema \"%s\": this role has no USAGE on "
+                        "it (the queue's owner grants a duty with mq_grant)",
+                        t->schema);
+    return tool_err(t, "schema \"%s\" does not exist%s", t->schema,
+                    missing_hint ? missing_hint : "");
+}
+
 /* Is the queue in the current schema migrated to min_version? The version
  * comes from the table for its owner and from mq_schema_version() for the
  * roles of the duties, which have no rights on the tables. */
@@ -202,7 +224,7 @@ static int check_schema(tool *t, int min_version)
         return EXIT_ERR;
     int rc = 0, how = atoi(PQgetvalue(r, 0, 1));
     if (PQgetisnull(r, 0, 0)) {
-        rc = t->schema ? tool_err(t, "schema \"%s\" does not exist", t->schema)
+        rc = t->schema ? tool_schema_unusable(t, NULL)
                        : tool_err(t, "no schema on the search_path (use --schema)");
     } else if (how == 0) {
         char *others = queue_schemas(t);
