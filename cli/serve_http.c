@@ -21,7 +21,7 @@
  * connect, and can hold connections open by sending half a request, from
  * as many loopback addresses as it likes: so no per-address share, but
  * once KEEP_LIMIT connections are open, each new one closes the connection
- * that has waited longest for its next request (conn_started). A client
+ * that has waited longest for its next request (conn_notify). A client
  * that holds connections cannot lock out the next one, /metrics and
  * /healthz included: that one is the newest, and sends its request at once.
  * Only a POST may have a body (the admin actions, after their checks), so
@@ -74,11 +74,13 @@ typedef struct {
     int too_big;
 } request;
 
-/* An open connection, as conn_started and conn_closed see it (under
+/* An open connection, as conn_notify sees it (under
  * conn_lock): whether a request is being answered on it, and since when
  * it has waited for one. */
 typedef struct conn {
-    struct MHD_Connection *c;
+    int fd; /* the socket, read at the start: another thread's connection
+             * info is not ours to ask (libmicrohttpd answers in a buffer of
+             * the connection's) */
     struct conn *prev, *next;
     double waiting_since;
     int busy;
@@ -125,8 +127,8 @@ static conn *conn_victim(const conn *fresh)
     return best;
 }
 
-static void conn_started(void *cls, struct MHD_Connection *c, void **socket_context,
-                         enum MHD_ConnectionNotificationCode code)
+static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode code)
 {
     (void)cls;
     conn *k = *socket_context;
@@ -150,8 +152,10 @@ static void conn_started(void *cls, struct MHD_Connection *c, void **socket_cont
     }
     k = calloc(1, sizeof *k);
     if (!k)
-        return; /* untracked: never chosen to close, freed by nobody */
-    k->c = c;
+        return; /* untracked: never chosen to close */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    k->fd = ci ? ci->connect_fd : -1;
     k->waiting_since = mono_now();
     *socket_context = k;
     pthread_mutex_lock(&conn_lock);
@@ -161,12 +165,9 @@ static void conn_started(void *cls, struct MHD_Connection *c, void **socket_cont
     conns = k;
     if (++nconns > KEEP_LIMIT) {
         conn *victim = conn_victim(k);
-        const union MHD_ConnectionInfo *ci =
-            victim ? MHD_get_connection_info(victim->c, MHD_CONNECTION_INFO_CONNECTION_FD)
-                   : NULL;
         /* Its thread sees the end of the stream and closes it. */
-        if (ci)
-            shutdown(ci->connect_fd, SHUT_RDWR);
+        if (victim && victim->fd >= 0)
+            shutdown(victim->fd, SHUT_RDWR);
         if (victim) /* not chosen again while it winds down */
             victim->waiting_since = mono_now() + 1e9;
     }
@@ -552,7 +553,7 @@ int serve_http_start(serve *s, const void *addr, size_t addrlen)
     s->daemon = MHD_start_daemon(
         flags, 0, NULL, NULL, handle, s, MHD_OPTION_EXTERNAL_LOGGER, logger, s,
         MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
-        MHD_OPTION_NOTIFY_CONNECTION, conn_started, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_NOTIFY_CONNECTION, conn_notify, s, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)s->timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)MEMORY_LIMIT,
         MHD_OPTION_THREAD_STACK_SIZE, (size_t)STACK_SIZE, MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
         MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes,
