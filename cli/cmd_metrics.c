@@ -15,7 +15,9 @@ static void help(void)
            "                                          scheduled, uncommitted, waiting, dead)\n"
            "  pqmq_blocked_chains{channel}            gauge\n"
            "  pqmq_oldest_ready_age_seconds{channel}  gauge (0: nothing ready)\n"
-           "  pqmq_removed_total{channel}             counter (completed or purged)\n\n%s",
+           "  pqmq_removed_total{channel}             counter (completed or purged)\n\n"
+           "On a terminal, control characters in channel names are shown as \\xHH\n"
+           "(not the format's); written to a file or a pipe, the text is exact.\n\n%s",
            tool_common_help);
 }
 
@@ -24,16 +26,19 @@ static void family(FILE *f, const char *name, const char *type, const char *help
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, helptext, name, type);
 }
 
-static void sample(FILE *f, const char *name, const char *channel, const char *state)
+static void sample(FILE *f, const char *name, const char *channel, const char *state, int tty)
 {
     fprintf(f, "%s{channel=\"", name);
-    out_prom_label(f, channel);
+    if (tty)
+        out_display(f, channel);
+    else
+        out_prom_label(f, channel);
     if (state)
         fprintf(f, "\",state=\"%s", state);
     fputs("\"} ", f);
 }
 
-void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n)
+void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n, int tty)
 {
     static const char *const states[] = {"ready",       "in_flight", "scheduled",
                                          "uncommitted", "waiting",   "dead"};
@@ -43,25 +48,25 @@ void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n)
         const long long v[] = {x->ready,       x->in_flight, x->scheduled,
                                x->uncommitted, x->waiting,   x->dead};
         for (int s = 0; s < 6; s++) {
-            sample(f, "pqmq_messages", x->channel, states[s]);
+            sample(f, "pqmq_messages", x->channel, states[s], tty);
             fprintf(f, "%lld\n", v[s]);
         }
     }
     family(f, "pqmq_blocked_chains", "gauge", "Ordered chains whose head is dead.");
     for (size_t i = 0; i < n; i++) {
-        sample(f, "pqmq_blocked_chains", rows[i].channel, NULL);
+        sample(f, "pqmq_blocked_chains", rows[i].channel, NULL, tty);
         fprintf(f, "%lld\n", rows[i].blocked);
     }
     family(f, "pqmq_oldest_ready_age_seconds", "gauge",
            "Seconds the oldest ready message has been ready (0 when none is).");
     for (size_t i = 0; i < n; i++) {
-        sample(f, "pqmq_oldest_ready_age_seconds", rows[i].channel, NULL);
+        sample(f, "pqmq_oldest_ready_age_seconds", rows[i].channel, NULL, tty);
         fprintf(f, "%.3f\n", rows[i].oldest_ready_age);
     }
     family(f, "pqmq_removed_total", "counter",
            "Messages deleted from the channel (completed or purged).");
     for (size_t i = 0; i < n; i++) {
-        sample(f, "pqmq_removed_total", rows[i].channel, NULL);
+        sample(f, "pqmq_removed_total", rows[i].channel, NULL, tty);
         fprintf(f, "%lld\n", rows[i].removed);
     }
 }
@@ -86,7 +91,7 @@ int cmd_metrics(tool *t, int argc, char **argv)
     rc = tool_figures_read(t, argv + optind, (size_t)(argc - optind), &rows, &count);
     if (rc)
         return rc;
-    tool_metrics_print(stdout, rows, count);
+    tool_metrics_print(stdout, rows, count, out_is_tty(stdout));
     tool_figures_free(rows, count);
     return EXIT_OK;
 }

@@ -88,8 +88,9 @@ static int status(int have, const char *at, const char *schema)
 static int print_sql(tool *t, int have, const char *schema)
 {
     if (have == pqmq_schema_version()) {
-        fprintf(stderr, "pqmq migrate: schema \"%s\" is up to date (version %d)\n", schema,
-                have);
+        fprintf(stderr, "pqmq migrate: schema \"");
+        out_display(stderr, schema);
+        fprintf(stderr, "\" is up to date (version %d)\n", have);
         return EXIT_OK;
     }
     char *ident = PQescapeIdentifier(t->conn, schema, strlen(schema));
@@ -98,13 +99,18 @@ static int print_sql(tool *t, int have, const char *schema)
         PQfreemem(ident);
         return tool_err(t, "out of memory");
     }
-    printf("-- pqmq %s (schema version %d) for schema %s; apply in one transaction\n"
+    /* The name in the comment is escaped: a newline in it would end the
+     * comment and make the rest of the name SQL. */
+    printf("-- pqmq %s (schema version %d) for schema ", PACKAGE_VERSION,
+           pqmq_schema_version());
+    out_display(stdout, ident);
+    printf("; apply in one transaction\n"
            "-- (psql -1 -f FILE). The functions pin the search_path set here.\n"
            "SELECT pg_catalog.pg_advisory_xact_lock(1886482797);\n"
            "SELECT pg_catalog.set_config('search_path', %s, true);\n"
            "-- Function bodies name functions of files further down.\n"
            "SET LOCAL check_function_bodies = off;\n",
-           PACKAGE_VERSION, pqmq_schema_version(), ident, lit);
+           lit);
     const char *name, *sql;
     for (size_t i = 0; pqmq_migration_info(i, NULL, &name, &sql) == PQMQ_OK; i++)
         printf("\n-- %s\n%s", name, sql);
@@ -153,25 +159,35 @@ int cmd_migrate(tool *t, int argc, char **argv)
     }
     if (rc)
         return rc;
-    char *schema = tool_current_schema(t);
-    if (!schema)
-        return t->schema ? tool_err(t,
-                                    "schema \"%s\" does not exist: add --create-schema, or "
-                                    "create it as the role that will own the queue",
-                                    t->schema)
+    char *name = tool_current_schema(t);
+    if (!name)
+        return t->schema ? tool_schema_unusable(t, ": add --create-schema, or create it as "
+                                                   "the role that will own the queue")
                          : tool_err(t, "no schema on the search_path (use --schema)");
+    /* The messages show the name with its control characters escaped;
+     * the SQL gets it as it is. */
+    char *schema = NULL;
+    size_t schema_len = 0;
+    FILE *f = open_memstream(&schema, &schema_len);
+    if (!f) {
+        free(name);
+        return tool_err(t, "out of memory");
+    }
+    out_display(f, name);
+    fclose(f);
     PGresult *r = NULL;
     int have = 0;
     const char *at = NULL;
-    if (recorded(t, &r, &have, &at) != EXIT_OK) {
+    if (!schema || recorded(t, &r, &have, &at) != EXIT_OK) {
         PQclear(r);
         free(schema);
-        return EXIT_ERR;
+        free(name);
+        return schema ? EXIT_ERR : tool_err(t, "out of memory");
     }
     if (mode == 's') {
         rc = status(have, at, schema);
     } else if (mode == 'q') {
-        rc = print_sql(t, have, schema);
+        rc = print_sql(t, have, name);
     } else if (have == pqmq_schema_version()) {
         printf("schema \"%s\" is at version %d already: nothing to do\n", schema, have);
     } else if ((rc = tool_commit(t)) != EXIT_OK) {
@@ -186,5 +202,6 @@ int cmd_migrate(tool *t, int argc, char **argv)
     }
     PQclear(r);
     free(schema);
+    free(name);
     return rc;
 }

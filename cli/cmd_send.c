@@ -133,9 +133,12 @@ int cmd_send(tool *t, int argc, char **argv)
         uuid_unparse_lower(res.id, ids);
         printf("%s\n", ids);
         /* The id is the holder's: say so where scripts do not parse. */
-        if (res.outcome != PQMQ_INSERTED)
-            fprintf(stderr, "pqmq send: %s: key \"%s\" is held by %s\n",
-                    res.outcome == PQMQ_KEPT ? "kept" : "replaced", key, ids);
+        if (res.outcome != PQMQ_INSERTED) {
+            fprintf(stderr, "pqmq send: %s: key \"",
+                    res.outcome == PQMQ_KEPT ? "kept" : "replaced");
+            out_display(stderr, key);
+            fprintf(stderr, "\" is held by %s\n", ids);
+        }
     }
     pqmq_msg_free(m);
     free(json);

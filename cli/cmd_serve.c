@@ -10,9 +10,14 @@
 #include <string.h>
 #include <time.h>
 
+#include <fcntl.h>
 #include <netdb.h>
+#include <unistd.h>
+
+#include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "serve.h"
 
@@ -21,8 +26,8 @@
 
 static void help(void)
 {
-    printf("usage: pqmq serve [--listen ADDRESS:PORT] [--admin] [--interval S] [--dead N]\n"
-           "                  [--timeout S] [--host NAME]...\n\n"
+    printf("usage: pqmq serve [--listen ADDRESS:PORT] [--admin [--admin-token-file PATH]]\n"
+           "                  [--interval S] [--dead N] [--timeout S] [--host NAME]...\n\n"
            "Serves a web dashboard of the queue (channels and their states, the\n"
            "oldest ready message's age, completions per second over the last\n"
            "%d minutes, dead letters and the chain heads that block) at /, and\n"
@@ -31,7 +36,13 @@ static void help(void)
            "retry and skip buttons (the role still needs the administer duty).\n\n"
            "      --listen A:P    address and port (default 127.0.0.1:9187; [::1]:P\n"
            "                      for IPv6; port 0 picks a free one)\n"
-           "      --admin         allow retry and skip from the page\n"
+           "      --admin         allow retry and skip from the page (any local user\n"
+           "                      can read the page, and with it the token they need)\n"
+           "      --admin-token-file PATH\n"
+           "                      with --admin: the token is this file's first line\n"
+           "                      (32 to 128 printable characters; the file must be\n"
+           "                      private to its owner, mode 0600 or 0400) and the\n"
+           "                      page does not carry it: it asks for it\n"
            "      --interval S    seconds between readings of the queue (default 5)\n"
            "      --dead N        dead letters shown, oldest first (default 100)\n"
            "      --timeout S     drop a connection idle this long (default 15)\n"
@@ -89,7 +100,63 @@ static int make_token(tool *t, char out[65])
     return 0;
 }
 
-/* index.html with the token in place of its mark. */
+/* Reads the admin token from path: a regular file that only its owner may
+ * read or write, whose first line is 32 to 128 printable ASCII characters
+ * (no spaces). 0 or EXIT_ERR (printed). */
+static int read_token_file(tool *t, const char *path, char *out, size_t size)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return tool_err(t, "--admin-token-file: cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return tool_err(t, "--admin-token-file: %s is not a regular file", path);
+    }
+    if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+        close(fd);
+        return tool_err(t,
+                        "--admin-token-file: %s is open to other users (mode %04o): "
+                        "chmod 600 it",
+                        path, (unsigned)(st.st_mode & 07777));
+    }
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n < 0)
+        return tool_err(t, "--admin-token-file: cannot read %s: %s", path, strerror(errno));
+    buf[n] = '\0';
+    size_t len = strcspn(buf, "\r\n");
+    buf[len] = '\0';
+    int printable = 1;
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] <= ' ' || buf[i] > '~')
+            printable = 0;
+    if (len < 32 || len > 128 || len >= size || !printable)
+        return tool_err(t,
+                        "--admin-token-file: the first line of %s must be 32 to 128 "
+                        "printable characters without spaces (e.g. openssl rand -hex 32)",
+                        path);
+    memcpy(out, buf, len + 1);
+    return 0;
+}
+
+/* Does addr reach only this machine? */
+static int is_loopback(const struct sockaddr *addr)
+{
+    if (addr->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (addr->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)addr;
+        return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    }
+    return 0;
+}
+
+/* index.html with the token in place of its mark (an empty token with
+ * --admin-token-file: the page asks for it). */
 static int make_page(tool *t, serve *s)
 {
     const serve_asset *a = NULL;
@@ -100,7 +167,7 @@ static int make_page(tool *t, serve *s)
     if (!mark)
         return tool_err(t, "the built-in page has no token mark (a build error)");
     size_t before = (size_t)(mark - (const char *)a->data), mlen = strlen(TOKEN_MARK);
-    size_t tlen = strlen(s->token), after = a->len - before - mlen;
+    size_t tlen = s->token_file ? 0 : strlen(s->token), after = a->len - before - mlen;
     s->page_len = before + tlen + after;
     s->page = malloc(s->page_len);
     if (!s->page)
@@ -142,7 +209,7 @@ static void run(serve *s, const sigset_t *set)
 }
 
 static int parse_options(tool *t, serve *s, int argc, char **argv, const char **listen,
-                         char **hosts)
+                         char **hosts, const char **token_file)
 {
     static const struct option opts[] = {
         TOOL_COMMON_OPTS,
@@ -152,6 +219,7 @@ static int parse_options(tool *t, serve *s, int argc, char **argv, const char **
         {"dead", required_argument, NULL, 'n'},
         {"timeout", required_argument, NULL, 'T'},
         {"host", required_argument, NULL, 'H'},
+        {"admin-token-file", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0},
     };
     long long v;
@@ -164,6 +232,8 @@ static int parse_options(tool *t, serve *s, int argc, char **argv, const char **
             *listen = optarg;
         } else if (c == 'A') {
             s->admin = 1;
+        } else if (c == 'K') {
+            *token_file = optarg;
         } else if (c == 'i' || c == 'T') {
             const char *name = c == 'i' ? "--interval" : "--timeout";
             if (tool_parse_int(t, name, optarg, 3600, &v))
@@ -188,6 +258,8 @@ static int parse_options(tool *t, serve *s, int argc, char **argv, const char **
     if (optind < argc)
         return tool_usage(t, "unexpected argument \"%s\" (try 'pqmq serve --help')",
                           argv[optind]);
+    if (*token_file && !s->admin)
+        return tool_usage(t, "--admin-token-file goes with --admin");
     return 0;
 }
 
@@ -195,14 +267,27 @@ int cmd_serve(tool *t, int argc, char **argv)
 {
     serve s = {.t = t, .interval = 5, .dead_max = 100, .timeout = 15};
     char *hosts[MAX_HOSTS];
-    const char *listen = "127.0.0.1:9187";
-    int rc = parse_options(t, &s, argc, argv, &listen, hosts);
+    const char *listen = "127.0.0.1:9187", *token_file = NULL;
+    int rc = parse_options(t, &s, argc, argv, &listen, hosts, &token_file);
     if (rc)
         return rc < 0 ? EXIT_OK : rc;
     s.hosts = hosts;
     struct addrinfo *ai = NULL;
     if ((rc = parse_listen(t, listen, &ai)))
         return rc;
+    if (!is_loopback(ai->ai_addr))
+        fprintf(stderr,
+                "pqmq serve: warning: %s is not a loopback address: anyone who can reach it "
+                "reads the queue's figures and dead letters%s, with no login; put an "
+                "authenticating proxy in front and listen on 127.0.0.1 instead\n",
+                listen, s.admin ? " and can retry and skip" : "");
+    if (token_file) {
+        s.token_file = 1;
+        if ((rc = read_token_file(t, token_file, s.token, sizeof s.token))) {
+            freeaddrinfo(ai);
+            return rc;
+        }
+    }
     pthread_mutex_init(&s.db_lock, NULL);
     pthread_mutex_init(&s.snap_lock, NULL);
 
@@ -211,7 +296,7 @@ int cmd_serve(tool *t, int argc, char **argv)
     rc = tool_connect(t, TOOL_MIN_VERSION);
     if (!rc && !(s.schema = tool_current_schema(t)))
         rc = EXIT_ERR;
-    if (!rc)
+    if (!rc && !s.token_file)
         rc = make_token(t, s.token);
     if (!rc)
         rc = make_page(t, &s);

@@ -23,7 +23,7 @@ static void help(void)
            "every --interval seconds), with REMOVED/S: messages completed or purged\n"
            "per second since the previous redraw. Stop it with Ctrl-C.\n\n"
            "      --interval S    redraw at least every S seconds (default 5)\n"
-           "      --count N       stop after N redraws (default: never)\n%s",
+           "      --count N       stop after N redraws, N >= 1 (default: never)\n%s",
            tool_common_help);
 }
 
@@ -115,6 +115,10 @@ int cmd_watch(tool *t, int argc, char **argv)
         } else if (c == 'c') {
             if (tool_parse_int(t, "--count", optarg, 1000000000, &count))
                 return EXIT_USAGE;
+            /* 0 would mean the default, never stop: not what it says. */
+            if (count == 0)
+                return tool_usage(t,
+                                  "--count: must be at least 1 (leave it out to never stop)");
         } else if (tool_common_opt(t, c, optarg)) {
             return EXIT_USAGE;
         }
@@ -160,6 +164,8 @@ int cmd_watch(tool *t, int argc, char **argv)
         rc = draw(t, channels, n, &prev, &prev_n, &prev_at);
         if (rc)
             break;
+        if (ferror(stdout) && tool_output_closed())
+            break; /* nobody reads: stop, as if the last redraw was counted */
     }
     tool_figures_free(prev, prev_n);
     return rc;

@@ -66,6 +66,10 @@ int tool_begin(tool *t);
 /* Commits the open transaction (rolls back a failed one); 0 or EXIT_ERR. */
 int tool_commit(tool *t);
 void tool_disconnect(tool *t);
+/* The error for a --schema that current_schema() does not select: no
+ * USAGE on it, or (followed by missing_hint, may be NULL) no such schema.
+ * Returns EXIT_ERR (printed). */
+int tool_schema_unusable(tool *t, const char *missing_hint);
 /* The schema the queue lives in (after tool_connect). Caller frees. */
 char *tool_current_schema(tool *t);
 
@@ -97,6 +101,10 @@ void out_display(FILE *f, const char *s);
 /* Number of display columns out_display uses for s. */
 size_t out_display_width(const char *s);
 int out_is_tty(FILE *f);
+/* Whether stdout's reader has gone (a closed pipe: `pqmq ... | head`).
+ * Writes then fail with EPIPE, SIGPIPE being ignored; main exits with the
+ * command's own status, and a command that loops stops. */
+int tool_output_closed(void);
 
 /* Payloads (payload_out.c): prints a message's payload for people,
  * indented by indent spaces: JSON pretty-printed (pretty is the server's
@@ -124,8 +132,10 @@ void tool_figures_free(tool_figures *f, size_t count);
 void tool_figures_table(FILE *f, const tool_figures *rows, size_t n, const double *rates);
 /* The JSON object of 'status --json': {"channels": [...], "total": {...}}. */
 void tool_figures_json(FILE *f, const tool_figures *rows, size_t n);
-/* The Prometheus text of 'pqmq metrics' (cmd_metrics.c). */
-void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n);
+/* The Prometheus text of 'pqmq metrics' (cmd_metrics.c). With tty set,
+ * channel names are escaped for a terminal (out_display) instead of for
+ * the format, which lets control characters through. */
+void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n, int tty);
 /* Fails (EXIT_ERR, printed) when a named channel is not among rows. */
 int tool_figures_check_named(const tool *t, char *const *channels, size_t n,
                              const tool_figures *rows, size_t count);

@@ -3,6 +3,8 @@
  * connection and the checks that give one clear line per error.
  */
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,9 @@ static void usage(FILE *f)
     fprintf(f, "\n'pqmq COMMAND --help' describes a command; see also pqmq(1).\n");
 }
 
+/* Messages name channels, keys and schemas that any producer chose: their
+ * control characters reach the terminal as \xHH, never raw, and the
+ * message stays one line. */
 static void vsay(const tool *t, const char *fmt, va_list ap)
 {
     if (t && t->errbuf && t->errbuf_size) {
@@ -53,11 +58,19 @@ static void vsay(const tool *t, const char *fmt, va_list ap)
         vsnprintf(t->errbuf, t->errbuf_size, fmt, copy);
         va_end(copy);
     }
+    char msg[2048];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     if (t && t->cmd)
         fprintf(stderr, "pqmq %s: ", t->cmd);
     else
         fprintf(stderr, "pqmq: ");
-    vfprintf(stderr, fmt, ap);
+    for (const char *p = msg; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c < 0x20 || c == 0x7f)
+            fprintf(stderr, "\\x%02x", c);
+        else
+            fputc(c, stderr);
+    }
     fputc('\n', stderr);
 }
 
@@ -172,6 +185,28 @@ static char *queue_schemas(tool *t)
     return s;
 }
 
+/* Why --schema selected nothing: current_schema() skips a schema the role
+ * has no USAGE on, as it skips a missing one, and the two need different
+ * fixes. Prints the reason; returns EXIT_ERR. */
+int tool_schema_unusable(tool *t, const char *missing_hint)
+{
+    const char *p[1] = {t->schema};
+    PGresult *r = tool_query(t,
+                             "SELECT pg_catalog.has_schema_privilege(oid, 'USAGE') "
+                             "FROM pg_catalog.pg_namespace "
+                             "WHERE nspname OPERATOR(pg_catalog.=) $1",
+                             1, p);
+    int exists = r && PQntuples(r) == 1, usable = exists && PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    if (exists && !usable)
+        return tool_err(t,
+                        "permission denied for schema \"%s\": this role has no USAGE on "
+                        "it (the queue's owner grants a duty with mq_grant)",
+                        t->schema);
+    return tool_err(t, "schema \"%s\" does not exist%s", t->schema,
+                    missing_hint ? missing_hint : "");
+}
+
 /* Is the queue in the current schema migrated to min_version? The version
  * comes from the table for its owner and from mq_schema_version() for the
  * roles of the duties, which have no rights on the tables. */
@@ -189,7 +224,7 @@ static int check_schema(tool *t, int min_version)
         return EXIT_ERR;
     int rc = 0, how = atoi(PQgetvalue(r, 0, 1));
     if (PQgetisnull(r, 0, 0)) {
-        rc = t->schema ? tool_err(t, "schema \"%s\" does not exist", t->schema)
+        rc = t->schema ? tool_schema_unusable(t, NULL)
                        : tool_err(t, "no schema on the search_path (use --schema)");
     } else if (how == 0) {
         char *others = queue_schemas(t);
@@ -363,9 +398,23 @@ static void tool_env_defaults(tool *t)
     t->schema = env("PQMQ_SCHEMA");
 }
 
+/* Did the reader of stdout go away (`pqmq ... | head`)? A pipe whose
+ * reading end is closed polls as POLLERR. */
+int tool_output_closed(void)
+{
+    if (ferror(stdout) && errno == EPIPE)
+        return 1;
+    struct pollfd p = {.fd = fileno(stdout), .events = 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLERR);
+}
+
 int main(int argc, char **argv)
 {
     tool t = {0};
+    /* A reader that stops early (`pqmq dead | head`) must not kill the
+     * command in the middle of its transaction: writes fail with EPIPE
+     * instead, and the command finishes what it was doing. */
+    signal(SIGPIPE, SIG_IGN);
     tool_env_defaults(&t);
     static const struct option opts[] = {
         TOOL_COMMON_OPTS,
@@ -413,8 +462,12 @@ int main(int argc, char **argv)
         if (tool_commit(&t) && rc == EXIT_OK)
             rc = EXIT_ERR;
         tool_disconnect(&t);
-        if (fflush(stdout) != 0 && rc == EXIT_OK)
-            rc = tool_err(&t, "cannot write the output: %s", strerror(errno));
+        errno = 0;
+        /* Output nobody reads any more is not an error: the reader has
+         * what it wanted. */
+        if ((fflush(stdout) != 0 || ferror(stdout)) && rc == EXIT_OK && !tool_output_closed())
+            rc = tool_err(&t, "cannot write the output: %s",
+                          errno ? strerror(errno) : "write error");
         return rc;
     }
     return tool_usage(&t, "unknown command \"%s\" (try 'pqmq --help')", name);

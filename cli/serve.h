@@ -51,8 +51,9 @@ typedef struct serve {
     char *schema;       /* the queue's schema, for the page */
     char *const *hosts; /* --host names accepted in Host, besides IP */
     size_t nhosts;      /* literals and localhost */
-    char token[65];     /* the CSRF token, hex */
-    char *page;         /* index.html with the token in place */
+    char token[129];    /* the CSRF token: hex, or --admin-token-file's */
+    int token_file;     /* the token is the file's: the page does not carry it */
+    char *page;         /* index.html, with the token in place unless token_file */
     size_t page_len;
 
     pthread_mutex_t db_lock;

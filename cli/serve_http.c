@@ -11,15 +11,23 @@
  *
  * Every request but /metrics must name an accepted Host (an IP literal,
  * localhost or a --host name), so a page on another site that rebinds its
- * DNS name to this address gets nothing. A POST must also come from this
- * origin (Origin equal to Host, Sec-Fetch-Site same-origin when sent) and
- * carry the per-process token of the page in X-Pqmq-Token.
+ * DNS name to this address gets nothing; a request without a Host is
+ * refused too. A POST must also come from this origin (Origin equal to
+ * Host, Sec-Fetch-Site same-origin when sent) and carry the token in
+ * X-Pqmq-Token: the page's, or with --admin-token-file the file's.
  *
- * One thread per connection, at most CONN_LIMIT of them (PER_IP_LIMIT from
- * one address), each dropped after --timeout seconds without progress: a
- * client that sends half a request holds one thread for that long and
- * blocks nobody else. Request line and headers must fit in MEMORY_LIMIT
- * (libmicrohttpd answers 431 otherwise), a POST body in BODY_MAX.
+ * One thread per connection, at most CONN_LIMIT of them, each dropped
+ * after --timeout seconds without progress. Every local process can
+ * connect, and can hold connections open by sending half a request, from
+ * as many loopback addresses as it likes: so no per-address share, but
+ * once KEEP_LIMIT connections are open, each new one closes the connection
+ * that has waited longest for its next request (conn_notify). A client
+ * that holds connections cannot lock out the next one, /metrics and
+ * /healthz included: that one is the newest, and sends its request at once.
+ * Only a POST may have a body (the admin actions, after their checks), so
+ * no request stays in progress for longer than its answer takes to write.
+ * Request line and headers must fit in MEMORY_LIMIT (libmicrohttpd answers
+ * 431 otherwise), a POST body in BODY_MAX.
  */
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -27,13 +35,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
+
+#include <sys/socket.h>
 
 #include <microhttpd.h>
 
 #include "serve.h"
 
 #define CONN_LIMIT 64
-#define PER_IP_LIMIT 32
+#define KEEP_LIMIT 48 /* the rest: room while the closed ones wind down */
 #define MEMORY_LIMIT (32 * 1024)
 #define BODY_MAX (16 * 1024)
 #define STACK_SIZE (512 * 1024)
@@ -62,6 +73,106 @@ typedef struct {
     size_t len;
     int too_big;
 } request;
+
+/* An open connection, as conn_notify sees it (under
+ * conn_lock): whether a request is being answered on it, and since when
+ * it has waited for one. */
+typedef struct conn {
+    int fd; /* the socket, read at the start: another thread's connection
+             * info is not ours to ask (libmicrohttpd answers in a buffer of
+             * the connection's) */
+    struct conn *prev, *next;
+    double waiting_since;
+    int busy;
+} conn;
+
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+static conn *conns; /* newest first */
+static size_t nconns;
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Marks c's connection busy (its request is read, the answer under way) or
+ * waiting again (the answer is sent). */
+static void conn_mark(struct MHD_Connection *c, int busy)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (!ci || !ci->socket_context)
+        return;
+    conn *k = ci->socket_context;
+    pthread_mutex_lock(&conn_lock);
+    k->busy = busy;
+    k->waiting_since = mono_now();
+    pthread_mutex_unlock(&conn_lock);
+}
+
+/* The connection to close for a new one: the one waiting longest for a
+ * request, else (all busy) the oldest busy one. conn_lock held. */
+static conn *conn_victim(const conn *fresh)
+{
+    conn *best = NULL;
+    for (conn *k = conns; k; k = k->next) {
+        if (k == fresh)
+            continue;
+        if (!best || (best->busy && !k->busy) ||
+            (best->busy == k->busy && k->waiting_since < best->waiting_since))
+            best = k;
+    }
+    return best;
+}
+
+static void conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                        enum MHD_ConnectionNotificationCode code)
+{
+    (void)cls;
+    conn *k = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (!k)
+            return;
+        /* libmicrohttpd closes the socket after this call: under conn_lock
+         * no shutdown below can reach a descriptor that was reused. */
+        pthread_mutex_lock(&conn_lock);
+        if (k->prev)
+            k->prev->next = k->next;
+        else
+            conns = k->next;
+        if (k->next)
+            k->next->prev = k->prev;
+        nconns--;
+        pthread_mutex_unlock(&conn_lock);
+        free(k);
+        *socket_context = NULL;
+        return;
+    }
+    k = calloc(1, sizeof *k);
+    if (!k)
+        return; /* untracked: never chosen to close */
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    k->fd = ci ? ci->connect_fd : -1;
+    k->waiting_since = mono_now();
+    *socket_context = k;
+    pthread_mutex_lock(&conn_lock);
+    k->next = conns;
+    if (conns)
+        conns->prev = k;
+    conns = k;
+    if (++nconns > KEEP_LIMIT) {
+        conn *victim = conn_victim(k);
+        /* Its thread sees the end of the stream and closes it. */
+        if (victim && victim->fd >= 0)
+            shutdown(victim->fd, SHUT_RDWR);
+        if (victim) /* not chosen again while it winds down */
+            victim->waiting_since = mono_now() + 1e9;
+    }
+    pthread_mutex_unlock(&conn_lock);
+}
 
 static int find_route(const char *url, route *r)
 {
@@ -147,12 +258,12 @@ static enum MHD_Result refuse(struct MHD_Connection *c, const char *url, unsigne
 }
 
 /* Host names a page of another site cannot be served under: IP literals,
- * localhost, and what --host accepts. No Host (HTTP/1.0): nothing to
- * rebind. */
+ * localhost, and what --host accepts. A request without one (HTTP/1.0, or
+ * an empty value) names nothing that can be checked: refused. */
 static int host_ok(const serve *s, const char *host)
 {
-    if (!host)
-        return 1;
+    if (!host || !*host)
+        return 0;
     char name[256];
     unsigned char addr[16];
     if (host[0] == '[') {
@@ -282,7 +393,9 @@ static int post_refused(serve *s, struct MHD_Connection *c, const char *url,
     } else if (site && strcmp(site, "same-origin") != 0) {
         why = "not sent by this server's page (Sec-Fetch-Site)";
     } else if (!token_ok(s, header(c, TOKEN_HEADER))) {
-        why = "missing or wrong " TOKEN_HEADER " (reload the page)";
+        why = s->token_file ? "missing or wrong " TOKEN_HEADER " (the first line of the "
+                              "--admin-token-file)"
+                            : "missing or wrong " TOKEN_HEADER " (reload the page)";
     } else if (!type || strncasecmp(type, FORM_TYPE, strlen(FORM_TYPE)) != 0) {
         status = 415;
         why = "the body must be " FORM_TYPE;
@@ -349,9 +462,10 @@ static enum MHD_Result accept_request(serve *s, struct MHD_Connection *c, const 
                       "not found (the dashboard is at /, metrics at /metrics)");
     if (r.kind != R_METRICS && !host_ok(s, header(c, "Host")))
         return refuse(c, url, 403, NULL,
-                      "Host not accepted: use an IP address or localhost, or start pqmq "
-                      "serve with --host NAME");
+                      "Host not accepted (or missing): use an IP address or localhost, or "
+                      "start pqmq serve with --host NAME");
     int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    const char *length = header(c, "Content-Length");
     if (r.kind == R_ACTION) {
         if (strcmp(method, "POST") != 0)
             return refuse(c, url, 405, "POST", "%s: use POST", url);
@@ -360,12 +474,17 @@ static enum MHD_Result accept_request(serve *s, struct MHD_Connection *c, const 
             return ret;
     } else if (!is_get) {
         return refuse(c, url, 405, "GET, HEAD", "%s: use GET", url);
+    } else if (header(c, "Transfer-Encoding") || (length && strtoull(length, NULL, 10) > 0)) {
+        /* A body would keep the request in progress for as long as its
+         * sender trickles it: only the admin actions take one. */
+        return refuse(c, url, 413, NULL, "%s: a GET has no body", url);
     }
     request *rq = calloc(1, sizeof *rq);
     if (!rq)
         return MHD_NO;
     rq->r = r;
     *con_cls = rq;
+    conn_mark(c, 1);
     return MHD_YES;
 }
 
@@ -391,7 +510,6 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe)
 {
     (void)cls;
-    (void)c;
     (void)toe;
     request *rq = *con_cls;
     if (rq) {
@@ -399,6 +517,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
         free(rq);
         *con_cls = NULL;
     }
+    conn_mark(c, 0);
 }
 
 static void logger(void *cls, const char *fmt, va_list ap)
@@ -434,11 +553,11 @@ int serve_http_start(serve *s, const void *addr, size_t addrlen)
     s->daemon = MHD_start_daemon(
         flags, 0, NULL, NULL, handle, s, MHD_OPTION_EXTERNAL_LOGGER, logger, s,
         MHD_OPTION_SOCK_ADDR, sa, MHD_OPTION_CONNECTION_LIMIT, (unsigned)CONN_LIMIT,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_IP_LIMIT,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)MEMORY_LIMIT, MHD_OPTION_THREAD_STACK_SIZE, (size_t)STACK_SIZE,
-        MHD_OPTION_STRICT_FOR_CLIENT, (int)1, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
-        MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes, NULL, MHD_OPTION_END);
+        MHD_OPTION_NOTIFY_CONNECTION, conn_notify, s, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)s->timeout, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)MEMORY_LIMIT,
+        MHD_OPTION_THREAD_STACK_SIZE, (size_t)STACK_SIZE, MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_UNESCAPE_CALLBACK, keep_escapes,
+        NULL, MHD_OPTION_END);
     return s->daemon ? 0 : EXIT_ERR;
 }
 

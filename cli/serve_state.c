@@ -99,7 +99,7 @@ int serve_render_metrics(const serve *s, FILE *f)
                 s->error ? s->error : "no sample yet");
         return -1;
     }
-    tool_metrics_print(f, s->rows, s->nrows);
+    tool_metrics_print(f, s->rows, s->nrows, 0);
     return 0;
 }
 

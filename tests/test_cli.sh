@@ -286,6 +286,7 @@ run 0 retry "$dead1"
 has out "retried $dead1"
 [[ $(sql "SELECT dead_since IS NULL AND attempts = 1 FROM mq_msgs WHERE id = '$dead1'") == t ]] \
     || fail "retry did not revive the message"
+# The message is live now: retrying it does nothing, and says so.
 run 1 retry "$dead1"
 has err "$dead1: no dead message with this id"
 one_line
@@ -350,6 +351,61 @@ fi
 # --- metrics (the format itself is parsed by test_metrics) ---------------------
 run 0 metrics
 has out "# TYPE pqmq_messages gauge" 'pqmq_messages{channel="chain",state="ready"} 1'
+
+# --- control characters: a producer's channel name cannot drive the terminal ---
+esc=$'\033'
+run 0 send $'evil\033]0;owned\a\033[2J' ping
+run 0 status
+grep -q "$esc" "$work/out" && fail "status wrote a raw ESC"
+has out 'evil\x1b]0;owned\x07\x1b[2J'
+run 1 status $'gone\033[2J'
+grep -q "$esc" "$work/err" && fail "an error message wrote a raw ESC"
+has err 'unknown channel "gone\x1b[2J"'
+one_line
+run 0 send --key $'k\033[2J' keyed ping
+run 0 send --key $'k\033[2J' keyed ping
+grep -q "$esc" "$work/err" && fail "send's key line wrote a raw ESC"
+has err 'key "k\x1b[2J" is held by'
+# metrics: exact for Prometheus when redirected, escaped on a terminal.
+run 0 metrics
+grep -qF "channel=\"evil$esc]0;owned"$'\a'"$esc[2J\"" "$work/out" \
+    || fail "metrics to a file changed the channel name: $(grep evil "$work/out" | head -1)"
+if command -v script >/dev/null 2>&1; then
+    script -qec "'$pqmq_bin' -d '$PQMQ_TEST_DSN' --schema $schema metrics" /dev/null \
+        >"$work/out" 2>&1 </dev/null
+    grep -q "$esc" "$work/out" && fail "metrics on a terminal wrote a raw ESC"
+    has out 'channel="evil\x1b]0;owned\x07\x1b[2J"'
+fi
+# A schema name with a newline stays inside the comment of migrate --sql.
+nl_schema="cli_nl_$$"$'\n'"SELECT 'injected'"
+psql -X -q -d "$PQMQ_TEST_DSN" -c "CREATE SCHEMA \"$nl_schema\"" >/dev/null \
+    || fail "cannot create the schema with a newline"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$nl_schema" migrate --sql >"$work/out" 2>"$work/err"
+grep -q "^SELECT 'injected'" "$work/out" && fail "migrate --sql: a schema name ended its comment"
+has out "for schema \"cli_nl_$$\\nSELECT 'injected'\""
+psql -X -q -d "$PQMQ_TEST_DSN" -c "DROP SCHEMA \"$nl_schema\"" >/dev/null
+
+# --- a reader that stops early: no SIGPIPE death (exit 141) ------------------
+# The reader is gone before pqmq writes (it waits first), so every write
+# fails; the command still finishes and exits 0.
+( sleep 0.5; exec "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" metrics ) | true
+rc=${PIPESTATUS[0]}
+[[ $rc == 0 ]] || fail "metrics into a closed pipe exited $rc, expected 0"
+( sleep 0.5; exec "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" send piped ping ) | true
+rc=${PIPESTATUS[0]}
+[[ $rc == 0 ]] || fail "send into a closed pipe exited $rc, expected 0"
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'piped'") == 1 ]] \
+    || fail "send into a closed pipe did not insert its message"
+# watch stops when its reader does (head takes the first line and exits).
+timeout 30 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" watch --interval 1 \
+    | head -n 1 >/dev/null
+rc=${PIPESTATUS[0]}
+[[ $rc == 0 ]] || fail "watch | head exited $rc, expected 0 (124: it never stopped)"
+timeout 20 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" watch --count 0 --interval 1 \
+    >/dev/null 2>"$work/err"
+rc=$?
+[[ $rc == 2 ]] || fail "watch --count 0 exited $rc, expected 2 (124: it never stopped)"
+has err "--count: must be at least 1"
 
 # --- watch: redrawn by a notification, not by its (hour-long) interval ---------
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" watch --count 2 --interval 3600 \

@@ -9,9 +9,11 @@
 #     after all of them; options and start-up errors; SIGTERM stops it;
 #   - in headless Chromium (tests/webdriver.sh): the page's counts match
 #     the queue, a Retry click moves a dead letter back, a Skip click
-#     releases a blocked chain, and a read-only server shows no buttons and
-#     refuses the same POST from its page. It saves a screenshot to
-#     $PQMQ_SCREENSHOT (default tests/dashboard.png in the build tree);
+#     releases a blocked chain, a read-only server shows no buttons and
+#     refuses the same POST from its page, and with --admin-token-file the
+#     page carries no token and acts with the one its tab holds. It saves a
+#     screenshot to $PQMQ_SCREENSHOT (default tests/dashboard.png in the
+#     build tree);
 #     docs/images/dashboard.png is one such.
 #
 # Skips (77) without PQMQ_TEST_DSN, in a build without libmicrohttpd, or
@@ -448,8 +450,35 @@ grep -qF '403 read-only' "$work/ro" || fail "the read-only server did not refuse
 [[ $(sql "SELECT dead_since IS NOT NULL FROM mq_msgs WHERE id = '$ro_dead'") == t ]] \
     || fail "a read-only server changed the queue"
 
-# --- SIGTERM stops both cleanly ----------------------------------------------
-echo "== SIGTERM stops both cleanly (at ${SECONDS}s)"
+# --- --admin-token-file: the page carries no token, the tab's own works ------
+echo "== --admin-token-file from the page (at ${SECONDS}s)"
+secret=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+(umask 077 && printf '%s\n' "$secret" >"$work/admin-token")
+start_server tokenfile --admin --admin-token-file "$work/admin-token"
+wd_open "http://127.0.0.1:$port/" || fail "cannot open the token-file page"
+[[ $(wd_js 'return document.querySelector("meta[name=pqmq-token]").content') == '""' ]] \
+    || fail "the token-file page carries a token"
+retry_button="#dead tr[data-id=\"$ro_dead\"] button[data-action=\"retry\"]"
+wd_wait 'return document.querySelector(arguments[0]) !== null' "$retry_button" \
+    || fail "the token-file page shows no Retry button"
+# (The page asks with prompt() when the tab holds no token; the test puts
+# one where the answer is kept.)
+wd_js 'sessionStorage.setItem("pqmq-admin-token", "wrong-token-of-at-least-32-chars"); return 1' \
+    >/dev/null
+wd_click "$retry_button" || fail "clicking Retry: $WD_WHY"
+wd_wait 'return document.body.dataset.lastAction === arguments[0]' "403 retry $ro_dead" \
+    || fail "a wrong token was not refused"
+[[ $(wd_js 'return sessionStorage.getItem("pqmq-admin-token")') == null ]] \
+    || fail "the page kept a refused token"
+wd_js 'sessionStorage.setItem("pqmq-admin-token", arguments[0]); return 1' "$secret" >/dev/null
+wd_click "$retry_button" || fail "clicking Retry: $WD_WHY"
+wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 retry $ro_dead" \
+    || fail "the file's token did not retry: $(wd_js 'return document.getElementById("notice").textContent')"
+[[ $(sql "SELECT dead_since IS NULL FROM mq_msgs WHERE id = '$ro_dead'") == t ]] \
+    || fail "the retry with the file's token did not move the dead letter"
+
+# --- SIGTERM stops every server cleanly ---------------------------------------
+echo "== SIGTERM stops every server cleanly (at ${SECONDS}s)"
 wd_stop
 for p in "${pids[@]}"; do
     kill -TERM "$p"

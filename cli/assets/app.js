@@ -1,10 +1,22 @@
 // pqmq serve's dashboard: polls /api/state and draws it. Every value from
 // the queue (channel names, args, errors) goes into the page as text, never
-// as markup. Retry and skip are POSTs carrying the page's token.
+// as markup. Retry and skip are POSTs carrying the page's token; a server
+// started with --admin-token-file serves no token, and the page asks for it
+// (kept for this tab only, in sessionStorage).
 'use strict';
 
 (function () {
-  const token = document.querySelector('meta[name="pqmq-token"]').content;
+  const served = document.querySelector('meta[name="pqmq-token"]').content;
+  const TOKEN_KEY = 'pqmq-admin-token';
+  function token() {
+    if (served) return served;
+    let t = sessionStorage.getItem(TOKEN_KEY);
+    if (!t) {
+      t = window.prompt('Admin token (the first line of the --admin-token-file):') || '';
+      if (t) sessionStorage.setItem(TOKEN_KEY, t);
+    }
+    return t;
+  }
   const $ = (id) => document.getElementById(id);
   const SVG = 'http://www.w3.org/2000/svg';
   let interval = 5;
@@ -263,10 +275,11 @@
     try {
       const r = await fetch('/api/' + action, {
         method: 'POST',
-        headers: { 'X-Pqmq-Token': token },
+        headers: { 'X-Pqmq-Token': token() },
         body: new URLSearchParams({ id: id }),
       });
       const j = await r.json();
+      if (r.status === 403 && !served) sessionStorage.removeItem(TOKEN_KEY); // ask again
       if (!r.ok) text = (action === 'retry' ? 'Retry' : 'Skip') + ' refused: ' + j.error;
       else if (j.done === 0) text = id + ': nothing to ' + action + ' (already moved on?)';
       else text = (action === 'retry' ? 'Retried ' : 'Skipped ') + id;
