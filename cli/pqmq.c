@@ -53,12 +53,8 @@ static void vsay(const tool *t, const char *fmt, va_list ap)
         vsnprintf(t->errbuf, t->errbuf_size, fmt, copy);
         va_end(copy);
     }
-    if (t && t->cmd)
-        fprintf(stderr, "pqmq %s: ", t->cmd);
-    else
-        fprintf(stderr, "pqmq: ");
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    if (!t || !t->quiet)
+        tool_vlog(t, stderr, "error", fmt, ap);
 }
 
 int tool_err(const tool *t, const char *fmt, ...)
