@@ -27,7 +27,8 @@
 static void help(void)
 {
     printf("usage: pqmq serve [--listen ADDRESS:PORT] [--admin [--admin-token-file PATH]]\n"
-           "                  [--interval S] [--dead N] [--timeout S] [--host NAME]...\n\n"
+           "                  [--interval S] [--dead N] [--timeout S] [--host NAME]...\n"
+           "                  [--log-format text|json]\n\n"
            "Serves a web dashboard of the queue (channels and their states, the\n"
            "oldest ready message's age, completions per second over the last\n"
            "%d minutes, dead letters and the chain heads that block) at /, and\n"
@@ -47,7 +48,9 @@ static void help(void)
            "      --dead N        dead letters shown, oldest first (default 100)\n"
            "      --timeout S     drop a connection idle this long (default 15)\n"
            "      --host NAME     accept this name in the Host header (repeatable;\n"
-           "                      IP addresses and localhost always are)\n%s",
+           "                      IP addresses and localhost always are)\n"
+           "      --log-format F  text (default) or json: one JSON object a line\n"
+           "                      (time, level, cmd, msg) on stdout and stderr\n%s",
            SERVE_HISTORY_SECONDS / 60, tool_common_help);
 }
 
@@ -178,16 +181,24 @@ static int make_page(tool *t, serve *s)
     return 0;
 }
 
-static void print_address(const struct addrinfo *ai, unsigned port, int admin,
+/* One info line on f, as tool_log writes them. */
+static void say(const tool *t, FILE *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    tool_vlog(t, f, "info", fmt, ap);
+    va_end(ap);
+}
+
+/* The listening line goes to stdout: scripts read the port from it. */
+static void print_address(const tool *t, const struct addrinfo *ai, unsigned port, int admin,
                           const char *schema)
 {
     char host[NI_MAXHOST] = "?";
     getnameinfo(ai->ai_addr, ai->ai_addrlen, host, sizeof host, NULL, 0, NI_NUMERICHOST);
     int v6 = ai->ai_family == AF_INET6;
-    printf("pqmq serve: listening on http://%s%s%s:%u/ (%s), queue in schema \"%s\"\n",
-           v6 ? "[" : "", host, v6 ? "]" : "", port, admin ? "admin" : "read-only",
-           schema ? schema : "?");
-    fflush(stdout);
+    say(t, stdout, "listening on http://%s%s%s:%u/ (%s), queue in schema \"%s\"", v6 ? "[" : "",
+        host, v6 ? "]" : "", port, admin ? "admin" : "read-only", schema ? schema : "?");
 }
 
 /* Samples every interval seconds until a signal in set arrives. */
@@ -197,7 +208,7 @@ static void run(serve *s, const sigset_t *set)
         struct timespec wait = {.tv_sec = s->interval};
         int sig = sigtimedwait(set, NULL, &wait);
         if (sig > 0) {
-            fprintf(stderr, "pqmq serve: stopping on signal %d\n", sig);
+            tool_log(s->t, "info", "stopping on signal %d", sig);
             return;
         }
         if (errno != EAGAIN)
@@ -220,6 +231,7 @@ static int parse_options(tool *t, serve *s, int argc, char **argv, const char **
         {"timeout", required_argument, NULL, 'T'},
         {"host", required_argument, NULL, 'H'},
         {"admin-token-file", required_argument, NULL, 'K'},
+        {"log-format", required_argument, NULL, 'L'},
         {NULL, 0, NULL, 0},
     };
     long long v;
@@ -251,6 +263,10 @@ static int parse_options(tool *t, serve *s, int argc, char **argv, const char **
             if (!*optarg || strchr(optarg, ':'))
                 return tool_usage(t, "--host: \"%s\" is not a host name", optarg);
             hosts[s->nhosts++] = optarg;
+        } else if (c == 'L') {
+            if (strcmp(optarg, "text") != 0 && strcmp(optarg, "json") != 0)
+                return tool_usage(t, "--log-format: \"%s\" is not text or json", optarg);
+            t->log_json = optarg[0] == 'j';
         } else if (tool_common_opt(t, c, optarg)) {
             return EXIT_USAGE;
         }
@@ -276,11 +292,11 @@ int cmd_serve(tool *t, int argc, char **argv)
     if ((rc = parse_listen(t, listen, &ai)))
         return rc;
     if (!is_loopback(ai->ai_addr))
-        fprintf(stderr,
-                "pqmq serve: warning: %s is not a loopback address: anyone who can reach it "
-                "reads the queue's figures and dead letters%s, with no login; put an "
-                "authenticating proxy in front and listen on 127.0.0.1 instead\n",
-                listen, s.admin ? " and can retry and skip" : "");
+        tool_log(t, "warning",
+                 "%s is not a loopback address: anyone who can reach it reads the queue's "
+                 "figures and dead letters%s, with no login; put an authenticating proxy in "
+                 "front and listen on 127.0.0.1 instead",
+                 listen, s.admin ? " and can retry and skip" : "");
     if (token_file) {
         s.token_file = 1;
         if ((rc = read_token_file(t, token_file, s.token, sizeof s.token))) {
@@ -314,7 +330,7 @@ int cmd_serve(tool *t, int argc, char **argv)
     if (!rc && serve_http_start(&s, ai->ai_addr, ai->ai_addrlen))
         rc = tool_err(t, "cannot listen on %s (the line above says why)", listen);
     if (!rc) {
-        print_address(ai, serve_http_port(&s), s.admin, s.schema);
+        print_address(t, ai, serve_http_port(&s), s.admin, s.schema);
         run(&s, &set);
         serve_http_stop(&s);
     }

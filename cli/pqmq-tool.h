@@ -9,6 +9,7 @@
 #ifndef PQMQ_TOOL_H
 #define PQMQ_TOOL_H
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stddef.h>
 
@@ -30,7 +31,16 @@ typedef struct {
     PGconn *conn;        /* borrowed from client */
     char *errbuf;        /* when set, tool_err and tool_usage also keep their */
     size_t errbuf_size;  /* last message here (pqmq serve answers with it) */
+    int quiet;           /* tool_err and tool_usage keep the message, print nothing */
+    int log_json;        /* lines as JSON objects (serve --log-format json) */
 } tool;
+
+/* log.c: one line for the operator on f: "pqmq CMD: message", or with
+ * log_json a JSON object with time, level ("error", "warning", "info"), cmd
+ * and msg. Safe from several threads. */
+void tool_vlog(const tool *t, FILE *f, const char *level, const char *fmt, va_list ap);
+void tool_log(const tool *t, const char *level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* One line "pqmq CMD: message" on stderr. Return EXIT_ERR / EXIT_USAGE. */
 int tool_err(const tool *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -58,20 +58,8 @@ static void vsay(const tool *t, const char *fmt, va_list ap)
         vsnprintf(t->errbuf, t->errbuf_size, fmt, copy);
         va_end(copy);
     }
-    char msg[2048];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    if (t && t->cmd)
-        fprintf(stderr, "pqmq %s: ", t->cmd);
-    else
-        fprintf(stderr, "pqmq: ");
-    for (const char *p = msg; *p; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c < 0x20 || c == 0x7f)
-            fprintf(stderr, "\\x%02x", c);
-        else
-            fputc(c, stderr);
-    }
-    fputc('\n', stderr);
+    if (!t || !t->quiet)
+        tool_vlog(t, stderr, "error", fmt, ap);
 }
 
 int tool_err(const tool *t, const char *fmt, ...)

@@ -77,7 +77,7 @@ typedef struct serve {
 int serve_connect(serve *s);
 /* Reads the queue into the snapshot (reconnecting first when the connection
  * was lost). Call with db_lock held. Returns 0 or EXIT_ERR (the reason is in
- * the snapshot's error and on stderr). */
+ * the snapshot's error, logged when it starts or changes). */
 int serve_sample(serve *s);
 /* Write the snapshot; call with snap_lock held. metrics returns -1 (and
  * writes the reason) when there is no good current sample. */

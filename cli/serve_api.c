@@ -159,12 +159,12 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
         status = failure_status(s, rc);
         const char *msg = s->t->client ? tool_first_line(pqmq_errmsg(s->t->client))
                                        : "no connection to the server";
-        fprintf(stderr, "pqmq serve: %s of %zu message%s from %s refused: %s\n", action, f->n,
-                f->n == 1 ? "" : "s", peer, msg);
+        tool_log(s->t, "warning", "%s of %zu message%s from %s refused: %s", action, f->n,
+                 f->n == 1 ? "" : "s", peer, msg);
         answer_error(out, status, msg);
     } else {
-        fprintf(stderr, "pqmq serve: %s of %zu message%s from %s: %zu done\n", action, f->n,
-                f->n == 1 ? "" : "s", peer, done);
+        tool_log(s->t, "info", "%s of %zu message%s from %s: %zu done", action, f->n,
+                 f->n == 1 ? "" : "s", peer, done);
         fprintf(out, "{\"action\": \"%s\", \"asked\": %zu, \"done\": %zu}\n", action, f->n,
                 done);
         serve_sample(s);

@@ -407,7 +407,7 @@ static int post_refused(serve *s, struct MHD_Connection *c, const char *url,
         return 0;
     char peer[64];
     peer_of(c, peer, sizeof peer);
-    fprintf(stderr, "pqmq serve: POST %s from %s refused: %s\n", url, peer, why);
+    tool_log(s->t, "warning", "POST %s from %s refused: %s", url, peer, why);
     *ret = refuse(c, url, status, NULL, "%s", why);
     return 1;
 }
@@ -522,12 +522,11 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 static void logger(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
-    fputs("pqmq serve: libmicrohttpd: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    size_t n = strlen(fmt);
-    if (n == 0 || fmt[n - 1] != '\n')
-        fputc('\n', stderr);
+    const serve *s = cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    tool_log(s->t, "warning", "libmicrohttpd: %s", line);
 }
 
 /* Paths are matched as sent, never unescaped: every route is plain ASCII,

@@ -52,8 +52,11 @@ int serve_sample(serve *s)
     size_t n = 0;
     pqmq_batch *dead = NULL;
 
+    /* A failure is logged once, when it starts or changes, and the recovery
+     * once: not a line every interval while the database is down. */
     s->t->errbuf = err;
     s->t->errbuf_size = sizeof err;
+    s->t->quiet = 1;
     int rc = serve_connect(s);
     if (!rc)
         rc = tool_begin(s->t);
@@ -66,12 +69,18 @@ int serve_sample(serve *s)
         rc = EXIT_ERR;
     s->t->errbuf = NULL;
     s->t->errbuf_size = 0;
+    s->t->quiet = 0;
 
     pthread_mutex_lock(&s->snap_lock);
+    const char *why = err[0] ? err : "cannot read the queue";
+    if (rc && (!s->error || strcmp(s->error, why) != 0))
+        tool_log(s->t, "error", "%s", why);
+    else if (!rc && s->error)
+        tool_log(s->t, "info", "reading the queue again");
     free(s->error);
     s->error = NULL;
     if (rc) {
-        s->error = strdup(err[0] ? err : "cannot read the queue");
+        s->error = strdup(why);
     } else {
         long long removed = 0;
         for (size_t i = 0; i < n; i++)

@@ -477,6 +477,38 @@ wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 retry $r
 [[ $(sql "SELECT dead_since IS NULL FROM mq_msgs WHERE id = '$ro_dead'") == t ]] \
     || fail "the retry with the file's token did not move the dead letter"
 
+# --- --log-format json: one JSON object a line; a failure logged once ------
+echo "== --log-format json (at ${SECONDS}s)"
+"$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$schema" serve --listen 127.0.0.1:0 --interval 1 \
+    --log-format json >"$work/json.out" 2>"$work/json.err" &
+pids+=($!)
+json_port=
+for _ in $(seq 100); do
+    json_port=$(jq -r 'select(.level == "info") | .msg' "$work/json.out" 2>/dev/null |
+        sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p')
+    [[ -n $json_port ]] && break
+    sleep 0.1
+done
+[[ -n $json_port ]] || fail "serve --log-format json printed no listening line: $(cat "$work/json.out")"
+curl -sS -o /dev/null -X POST "http://127.0.0.1:$json_port/api/retry" 2>/dev/null
+# The sample fails while mq_metrics is away: logged once, then its end.
+sql "ALTER FUNCTION mq_metrics(text[]) RENAME TO mq_metrics_away" >/dev/null
+sleep 3.5
+sql "ALTER FUNCTION mq_metrics_away(text[]) RENAME TO mq_metrics" >/dev/null
+sleep 2
+jq -e -s 'length > 0 and all(.[]; (.time | test("^[0-9-]{10}T[0-9:.]{12}Z$")) and .cmd == "serve"
+          and (.level | IN("error", "warning", "info")) and (.msg | type == "string"))' \
+    "$work/json.err" >/dev/null || fail "serve's JSON log lines are not all objects with time, level, cmd, msg: $(head -c 600 "$work/json.err")"
+jq -e -s 'any(.[]; .level == "warning" and (.msg | startswith("POST /api/retry from 127.0.0.1 refused")))' \
+    "$work/json.err" >/dev/null || fail "the refused POST is not logged as a JSON warning: $(cat "$work/json.err")"
+[[ $(jq -s '[.[] | select(.level == "error" and (.msg | contains("mq_metrics")))] | length' \
+    "$work/json.err") == 1 ]] \
+    || fail "a failure lasting several samples is not logged exactly once: $(cat "$work/json.err")"
+jq -e -s 'any(.[]; .level == "info" and .msg == "reading the queue again")' "$work/json.err" \
+    >/dev/null || fail "the recovery is not logged: $(cat "$work/json.err")"
+pqmq serve --log-format xml >/dev/null 2>"$work/err" && fail "--log-format xml was accepted"
+grep -qF -- '--log-format: "xml" is not text or json' "$work/err" || fail "--log-format xml: $(cat "$work/err")"
+
 # --- SIGTERM stops every server cleanly ---------------------------------------
 echo "== SIGTERM stops every server cleanly (at ${SECONDS}s)"
 wd_stop
