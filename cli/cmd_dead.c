@@ -40,12 +40,96 @@ static int parse_common_only(tool *t, int argc, char **argv, void (*help)(void))
 
 static void dead_help(void)
 {
-    printf("usage: pqmq dead [-n N] [CHANNEL...]\n\n"
+    printf("usage: pqmq dead [--json] [-n N] [CHANNEL...]\n\n"
            "Dead messages (out of attempts, never completed), oldest first: id,\n"
            "channel, args, name, deliveries made, whether it still blocks its ordered\n"
            "chain, and the last error. 'pqmq retry' or 'pqmq skip' moves them on.\n\n"
-           "  -n, --max N         at most N (default 100, at most 10000)\n%s",
+           "  -n, --max N         at most N (default 100, at most 10000)\n"
+           "      --json          one JSON object, for scripts\n%s",
            tool_common_help);
+}
+
+static const char *const dead_heads[] = {"ID",         "CHANNEL",  "ARGS",      "NAME",
+                                         "DELIVERIES", "BLOCKING", "LAST_ERROR"};
+
+/* A dead message's text columns, in dead_heads' order (deliveries and
+ * blocking apart). */
+static void dead_texts(const pqmq_job *j, char ids[37], const char *text[4])
+{
+    uuid_t id;
+    pqmq_job_id(j, id);
+    uuid_unparse_lower(id, ids);
+    text[0] = pqmq_job_channel(j);
+    text[1] = pqmq_job_args(j);
+    text[2] = pqmq_job_name(j);
+    text[3] = pqmq_job_last_error(j) ? pqmq_job_last_error(j) : "";
+}
+
+/* Columns padded to their widest value (as pqmq status prints), the last
+ * error last and unpadded: it may be long. */
+static void dead_table(FILE *f, pqmq_batch *b)
+{
+    size_t count = pqmq_batch_count(b), w[3];
+    for (int k = 0; k < 3; k++)
+        w[k] = strlen(dead_heads[k + 1]);
+    for (size_t i = 0; i < count; i++) {
+        char ids[37];
+        const char *text[4];
+        dead_texts(pqmq_batch_job(b, i), ids, text);
+        for (int k = 0; k < 3; k++)
+            if (out_display_width(text[k]) > w[k])
+                w[k] = out_display_width(text[k]);
+    }
+    fprintf(f, "%-36s %-*s %-*s %-*s %10s %-8s %s\n", dead_heads[0], (int)w[0], dead_heads[1],
+            (int)w[1], dead_heads[2], (int)w[2], dead_heads[3], dead_heads[4], dead_heads[5],
+            dead_heads[6]);
+    for (size_t i = 0; i < count; i++) {
+        const pqmq_job *j = pqmq_batch_job(b, i);
+        char ids[37];
+        const char *text[4];
+        dead_texts(j, ids, text);
+        fprintf(f, "%s", ids);
+        for (int k = 0; k < 3; k++) {
+            fputc(' ', f);
+            out_display(f, text[k]);
+            fprintf(f, "%*s", (int)(w[k] - out_display_width(text[k])), "");
+        }
+        /* No padding after the last value: no trailing blanks. */
+        fprintf(f, " %10d %-*s", pqmq_job_attempt(j), text[3][0] ? 8 : 0,
+                pqmq_job_blocking(j) ? "yes" : "no");
+        if (text[3][0]) {
+            fputc(' ', f);
+            out_display(f, text[3]);
+        }
+        fputc('\n', f);
+    }
+}
+
+static void dead_json(FILE *f, pqmq_batch *b)
+{
+    size_t count = pqmq_batch_count(b);
+    fputs("{\"dead\": [", f);
+    for (size_t i = 0; i < count; i++) {
+        const pqmq_job *j = pqmq_batch_job(b, i);
+        char ids[37];
+        const char *text[4];
+        dead_texts(j, ids, text);
+        fprintf(f, "%s{\"id\": \"%s\", \"channel\": ", i ? ",\n  " : "\n  ", ids);
+        out_json_str(f, text[0], strlen(text[0]));
+        fputs(", \"args\": ", f);
+        out_json_str(f, text[1], strlen(text[1]));
+        fputs(", \"name\": ", f);
+        out_json_str(f, text[2], strlen(text[2]));
+        fprintf(f,
+                ", \"deliveries\": %d, \"blocking\": %s, \"last_error\": ", pqmq_job_attempt(j),
+                pqmq_job_blocking(j) ? "true" : "false");
+        if (pqmq_job_last_error(j))
+            out_json_str(f, text[3], strlen(text[3]));
+        else
+            fputs("null", f);
+        fputc('}', f);
+    }
+    fprintf(f, "%s], \"count\": %zu}\n", count ? "\n " : "", count);
 }
 
 int cmd_dead(tool *t, int argc, char **argv)
@@ -53,10 +137,11 @@ int cmd_dead(tool *t, int argc, char **argv)
     static const struct option opts[] = {
         TOOL_COMMON_OPTS,
         {"max", required_argument, NULL, 'n'},
+        {"json", no_argument, NULL, 'j'},
         {NULL, 0, NULL, 0},
     };
     long long max = 100;
-    int c;
+    int c, json = 0;
     while ((c = getopt_long(argc, argv, TOOL_COMMON_SHORT "n:", opts, NULL)) != -1) {
         if (c == 'h') {
             dead_help();
@@ -64,6 +149,8 @@ int cmd_dead(tool *t, int argc, char **argv)
         } else if (c == 'n') {
             if (tool_parse_rows(t, optarg, &max))
                 return EXIT_USAGE;
+        } else if (c == 'j') {
+            json = 1;
         } else if (tool_common_opt(t, c, optarg)) {
             return EXIT_USAGE;
         }
@@ -79,27 +166,12 @@ int cmd_dead(tool *t, int argc, char **argv)
     rc =
         pqmq_dead_letters(t->client, n ? (const char *const *)channels : NULL, n, (int)max, &b);
     if (rc)
-        return tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
-    size_t count = pqmq_batch_count(b);
-    if (count)
-        printf("ID\tCHANNEL\tARGS\tNAME\tDELIVERIES\tBLOCKING\tLAST_ERROR\n");
-    for (size_t i = 0; i < count; i++) {
-        const pqmq_job *j = pqmq_batch_job(b, i);
-        uuid_t id;
-        char ids[37];
-        pqmq_job_id(j, id);
-        uuid_unparse_lower(id, ids);
-        printf("%s\t", ids);
-        out_display(stdout, pqmq_job_channel(j));
-        putchar('\t');
-        out_display(stdout, pqmq_job_args(j));
-        putchar('\t');
-        out_display(stdout, pqmq_job_name(j));
-        printf("\t%d\t%s\t", pqmq_job_attempt(j), pqmq_job_blocking(j) ? "yes" : "no");
-        out_display(stdout, pqmq_job_last_error(j) ? pqmq_job_last_error(j) : "");
-        putchar('\n');
-    }
-    if (count == 0)
+        return tool_err(t, "%s", tool_lib_error(pqmq_errmsg(t->client)));
+    if (json)
+        dead_json(stdout, b);
+    else if (pqmq_batch_count(b))
+        dead_table(stdout, b);
+    else
         fprintf(stderr, "pqmq dead: no dead messages\n");
     pqmq_batch_free(b);
     return EXIT_OK;
@@ -129,7 +201,7 @@ static int retry_all(tool *t, const char *channel, int retries)
         int rc = pqmq_dead_letters(t->client, channel ? chans : NULL, channel ? 1 : 0,
                                    PQMQ_MAX_BATCH, &b);
         if (rc)
-            return tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
+            return tool_err(t, "%s", tool_lib_error(pqmq_errmsg(t->client)));
         size_t n = pqmq_batch_count(b);
         uuid_t *ids = calloc(n ? n : 1, sizeof *ids);
         if (!ids) {
@@ -143,7 +215,7 @@ static int retry_all(tool *t, const char *channel, int retries)
         rc = n ? pqmq_retry(t->client, ids, n, retries, &done) : 0;
         free(ids);
         if (rc)
-            return tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
+            return tool_err(t, "%s", tool_lib_error(pqmq_errmsg(t->client)));
         total += done;
         /* A full page may have more behind it; a short one was the last. */
         if (n < PQMQ_MAX_BATCH || done == 0)
@@ -205,7 +277,7 @@ int cmd_retry(tool *t, int argc, char **argv)
     for (int i = 0; !rc && !all && i < nids; i++) {
         size_t done = 0;
         if (pqmq_retry(t->client, &ids[i], 1, (int)retries, &done)) {
-            rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
+            rc = tool_err(t, "%s", tool_lib_error(pqmq_errmsg(t->client)));
         } else if (done == 0) {
             rc = tool_err(t, "%s: no dead message with this id", argv[optind + i]);
         } else {
@@ -245,7 +317,7 @@ int cmd_skip(tool *t, int argc, char **argv)
     for (int i = 0; !rc && i < nids; i++) {
         size_t done = 0;
         if (pqmq_skip(t->client, &ids[i], 1, &done))
-            rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
+            rc = tool_err(t, "%s", tool_lib_error(pqmq_errmsg(t->client)));
         else if (done == 0)
             rc =
                 tool_err(t, "%s: no ordered message in a chain with this id", argv[optind + i]);

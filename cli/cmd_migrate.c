@@ -193,7 +193,7 @@ int cmd_migrate(tool *t, int argc, char **argv)
     } else if ((rc = tool_commit(t)) != EXIT_OK) {
         /* pqmq_migrate runs its own transaction (selecting --schema in it). */
     } else if (pqmq_migrate_schema(t->client, t->schema) != PQMQ_OK) {
-        rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
+        rc = tool_err(t, "%s", tool_lib_error(pqmq_errmsg(t->client)));
     } else if (have) {
         printf("schema \"%s\" upgraded from version %d to %d\n", schema, have,
                pqmq_schema_version());

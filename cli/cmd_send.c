@@ -18,6 +18,8 @@ static void help(void)
            "      --retries N     deliveries after the first that a failure may cause\n"
            "                      (default 4)\n"
            "      --backoff MS    the first lease and retry delay (default 1000)\n"
+           "  -p, --priority N    0..32767 (default 0, the lowest): among a channel's ready\n"
+           "                      messages, higher priorities are delivered first\n"
            "      --key KEY       a unique key: while a live message of CHANNEL holds it,\n"
            "                      none is inserted and its id is printed (\"kept\" on stderr)\n"
            "      --replace       with --key: give a holder that has not started this\n"
@@ -58,12 +60,13 @@ int cmd_send(tool *t, int argc, char **argv)
         {"backoff", required_argument, NULL, 'b'},
         {"key", required_argument, NULL, 'k'},
         {"replace", no_argument, NULL, 'R'},
+        {"priority", required_argument, NULL, 'p'},
         {NULL, 0, NULL, 0},
     };
     const char *args = NULL, *key = NULL;
-    long long delay = 0, retries = 4, backoff = 1000;
+    long long delay = 0, retries = 4, backoff = 1000, priority = 0;
     int ordered = 0, replace = 0, c;
-    while ((c = getopt_long(argc, argv, TOOL_COMMON_SHORT "a:", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, TOOL_COMMON_SHORT "a:p:", opts, NULL)) != -1) {
         int bad = 0;
         if (c == 'h') {
             help();
@@ -81,9 +84,9 @@ int cmd_send(tool *t, int argc, char **argv)
         } else if (c == 'r') {
             bad = tool_parse_int(t, "--retries", optarg, 2147483646, &retries);
         } else if (c == 'b') {
-            bad = tool_parse_int(t, "--backoff", optarg, PQMQ_MAX_DURATION_MS, &backoff);
-            if (!bad && backoff == 0)
-                bad = tool_usage(t, "--backoff: must be at least 1 ms");
+            bad = tool_parse_range(t, "--backoff", optarg, 1, PQMQ_MAX_DURATION_MS, &backoff);
+        } else if (c == 'p') {
+            bad = tool_parse_int(t, "--priority", optarg, PQMQ_MAX_PRIORITY, &priority);
         } else {
             bad = tool_common_opt(t, c, optarg);
         }
@@ -118,6 +121,7 @@ int cmd_send(tool *t, int argc, char **argv)
         e = e ? e : pqmq_msg_set_retries(m, (int)retries);
         e = e ? e : pqmq_msg_set_backoff(m, backoff);
         e = e ? e : pqmq_msg_set_unique_key(m, key);
+        e = e ? e : pqmq_msg_set_priority(m, (int)priority);
         if (e)
             rc = tool_err(t, "out of memory");
     }
@@ -127,7 +131,7 @@ int cmd_send(tool *t, int argc, char **argv)
     if (!rc && (key ? pqmq_insert_unique(t->client, &m, 1,
                                          replace ? PQMQ_KEY_REPLACE : PQMQ_KEY_KEEP, 0, &res)
                     : pqmq_insert(t->client, &m, 1)) != PQMQ_OK)
-        rc = tool_err(t, "%s", tool_first_line(pqmq_errmsg(t->client)));
+        rc = tool_err(t, "%s", tool_lib_error(pqmq_errmsg(t->client)));
     if (!rc) {
         char ids[37];
         uuid_unparse_lower(res.id, ids);

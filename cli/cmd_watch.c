@@ -108,10 +108,8 @@ int cmd_watch(tool *t, int argc, char **argv)
             help();
             return EXIT_OK;
         } else if (c == 'i') {
-            if (tool_parse_int(t, "--interval", optarg, 86400, &interval))
+            if (tool_parse_range(t, "--interval", optarg, 1, 86400, &interval))
                 return EXIT_USAGE;
-            if (interval == 0)
-                return tool_usage(t, "--interval: must be at least 1 second");
         } else if (c == 'c') {
             if (tool_parse_int(t, "--count", optarg, 1000000000, &count))
                 return EXIT_USAGE;

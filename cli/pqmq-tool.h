@@ -89,13 +89,21 @@ PGresult *tool_query(tool *t, const char *sql, int nparams, const char *const *p
 /* The first line of a libpq or pqmq message, without its "ERROR:  "
  * prefix. Borrowed; valid until the next call. */
 const char *tool_first_line(const char *msg);
+/* A library error (pqmq_errmsg) as the command says it: its first line,
+ * without the C call's name, "msgs[i]" as "message i+1", and pqmq_migrate
+ * as 'pqmq migrate'. Borrowed; valid until the next call. */
+const char *tool_lib_error(const char *msg);
 
 /* A PostgreSQL text[] literal for names[0..n) (a parameter value, never
  * SQL text), or NULL for n == 0. Caller frees. */
 char *tool_text_array(char *const *names, size_t n);
 /* Parses a message id; returns 0 or EXIT_USAGE (message printed). */
 int tool_parse_id(const tool *t, const char *text, uuid_t out);
-/* Parses a non-negative integer option no larger than max. */
+/* Parses an integer option in min..max; 0, or EXIT_USAGE with the usage
+ * error printed ("OPT: \"TEXT\" is not a whole number in MIN..MAX"). */
+int tool_parse_range(const tool *t, const char *opt, const char *text, long long min,
+                     long long max, long long *out);
+/* tool_parse_range from 0. */
 int tool_parse_int(const tool *t, const char *opt, const char *text, long long max,
                    long long *out);
 /* -n N, how many rows: 1..PQMQ_MAX_BATCH. 0, or EXIT_USAGE with the usage

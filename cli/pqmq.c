@@ -126,6 +126,38 @@ const char *tool_first_line(const char *msg)
     return line;
 }
 
+const char *tool_lib_error(const char *msg)
+{
+    static char line[512];
+    const char *s = tool_first_line(msg);
+    /* "pqmq_insert: msgs[0]: payload ..." -> "message 1: payload ...": the
+     * library names its call and array index, the command line knows
+     * neither. */
+    if (!strncmp(s, "pqmq_", 5)) {
+        size_t n = strspn(s + 5, "abcdefghijklmnopqrstuvwxyz_");
+        if (!strncmp(s + 5 + n, ": ", 2))
+            s += 5 + n + 2;
+    }
+    size_t o = 0;
+    while (*s && o + 1 < sizeof line) {
+        unsigned long i;
+        int used = 0;
+        if (!strncmp(s, "msgs[", 5) && sscanf(s, "msgs[%lu]%n", &i, &used) == 1 && used > 0) {
+            o += (size_t)snprintf(line + o, sizeof line - o, "message %lu", i + 1);
+            s += used;
+        } else if (!strncmp(s, "run pqmq_migrate", 16)) {
+            o += (size_t)snprintf(line + o, sizeof line - o, "run 'pqmq migrate'");
+            s += 16;
+        } else {
+            line[o++] = *s++;
+        }
+        if (o >= sizeof line)
+            o = sizeof line - 1;
+    }
+    line[o] = '\0';
+    return line;
+}
+
 PGresult *tool_query(tool *t, const char *sql, int nparams, const char *const *params)
 {
     PGresult *r = PQexecParams(t->conn, sql, nparams, NULL, params, NULL, NULL, 0);
@@ -264,7 +296,7 @@ int tool_connect(tool *t, int min_version)
         if (!t->client)
             return tool_err(t, "out of memory");
         return tool_err(t, "cannot connect to the server: %s",
-                        tool_first_line(pqmq_errmsg(t->client)));
+                        tool_lib_error(pqmq_errmsg(t->client)));
     }
     t->conn = pqmq_conn(t->client);
     rc = tool_begin(t);
@@ -349,23 +381,29 @@ int tool_parse_id(const tool *t, const char *text, uuid_t out)
     return 0;
 }
 
-int tool_parse_int(const tool *t, const char *opt, const char *text, long long max,
-                   long long *out)
+int tool_parse_range(const tool *t, const char *opt, const char *text, long long min,
+                     long long max, long long *out)
 {
     char *end;
     errno = 0;
     long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end || v < 0 || v > max)
-        return tool_usage(t, "%s: \"%s\" is not a whole number in 0..%lld", opt, text, max);
+    /* One message for every way to miss: not a number, too small, too big. */
+    if (errno || end == text || *end || v < min || v > max)
+        return tool_usage(t, "%s: \"%s\" is not a whole number in %lld..%lld", opt, text, min,
+                          max);
     *out = v;
     return 0;
 }
 
+int tool_parse_int(const tool *t, const char *opt, const char *text, long long max,
+                   long long *out)
+{
+    return tool_parse_range(t, opt, text, 0, max, out);
+}
+
 int tool_parse_rows(tool *t, const char *text, long long *out)
 {
-    if (tool_parse_int(t, "-n", text, PQMQ_MAX_BATCH, out))
-        return EXIT_USAGE;
-    return *out == 0 ? tool_usage(t, "-n: must be at least 1") : 0;
+    return tool_parse_range(t, "-n", text, 1, PQMQ_MAX_BATCH, out);
 }
 
 /* A set, non-empty environment variable's value, else NULL. */

@@ -2,7 +2,7 @@
  * exactly_once.c: a runner whose effects happen exactly once, even if the
  * process is killed at any moment.
  *
- *   exactly_once CONNINFO [--locked | --batched | --grouped]
+ *   exactly_once [CONNINFO] [--locked | --batched | --grouped]
  *
  * For every message on every channel it writes one row into a ledger table
  * and completes the message in the same transaction (pqmq_ctx_begin): either
@@ -16,9 +16,11 @@
  * is --batched with a group handler (pqmq_runner_handle_group): the queued
  * jobs a worker takes together are recorded by one INSERT. SIGINT or
  * SIGTERM stops it gracefully (in-flight handlers finish first, the batch
- * in hand commits); it then prints its counters and exits 0. Copy freely.
+ * in hand commits); it then prints its counters and exits 0. Without
+ * CONNINFO, the server is $PQMQ_DSN, else $DATABASE_URL, else libpq's PG*
+ * variables; $PQMQ_SCHEMA names the queue's schema. Copy freely.
  */
-#define _POSIX_C_SOURCE 200809L /* sigaction under -std=c11 */
+#define _POSIX_C_SOURCE 200809L /* sigaction and setenv under -std=c11 */
 
 #include <signal.h>
 #include <stdio.h>
@@ -153,6 +155,45 @@ static int record_group(pqmq_ctx *ctx, const pqmq_job *const *jobs, size_t n, vo
     return ok ? 0 : -1;
 }
 
+/* The server, as pqmq(1) chooses it: the command line's CONNINFO, else
+ * $PQMQ_DSN, else $DATABASE_URL, else "" (libpq's PG* variables and
+ * service file); an empty value counts as unset. */
+static const char *conninfo_from(const char *arg)
+{
+    const char *v = arg && *arg ? arg : getenv("PQMQ_DSN");
+    if (!v || !*v)
+        v = getenv("DATABASE_URL");
+    return v && *v ? v : "";
+}
+
+/* $PQMQ_SCHEMA, when set, is the queue's schema: it goes first on the
+ * search_path of every connection this process opens, through libpq's
+ * PGOPTIONS (it works with URIs and keyword strings alike, and reaches
+ * the runner's connections too). Behind a pooler in transaction mode, set
+ * the role's search_path instead (docs/pgbouncer.md). 0, or -1 if the
+ * name does not fit. */
+static int schema_from_env(void)
+{
+    const char *schema = getenv("PQMQ_SCHEMA"), *old = getenv("PGOPTIONS");
+    if (!schema || !*schema)
+        return 0;
+    char opts[1024];
+    size_t n = (size_t)snprintf(opts, sizeof opts, "%s%s-c search_path=\"", old ? old : "",
+                                old && *old ? " " : "");
+    for (const char *p = schema; *p && n + 4 < sizeof opts; p++) {
+        if (*p == ' ' || *p == '\\')
+            opts[n++] = '\\'; /* the server splits options at spaces */
+        else if (*p == '"')
+            opts[n++] = '"'; /* a quoted identifier doubles its quotes */
+        opts[n++] = *p;
+    }
+    if (n + 2 > sizeof opts)
+        return -1;
+    opts[n++] = '"';
+    opts[n] = '\0';
+    return setenv("PGOPTIONS", opts, 1);
+}
+
 /* Creates the queue's schema and the ledger; 0 on success. */
 static int setup(const char *conninfo)
 {
@@ -176,18 +217,28 @@ static int setup(const char *conninfo)
 
 int main(int argc, char **argv)
 {
-    int locked = argc == 3 && !strcmp(argv[2], "--locked");
-    int grouped = argc == 3 && !strcmp(argv[2], "--grouped");
-    int batched = grouped || (argc == 3 && !strcmp(argv[2], "--batched"));
-    if (argc != 2 && !locked && !batched) {
-        fprintf(stderr, "usage: %s CONNINFO [--locked | --batched | --grouped]\n", argv[0]);
+    const char *arg = NULL, *mode = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strncmp(argv[i], "--", 2) && !mode)
+            mode = argv[i];
+        else if (strncmp(argv[i], "--", 2) && !arg)
+            arg = argv[i];
+        else
+            mode = "?";
+    }
+    int locked = mode && !strcmp(mode, "--locked");
+    int grouped = mode && !strcmp(mode, "--grouped");
+    int batched = grouped || (mode && !strcmp(mode, "--batched"));
+    if ((mode && !locked && !batched) || schema_from_env() != 0) {
+        fprintf(stderr, "usage: %s [CONNINFO] [--locked | --batched | --grouped]\n", argv[0]);
         return 2;
     }
-    if (setup(argv[1]) != 0)
+    const char *conninfo = conninfo_from(arg);
+    if (setup(conninfo) != 0)
         return 1;
 
     /* The runner opens its own connections with this conninfo. */
-    runner = pqmq_runner_new(argv[1]);
+    runner = pqmq_runner_new(conninfo);
     if (!runner) {
         fprintf(stderr, "exactly_once: out of memory\n");
         return 1;

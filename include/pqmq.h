@@ -110,6 +110,41 @@ PQMQ_EXPORT const char *pqmq_errmsg(const pqmq_client *client);
  * valid until the next call on this client. Never NULL. */
 PQMQ_EXPORT const char *pqmq_sqlstate(const pqmq_client *client);
 
+/* ---- logs (log.c) -------------------------------------------------------- */
+
+/* Log levels, most severe first. */
+enum {
+    PQMQ_LOG_ERROR = 0, /* something failed and was not handled */
+    PQMQ_LOG_WARN = 1,  /* something failed and is being handled (a lost connection) */
+    PQMQ_LOG_INFO = 2,  /* a change of state (a connection re-established, start, stop) */
+    PQMQ_LOG_DEBUG = 3  /* detail (each failed reconnect attempt of a worker) */
+};
+
+/*
+ * A log function: level is a PQMQ_LOG_* value, msg one line of text
+ * without a trailing newline (borrowed; valid until fn returns), ctx what
+ * was given with fn. fn must not call back into the client or runner that
+ * logs.
+ */
+typedef void (*pqmq_log_fn)(void *ctx, int level, const char *msg);
+
+/* The name of a level: "error", "warn", "info", "debug" ("unknown" for
+ * another value). Static. */
+PQMQ_EXPORT const char *pqmq_log_level_name(int level);
+
+/*
+ * Sends the server's notices and warnings on a connection pqmq_connect
+ * opened to fn (e.g. "WARNING:  ..." at PQMQ_LOG_WARN; ERROR, FATAL and
+ * PANIC at PQMQ_LOG_ERROR, NOTICE, INFO and LOG at PQMQ_LOG_INFO), called
+ * on the thread using the client. Without one (the default, or fn NULL)
+ * they go to libpq's notice receiver, which prints them on stderr unless
+ * the application set its own on pqmq_conn(client); pqmq itself prints
+ * nothing. A pqmq_wrap client's notices stay the caller's connection's.
+ * ctx is borrowed and passed through; it must outlive the client or the
+ * next pqmq_set_log. Returns 0 or PQMQ_EINVAL (client NULL).
+ */
+PQMQ_EXPORT int pqmq_set_log(pqmq_client *client, pqmq_log_fn fn, void *ctx);
+
 /* ---- migrations (migrate.c) -------------------------------------------- */
 
 /*
@@ -540,6 +575,26 @@ PQMQ_EXPORT int pqmq_runner_set_stop_channel(pqmq_runner *runner, const char *ch
  * It only ever LISTENs. Returns 0, PQMQ_EINVAL (runner NULL) or
  * PQMQ_ENOMEM. */
 PQMQ_EXPORT int pqmq_runner_set_listen_dsn(pqmq_runner *runner, const char *conninfo);
+
+/*
+ * Where the runner reports (fn NULL, the default: nowhere; the runner
+ * prints nothing itself, and its connections' notices go to fn, not to
+ * stderr). It logs, each line naming the runner's channels ("pqmq_runner
+ * (channels: a, b)" or "(all channels)") and the connection:
+ *   PQMQ_LOG_INFO  at start and at stop;
+ *   PQMQ_LOG_WARN  "lost connection" with the error (the server's last
+ *                  words when it sent any) and the delay before the next
+ *                  attempt, and each failed attempt of the control
+ *                  connection with its error and next delay;
+ *   PQMQ_LOG_INFO  "reconnected after N ms" with the number of attempts;
+ *   PQMQ_LOG_DEBUG a worker's failed attempts after its first;
+ *   and the server's notices and warnings at their level (as pqmq_set_log).
+ * fn is called from the thread running pqmq_runner_run and from the worker
+ * threads, one call at a time (the runner holds a lock around each). ctx
+ * is borrowed and passed through; it must outlive pqmq_runner_run. Set it
+ * before pqmq_runner_run. Returns 0 or PQMQ_EINVAL (runner NULL).
+ */
+PQMQ_EXPORT int pqmq_runner_set_log(pqmq_runner *runner, pqmq_log_fn fn, void *ctx);
 
 /*
  * Runs until pqmq_runner_stop (or the stop notification): then stops

@@ -21,12 +21,27 @@ static pqmq_client *client_new(PGconn *conn, int owns)
     return c;
 }
 
+/* The log level of a notice of this severity (PG_DIAG_SEVERITY). */
+static int notice_level(const char *severity)
+{
+    if (!severity)
+        return PQMQ_LOG_WARN;
+    if (!strcmp(severity, "ERROR") || !strcmp(severity, "FATAL") || !strcmp(severity, "PANIC"))
+        return PQMQ_LOG_ERROR;
+    if (!strcmp(severity, "WARNING"))
+        return PQMQ_LOG_WARN;
+    if (!strcmp(severity, "NOTICE") || !strcmp(severity, "INFO") || !strcmp(severity, "LOG"))
+        return PQMQ_LOG_INFO;
+    return PQMQ_LOG_DEBUG;
+}
+
 /* Citus commits a single worker's transaction with one COMMIT; when the
  * worker is lost during it, the coordinator only warns (the outcome is not
  * known) and the statement still succeeds. The call must not say
  * "committed" then: outcome() turns the warning into PQMQ_ECONN, as for a
- * connection lost at COMMIT. Every notice still goes on to libpq's own
- * receiver (stderr by default). */
+ * connection lost at COMMIT. Every notice then goes to the client's log
+ * when it has one (pqmq_set_log; a runner's connections: the runner's, or
+ * nowhere), else on to libpq's own receiver (stderr by default). */
 static void on_notice(void *arg, const PGresult *r)
 {
     pqmq_client *c = arg;
@@ -35,6 +50,22 @@ static void on_notice(void *arg, const PGresult *r)
     static const char lost[] = "failed to commit transaction on ";
     if (severity && !strcmp(severity, "WARNING") && msg && !strncmp(msg, lost, sizeof lost - 1))
         snprintf(c->doubt, sizeof c->doubt, "%s", msg);
+    if (c->notices_to_log) {
+        /* Terse, "FATAL: terminating connection ...": no CONTEXT lines,
+         * which would quote the statement under way. */
+        const char *shown = PQresultErrorField(r, PG_DIAG_SEVERITY);
+        const char *detail = PQresultErrorField(r, PG_DIAG_MESSAGE_DETAIL);
+        char text[512];
+        snprintf(text, sizeof text, "%s: %s%s%s", shown ? shown : "NOTICE", msg ? msg : "",
+                 detail ? " DETAIL: " : "", detail ? detail : "");
+        if (c->keep_last_words && severity &&
+            (!strcmp(severity, "FATAL") || !strcmp(severity, "PANIC")))
+            pqmq__one_line(text, c->last_words, sizeof c->last_words);
+        else
+            pqmq__log(&c->log, notice_level(severity), "%s%s%s", c->log_label,
+                      c->log_label[0] ? ": " : "", text);
+        return;
+    }
     if (c->prev_notice)
         c->prev_notice(NULL, r); /* libpq's default receiver takes no argument */
 }
@@ -106,6 +137,7 @@ int pqmq__reset_conn(pqmq_client *c)
 {
     if (!c->owns_conn)
         return pqmq__seterr(c, PQMQ_EINVAL, "cannot reconnect a borrowed connection");
+    c->last_words[0] = '\0'; /* the old connection's */
     PQreset(c->conn);
     pqmq__types_forget(c);
     return pqmq__ready(c);

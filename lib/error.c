@@ -23,7 +23,7 @@ PQMQ_EXPORT const char *pqmq_strerror(int code)
     case PQMQ_ETOOBIG: return "over a size limit";
     case PQMQ_ENOTHELD: return "message gone or lease expired";
     case PQMQ_EPAYLOAD: return "payload does not decode";
-    case PQMQ_ESCHEMA: return "queue schema missing (run pqmq_migrate)";
+    case PQMQ_ESCHEMA: return "queue schema missing";
     case PQMQ_ESTALE: return "message delivered again since; not yours to settle";
     default: return "unknown error";
     }

@@ -21,6 +21,32 @@ typedef struct {
     int attempt;
 } pqmq__delivery;
 
+/* ---- log.c: the log function ------------------------------------------ */
+
+/* Where a client's or a runner's log lines go. */
+typedef struct {
+    pqmq_log_fn fn; /* NULL: nowhere */
+    void *ctx;
+    /* Held around each call, so that a runner's threads call fn one at a
+     * time; NULL for a client's own log (one thread uses a client). */
+    pthread_mutex_t *lock;
+} pqmq__logger;
+
+/* Formats a line and passes it to log->fn (nothing when log or fn is
+ * NULL), as one line (pqmq__one_line). */
+void pqmq__log(const pqmq__logger *log, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* s as one line into out (outlen > 0): runs of white space holding a line
+ * break become "; ", trailing ones go. */
+void pqmq__one_line(const char *s, char *out, size_t outlen);
+/* Why connection c failed, as one line into out: the server's last words
+ * when it sent any (c->last_words), then libpq's message for a broken
+ * connection or the call's error, without CONTEXT lines. */
+void pqmq__conn_error(pqmq_client *c, char *out, size_t len);
+/* Sends c's notices to log (even when log->fn is NULL: then nowhere);
+ * label (NULL: none, copied) starts each of their lines. */
+void pqmq__client_set_log(pqmq_client *c, const pqmq__logger *log, const char *label);
+
 /* ---- client.c: the connection ----------------------------------------- */
 
 struct pqmq_client {
@@ -41,6 +67,17 @@ struct pqmq_client {
      * connections pqmq_connect opened (their notice receiver is ours). */
     char doubt[160];
     PQnoticeReceiver prev_notice; /* the receiver ours passes every notice on to */
+    /* Where the server's notices go instead of prev_notice, when
+     * notices_to_log is set (pqmq_set_log with a function; a runner's
+     * connections always: to the runner's log, which may be nowhere). */
+    int notices_to_log;
+    pqmq__logger log;
+    char log_label[160];
+    /* A runner's connection: the server's FATAL or PANIC notice (its last
+     * words before it closes the connection) is kept in last_words for the
+     * runner's "lost connection" line instead of being logged alone. */
+    int keep_last_words;
+    char last_words[256];
 };
 
 /* Checks that the connection is usable and libpqtypes is set up on it;

@@ -58,6 +58,9 @@ struct pqmq_runner {
     pqmq__schedule **schedules;
     size_t nschedules;
     char errmsg[512];
+    pqmq__logger log; /* pqmq_runner_set_log; its lock is log_lock */
+    pthread_mutex_t log_lock;
+    char label[160]; /* "pqmq_runner (channels: a, b)": starts each log line */
 
     atomic_int stop;
     int wake_pipe[2];        /* workers and pqmq_runner_stop write one byte */
@@ -88,6 +91,8 @@ PQMQ_EXPORT pqmq_runner *pqmq_runner_new(const char *conninfo)
     r->batch = 100;
     r->commit_jobs = 1;
     r->commit_open_ms = COMMIT_OPEN_MS_DEFAULT;
+    pthread_mutex_init(&r->log_lock, NULL);
+    r->log.lock = &r->log_lock;
     return r;
 }
 
@@ -109,6 +114,7 @@ PQMQ_EXPORT void pqmq_runner_free(pqmq_runner *r)
     free(r->conninfo);
     close(r->wake_pipe[0]);
     close(r->wake_pipe[1]);
+    pthread_mutex_destroy(&r->log_lock);
     free(r);
 }
 
@@ -266,6 +272,42 @@ PQMQ_EXPORT int pqmq_runner_schedule(pqmq_runner *r, const char *name, const cha
     return 0;
 }
 
+PQMQ_EXPORT int pqmq_runner_set_log(pqmq_runner *r, pqmq_log_fn fn, void *ctx)
+{
+    if (!r)
+        return PQMQ_EINVAL;
+    r->log.fn = fn;
+    r->log.ctx = ctx;
+    return 0;
+}
+
+/* Names the runner in its log lines by its channels, "pqmq_runner
+ * (channels: a, b)" or "(all channels)", shortened to fit: the operator of
+ * several runners greps for the one that lost its connection. */
+static void make_label(pqmq_runner *r)
+{
+    size_t cap = sizeof r->label, n;
+    if (!r->nchannels) {
+        snprintf(r->label, cap, "pqmq_runner (all channels)");
+        return;
+    }
+    n = (size_t)snprintf(r->label, cap,
+                         "pqmq_runner (channel%s: ", r->nchannels > 1 ? "s" : "");
+    for (size_t i = 0; i < r->nchannels; i++) {
+        char more[48];
+        snprintf(more, sizeof more, ", ... %zu in all)", r->nchannels);
+        const char *sep = i ? ", " : "";
+        size_t need = strlen(sep) + strlen(r->channels[i]) + 1;
+        /* Room for this name and, if others follow, the tail "... N in all". */
+        if (n + need + (i + 1 < r->nchannels ? strlen(more) : 0) >= cap) {
+            snprintf(r->label + n, cap - n, "%s", more + (i ? 0 : 2));
+            return;
+        }
+        n += (size_t)snprintf(r->label + n, cap - n, "%s%s", sep, r->channels[i]);
+    }
+    snprintf(r->label + n, cap - n, ")");
+}
+
 PQMQ_EXPORT const char *pqmq_runner_errmsg(const pqmq_runner *r)
 {
     return r ? r->errmsg : "";
@@ -392,20 +434,51 @@ static int listen_all(struct loop *L)
 
 /* Re-establishes the control connection (retrying until it works or a stop
  * is requested), LISTENs again and forces a poll: notifications sent while
- * we were away are lost, the messages are not. */
+ * we were away are lost, the messages are not. Logs the loss, each failed
+ * attempt and the outcome. */
 static void reconnect(struct loop *L)
 {
-    for (int64_t delay = 50; !atomic_load(&L->r->stop);
-         delay = delay < 2000 ? delay * 2 : delay) {
-        if (pqmq__reset_conn(L->ctl) == 0 &&
-            (L->lis == L->ctl || pqmq__reset_conn(L->lis) == 0) && listen_all(L) == 0) {
-            atomic_fetch_add(&L->r->counters.reconnects, 1);
+    pqmq_runner *r = L->r;
+    pqmq_client *bad =
+        L->lis != L->ctl && PQstatus(pqmq_conn(L->lis)) == CONNECTION_BAD ? L->lis : L->ctl;
+    char why[800];
+    pqmq__conn_error(bad, why, sizeof why);
+    pqmq__log(&r->log, PQMQ_LOG_WARN, "%s: lost connection (%s connection): %s; reconnecting",
+              r->label, bad == L->ctl ? "control" : "listen", why);
+    int64_t since = pqmq__now_ms();
+    int attempts = 0;
+    for (int64_t delay = 50; !atomic_load(&r->stop); delay = delay < 2000 ? delay * 2 : delay) {
+        attempts++;
+        int rc = pqmq__reset_conn(L->ctl);
+        bad = L->ctl;
+        if (!rc && L->lis != L->ctl) {
+            rc = pqmq__reset_conn(L->lis);
+            bad = L->lis;
+        }
+        if (!rc) {
+            rc = listen_all(L);
+            bad = L->lis;
+        }
+        if (!rc) {
+            atomic_fetch_add(&r->counters.reconnects, 1);
             L->poll_due = 1;
+            pqmq__log(&r->log, PQMQ_LOG_INFO,
+                      "%s: reconnected after %lld ms (control connection, %d attempt%s)",
+                      r->label, (long long)(pqmq__now_ms() - since), attempts,
+                      attempts == 1 ? "" : "s");
             return;
         }
+        pqmq__conn_error(bad, why, sizeof why);
+        pqmq__log(&r->log, PQMQ_LOG_WARN,
+                  "%s: reconnect attempt %d failed (%s connection): %s; next attempt in %lld "
+                  "ms",
+                  r->label, attempts, bad == L->ctl ? "control" : "listen", why,
+                  (long long)delay);
         struct timespec ts = {(time_t)(delay / 1000), (long)(delay % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
+    pqmq__log(&r->log, PQMQ_LOG_WARN, "%s: stopping, not reconnected after %lld ms", r->label,
+              (long long)(pqmq__now_ms() - since));
 }
 
 /* Stopping, or no worker can run them: hands queued (unstarted) jobs back
@@ -699,6 +772,16 @@ static void loop_run(struct loop *L)
     flush_done(L);
 }
 
+/* Sends a connection's notices to the runner's log, its FATAL last words
+ * to the "lost connection" line (c NULL: no memory, nothing to do). */
+static void runner_client_log(pqmq_runner *r, pqmq_client *c, const char *label)
+{
+    if (!c)
+        return;
+    pqmq__client_set_log(c, &r->log, label);
+    c->keep_last_words = 1;
+}
+
 static void loop_close(struct loop *L)
 {
     if (L->lis != L->ctl)
@@ -715,11 +798,18 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         snprintf(r->errmsg, sizeof r->errmsg, "pqmq_runner_run: no handler registered");
         return PQMQ_EINVAL;
     }
+    make_label(r);
     struct loop L = {.r = r, .poll_due = 1, .left_gap = LEFT_POLL_MS};
     int rc = pqmq_connect(r->conninfo, &L.ctl);
     L.lis = L.ctl;
     if (!rc && r->listen_conninfo)
         rc = pqmq_connect(r->listen_conninfo, &L.lis);
+    char label[sizeof r->label + 32];
+    snprintf(label, sizeof label, "%s: control connection", r->label);
+    runner_client_log(r, L.ctl, label);
+    snprintf(label, sizeof label, "%s: listen connection", r->label);
+    if (L.lis != L.ctl)
+        runner_client_log(r, L.lis, label);
     if (!rc)
         rc = listen_all(&L);
     /* The first evaluation of each schedule checks its time zone. */
@@ -767,7 +857,9 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
                             r->nchannels,
                             r->locked ? 1 : r->commit_jobs,
                             r->commit_open_ms,
-                            group_most};
+                            group_most,
+                            &r->log,
+                            r->label};
     char why[256] = "out of memory";
     pqmq__workers *workers = NULL;
     rc = L.q ? pqmq__workers_start(&env, r->threads, &workers, why, sizeof why) : PQMQ_ENOMEM;
@@ -777,10 +869,16 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         loop_close(&L);
         return rc;
     }
+    pqmq__log(&r->log, PQMQ_LOG_INFO, "%s: started: %d worker%s, batch %d%s", r->label,
+              r->threads, r->threads == 1 ? "" : "s", r->batch,
+              r->locked ? ", locked lane" : "");
     loop_run(&L);
     pqmq__workers_join(workers);
     flush_done(&L); /* results of the last handlers */
     loop_close(&L);
     pqmq__claims_free(L.q);
+    pqmq__log(&r->log, PQMQ_LOG_INFO, "%s: stopped: %llu processed, %llu failed", r->label,
+              (unsigned long long)atomic_load(&r->counters.processed),
+              (unsigned long long)atomic_load(&r->counters.failed));
     return 0;
 }

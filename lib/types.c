@@ -84,7 +84,7 @@ static int lookup_failed(pqmq_client *c, PGregisterType *t, const char *why)
     PQclear(r);
     if (!present) {
         rc = pqmq__seterr(c, PQMQ_ESCHEMA,
-                          "type mq_new_t not found on the search_path (run pqmq_migrate): %s",
+                          "type mq_new_t not found on the search_path: %s; run pqmq_migrate",
                           text ? text : "");
     } else if (PQregisterTypes(c->conn, PQT_COMPOSITE, t, 1, 0)) {
         c->composite_ready = 1; /* refused once, then found */

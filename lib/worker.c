@@ -33,6 +33,8 @@ typedef struct {
      * a few attempts a second at most, not one burst per job. */
     int64_t retry_at_ms;    /* monotonic: no attempt before this */
     int64_t retry_delay_ms; /* 0 after a success; doubles up to a cap */
+    int64_t lost_ms;        /* monotonic: when the loss was seen (0: connected) */
+    int attempts;           /* reconnect attempts since */
     /* A batch transaction is open on the connection: the locked lane's,
      * or a commit batch's (since opened_ms, monotonic). */
     int tx_open;
@@ -91,21 +93,44 @@ static int64_t jitter(const slot *s, int64_t n)
 /* Tries to re-establish the worker's lost connection, unless its backoff
  * says not yet: the first attempt is immediate (a terminated backend, a
  * server that is up), then 100 ms, doubling to 2 s, with jitter so that the
- * workers do not knock together. Returns 0 when connected. */
+ * workers do not knock together. Logs the loss, the first failed attempt
+ * (later ones at debug level) and the reconnection. Returns 0 when
+ * connected. */
 static int try_reconnect(slot *s)
 {
+    const pqmq__worker_env *env = s->env;
     int64_t now = pqmq__now_ms();
     if (now < s->retry_at_ms)
         return -1;
-    if (pqmq__reset_conn(s->client) == 0) {
-        atomic_fetch_add(&s->env->counters->reconnects, 1);
+    pqmq_client *c = s->client;
+    char why[800];
+    if (!s->lost_ms) {
+        s->lost_ms = now;
+        s->attempts = 0;
+        pqmq__conn_error(c, why, sizeof why);
+        pqmq__log(env->log, PQMQ_LOG_WARN, "%s: lost connection (worker %d): %s; reconnecting",
+                  env->label, s->index + 1, why);
+    }
+    s->attempts++;
+    if (pqmq__reset_conn(c) == 0) {
+        atomic_fetch_add(&env->counters->reconnects, 1);
+        pqmq__log(env->log, PQMQ_LOG_INFO,
+                  "%s: reconnected after %lld ms (worker %d, %d attempt%s)", env->label,
+                  (long long)(pqmq__now_ms() - s->lost_ms), s->index + 1, s->attempts,
+                  s->attempts == 1 ? "" : "s");
+        s->lost_ms = 0;
         s->retry_delay_ms = 0;
         s->retry_at_ms = 0;
         return 0;
     }
     int64_t d = s->retry_delay_ms ? s->retry_delay_ms * 2 : 100;
     s->retry_delay_ms = d < 2000 ? d : 2000;
-    s->retry_at_ms = now + s->retry_delay_ms / 2 + jitter(s, s->retry_delay_ms / 2 + 1);
+    int64_t wait = s->retry_delay_ms / 2 + jitter(s, s->retry_delay_ms / 2 + 1);
+    s->retry_at_ms = now + wait;
+    pqmq__conn_error(c, why, sizeof why);
+    pqmq__log(env->log, s->attempts == 1 ? PQMQ_LOG_WARN : PQMQ_LOG_DEBUG,
+              "%s: reconnect attempt %d failed (worker %d): %s; next attempt in %lld ms",
+              env->label, s->attempts, s->index + 1, why, (long long)wait);
     return -1;
 }
 
@@ -819,6 +844,12 @@ int pqmq__workers_start(const pqmq__worker_env *env, int n, pqmq__workers **out,
             break;
         }
         rc = pqmq_connect(env->conninfo, &s->client);
+        if (s->client) {
+            char label[256];
+            snprintf(label, sizeof label, "%s: worker %d", env->label ? env->label : "", i + 1);
+            pqmq__client_set_log(s->client, env->log, label);
+            s->client->keep_last_words = 1;
+        }
         if (rc) {
             snprintf(err, errlen, "worker connection: %s", pqmq_errmsg(s->client));
             pqmq_client_free(s->client);

@@ -45,6 +45,10 @@ typedef struct {
      * most jobs a commit batch holds: commit_jobs, or the claim size if
      * larger. */
     int group_most;
+    /* The runner's log (pqmq_runner_set_log) and the label that starts its
+     * lines ("pqmq_runner (channels: a)"). */
+    const pqmq__logger *log;
+    const char *label;
 } pqmq__worker_env;
 
 typedef struct pqmq__workers pqmq__workers;

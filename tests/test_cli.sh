@@ -25,12 +25,13 @@ unset PQMQ_DSN DATABASE_URL PQMQ_SCHEMA
 schema=cli_$$
 old=cli_old_$$
 bare=cli_bare_$$
+broken=cli_broken_$$
 work=$(mktemp -d)
 failed=0
 
 cleanup() {
     psql -X -q -d "$PQMQ_TEST_DSN" \
-        -c "DROP SCHEMA IF EXISTS $schema, $old, $bare CASCADE" >/dev/null 2>&1
+        -c "DROP SCHEMA IF EXISTS $schema, $old, $bare, $broken CASCADE" >/dev/null 2>&1
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -224,8 +225,31 @@ has err "replaced"
    == "1 third" ]] || fail "send --key --replace: not one message with the new payload"
 run 2 send --replace keyed fourth
 run 1 send orders bad '{"unclosed": '
-has err "JSON"
+# Said as the command line knows it: no C call, no array index.
+has err "pqmq send: message 1: payload is not valid JSON (at byte 14)"
+grep -qE 'pqmq_insert|msgs\[' "$work/err" && fail "send shows C internals: $(cat "$work/err")"
 one_line
+run 0 send --priority 7 prio p
+[[ $(sql "SELECT priority FROM mq_msgs WHERE id = '$(cat "$work/out")'") == 7 ]] ||
+    fail "send --priority 7: not priority 7"
+run 0 send -p 32767 prio p
+run 2 send --priority 32768 prio p
+has err '--priority: "32768" is not a whole number in 0..32767'
+run 2 send --backoff 0 prio p
+has err '--backoff: "0" is not a whole number in 1..'
+# A queue missing a function: the advice is the command's, once.
+if [[ ${PQMQ_TEST_CITUS:-} != 1 ]]; then
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$broken" migrate --create-schema >/dev/null 2>&1
+    PGOPTIONS="-c search_path=$broken" psql -X -q -d "$PQMQ_TEST_DSN" \
+        -c "DROP FUNCTION mq_insert(mq_new_t[])" >/dev/null
+    "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$broken" send a b '{}' >/dev/null 2>"$work/err"
+    [[ $? == 1 ]] || fail "send to a queue missing mq_insert: not exit 1"
+    has err "run 'pqmq migrate'"
+    [[ $(grep -o "migrate" "$work/err" | wc -l) == 1 ]] ||
+        fail "the advice is not given once: $(cat "$work/err")"
+    grep -qF "pqmq_" "$work/err" && fail "the advice names a C function: $(cat "$work/err")"
+    one_line
+fi
 run 2 send orders
 run 2 send --retries x orders ship
 run 2 send --delay -5 orders ship
@@ -261,7 +285,15 @@ run 1 peek no_such_channel
 has err "unknown channel"
 one_line
 run 2 peek
+# Every wrong -n is said the same way.
 run 2 peek -n 0 orders
+has err 'pqmq peek: -n: "0" is not a whole number in 1..10000'
+one_line
+run 2 peek -n abc orders
+has err 'pqmq peek: -n: "abc" is not a whole number in 1..10000'
+one_line
+run 2 peek -n 10001 orders
+has err 'pqmq peek: -n: "10001" is not a whole number in 1..10000'
 
 # --- dead, retry, skip --------------------------------------------------------
 run 0 send --retries 0 --backoff 1 dch boom '{"n": 1}'
@@ -274,6 +306,21 @@ sql "SELECT count(*) FROM mq_poll_jobs('{dch,sk}', 10)" >/dev/null
 sleep 0.2
 run 0 dead
 has out "$dead1" "$head_id" "LAST_ERROR"
+# A table, as status prints one: columns padded with spaces, no tabs.
+grep -qP '\t' "$work/out" && fail "dead prints tabs: $(head -c 300 "$work/out")"
+head -n 1 "$work/out" | grep -qE '^ID {35}CHANNEL +ARGS +NAME +DELIVERIES BLOCKING +LAST_ERROR$' ||
+    fail "dead: not a table header: $(head -n 1 "$work/out")"
+[[ $(awk 'NR > 1 { print index($0, $2) }' "$work/out" | sort -u) == 38 ]] ||
+    fail "dead: the CHANNEL column is not aligned: $(cat "$work/out")"
+run 0 dead --json
+has out '"dead": [' "\"id\": \"$dead1\"" '"channel": "dch"' '"name": "boom"' \
+    '"blocking": true' '"count": 2}'
+if command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert len(d["dead"]) == d["count"] == 2' \
+        "$work/out" || fail "dead --json: not the JSON of two messages: $(cat "$work/out")"
+fi
+run 0 dead --json orders
+has out '{"dead": [], "count": 0}'
 run 0 dead dch
 has out "$dead1"
 grep -qF "$head_id" "$work/out" && fail "dead dch lists another channel's message"

@@ -244,6 +244,9 @@ static void test_strerror(void)
                 t_fail(__FILE__, __LINE__, "codes %d and %d share \"%s\"", codes[k], codes[i],
                        s);
     }
+    /* The advice is the message's (pqmq_errmsg says "run pqmq_migrate"): a
+     * program printing both, as README's does, says it once. */
+    CHECK_STR(pqmq_strerror(PQMQ_ESCHEMA), "queue schema missing");
     CHECK_STR(pqmq_strerror(-10), "unknown error");
     CHECK_STR(pqmq_strerror(1), "unknown error");
     CHECK_STR(pqmq_strerror(-1000), "unknown error");
