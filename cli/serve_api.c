@@ -157,7 +157,7 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
         rc = PQMQ_ECONN;
     if (rc != PQMQ_OK) {
         status = failure_status(s, rc);
-        const char *msg = s->t->client ? tool_first_line(pqmq_errmsg(s->t->client))
+        const char *msg = s->t->client ? tool_lib_error(pqmq_errmsg(s->t->client))
                                        : "no connection to the server";
         tool_log(s->t, "warning", "%s of %zu message%s from %s refused: %s", action, f->n,
                  f->n == 1 ? "" : "s", peer, msg);

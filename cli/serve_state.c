@@ -63,7 +63,7 @@ int serve_sample(serve *s)
     if (!rc)
         rc = tool_figures_read(s->t, NULL, 0, &rows, &n);
     if (!rc && pqmq_dead_letters(s->t->client, NULL, 0, s->dead_max, &dead) != PQMQ_OK)
-        rc = tool_err(s->t, "%s", tool_first_line(pqmq_errmsg(s->t->client)));
+        rc = tool_err(s->t, "%s", tool_lib_error(pqmq_errmsg(s->t->client)));
     /* No transaction stays open between samples (tool_begin). */
     if (tool_commit(s->t) && !rc)
         rc = EXIT_ERR;
