@@ -1,7 +1,9 @@
 /*
  * test_limits.c: the limits of an insert through SQL, as the C library
  * keeps them (payload bytes per batch, bytes per channel name, channel
- * args and message name; an escaped NUL named by its message) (issue 52).
+ * args and message name; an escaped NUL named by its message), and
+ * checkpoints fenced as completions are: only the holder of the current
+ * attempt may checkpoint, keep alive or fail a message (issue 52).
  */
 #include <stdlib.h>
 #include <uuid/uuid.h>
@@ -147,6 +149,129 @@ static void test_nul_escape_named(void)
               1);
 }
 
+/* ---- checkpoints, fenced ---- */
+
+/* Everything a checkpoint, keep-alive or failure could change, as text. */
+static char *state(const char *id)
+{
+    PGresult *r = t_sql(pg,
+                        "SELECT row(attempt_at, ready_at, attempts, deliveries, retry_backoff, "
+                        "payload_json, payload_bytes, last_error, dead_since)::text "
+                        "FROM mq_msgs WHERE id = '%s'",
+                        id);
+    char *s = strdup(r && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "?");
+    PQclear(r);
+    return s;
+}
+
+/* Polls a: one job, whose attempt number is returned. */
+static int take(pqmq_client *a)
+{
+    pqmq_batch *b = NULL;
+    CHECK_OK(a, pqmq_poll(a, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    int attempt = pqmq_batch_count(b) == 1 ? pqmq_job_attempt(pqmq_batch_job(b, 0)) : -1;
+    pqmq_batch_free(b);
+    return attempt;
+}
+
+static void test_checkpoint_only_by_lease_holder(void)
+{
+    t_truncate();
+    pqmq_client *a = t_client(), *b = t_client();
+    pqmq_msg *m = t_msg("fence", NULL, "job", "{\"step\": 0}", 0);
+    pqmq_msg_set_retries(m, 3);
+    pqmq_msg_set_backoff(m, 20000); /* the retry waits 20 s */
+    uuid_t uid;
+    pqmq_msg_id(m, uid);
+    CHECK_OK(a, pqmq_insert(a, &m, 1));
+    pqmq_msg_free(m);
+    char id[37];
+    uuid_unparse_lower(uid, id);
+
+    /* A fails its delivery: the message waits for its retry. */
+    CHECK_INT(take(a), 1);
+    CHECK_OK(a, pqmq_fail(a, uid, "boom"));
+    char *before = state(id);
+
+    /* B's checkpoint changes nothing and finds no lease: through C, the
+     * seed's SQL form and mq_checkpoint_found. */
+    CHECK_ERR(b, pqmq_checkpoint(b, uid, 864000000, "{\"step\": 99}", NULL, 0, 100),
+              PQMQ_ENOTHELD, "lease ran out");
+    t_exec(pg, "SELECT mq_checkpoint('%s', interval '10 days', '{\"step\": 99}', NULL, 100)",
+           id);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT mq_checkpoint_found('%s', interval '10 days', NULL, NULL, "
+                        "100)::int",
+                        id),
+              0);
+    /* Nor may B keep it alive or fail it again. */
+    size_t ext = 9;
+    CHECK_OK(b, pqmq_keep_alive(b, (const uuid_t *)&uid, 1, 864000000, &ext));
+    CHECK_INT(ext, 0);
+    CHECK_ERR(b, pqmq_fail(b, uid, "not mine"), PQMQ_ENOTHELD, "lease ran out");
+    char *after = state(id);
+    CHECK_STR(after, before);
+    free(before);
+    free(after);
+
+    /* Retried: A holds attempt 2 and checkpoints it, again after a
+     * keep-alive, and by attempt number. */
+    t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() WHERE id = '%s'", id);
+    CHECK_INT(take(a), 2);
+    CHECK_OK(a, pqmq_checkpoint(a, uid, 60000, "{\"step\": 1}", NULL, 0, 1));
+    CHECK_OK(a, pqmq_keep_alive(a, (const uuid_t *)&uid, 1, 120000, &ext));
+    CHECK_INT(ext, 1);
+    CHECK_OK(a, pqmq_checkpoint(a, uid, 60000, "{\"step\": 2}", NULL, 0, 0));
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT mq_checkpoint_found('%s', interval '1 minute', "
+                        "'{\"step\": 3}', NULL, 0, 2)::int",
+                        id),
+              1);
+    /* A stale attempt number is refused, and changes nothing. */
+    before = state(id);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT mq_checkpoint_found('%s', interval '10 days', "
+                        "'{\"step\": 99}', NULL, 100, 1)::int",
+                        id),
+              0);
+    after = state(id);
+    CHECK_STR(after, before);
+    free(before);
+    free(after);
+    CHECK_INT(t_sql_int(pg, "SELECT (payload_json->>'step')::int FROM mq_msgs"), 3);
+    CHECK_INT(t_sql_int(pg, "SELECT attempts FROM mq_msgs"), 3);
+    /* Still A's lease: its failure is taken, with its attempt number. */
+    CHECK_INT(t_sql_int(pg, "SELECT mq_fail('%s', 'stale', 1)::int", id), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT mq_fail('%s', 'second', 2)::int", id), 1);
+    pqmq_client_free(a);
+    pqmq_client_free(b);
+}
+
+/* A delayed message that was never delivered is not kept alive (its delay
+ * is the producer's), a pending two-phase one is (its commit deadline). */
+static void test_keep_alive_leaves_delays(void)
+{
+    t_truncate();
+    pqmq_client *a = t_client();
+    pqmq_msg *m[2] = {t_msg("fence", NULL, "job", "{}", 0),
+                      t_msg("fence", NULL, "job", "{}", 0)};
+    pqmq_msg_set_delay(m[0], 60000);
+    pqmq_msg_set_commit_interval(m[1], 60000);
+    uuid_t ids[2];
+    pqmq_msg_id(m[0], ids[0]);
+    pqmq_msg_id(m[1], ids[1]);
+    CHECK_OK(a, pqmq_insert(a, m, 2));
+    t_msgs_free(m, 2);
+    size_t ext = 9;
+    CHECK_OK(a, pqmq_keep_alive(a, (const uuid_t *)ids, 2, 600000, &ext));
+    CHECK_INT(ext, 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE commit_interval IS NULL "
+                            "AND attempt_at < clock_timestamp() + interval '2 minutes'"),
+              1);
+    pqmq_client_free(a);
+}
+
 int main(void)
 {
     t_init("limits");
@@ -154,6 +279,8 @@ int main(void)
     T_RUN(test_batch_payload_total);
     T_RUN(test_text_fields);
     T_RUN(test_nul_escape_named);
+    T_RUN(test_checkpoint_only_by_lease_holder);
+    T_RUN(test_keep_alive_leaves_delays);
     PQfinish(pg);
     return t_done();
 }
