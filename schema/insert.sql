@@ -87,9 +87,10 @@ BEGIN
                           + COALESCE(octet_length(t.payload_bytes), 0)) AS bytes,
            -- jsonb refuses "\u0000" without saying which message holds
            -- it: a batch that may hold one is named below (the text is
-           -- also in an escaped backslash, "\\u0000", which jsonb takes).
+           -- also in an escaped backslash, "\\u0000", which jsonb takes;
+           -- E'': the same text whatever standard_conforming_strings says).
            pg_catalog.min(t.ordinality) FILTER (WHERE
-               pg_catalog.strpos(t.payload_json, '\u0000') > 0) AS nul,
+               pg_catalog.strpos(t.payload_json, E'\\u0000') > 0) AS nul,
            -- Whether a month or day field is set: the binary form of an
            -- interval (interval_send) is its time (8 bytes), days (4) and
            -- months (4). Exact, where a comparison is not ('1 day' =
