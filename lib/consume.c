@@ -213,6 +213,12 @@ PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *c, const uuid_t id, int64_t duratio
                                 const char *json, const void *bytes, size_t len,
                                 int extra_retries)
 {
+    return pqmq__checkpoint(c, id, 0, duration_ms, json, bytes, len, extra_retries);
+}
+
+int pqmq__checkpoint(pqmq_client *c, const uuid_t id, int attempt, int64_t duration_ms,
+                     const char *json, const void *bytes, size_t len, int extra_retries)
+{
     if (pqmq__enter(c, "pqmq_checkpoint"))
         return PQMQ_EINVAL;
     PGparam *param;
@@ -223,10 +229,13 @@ PQMQ_EXPORT int pqmq_checkpoint(pqmq_client *c, const uuid_t id, int64_t duratio
     if (!rc)
         rc = check_progress(c, json, bytes, len, extra_retries);
     PGbytea b = {(int)len, (char *)bytes};
-    if (!rc && !PQputf(param, "%text* %bytea* %int4", json, bytes ? &b : NULL, extra_retries))
+    if (!rc && !PQputf(param, "%text* %bytea* %int4 %int4", json, bytes ? &b : NULL,
+                       extra_retries, attempt))
         rc = pqmq__err(c, PQMQ_ENOMEM, "%s", PQgeterror());
+    /* Attempt 0 means "whichever delivery holds the lease". */
     if (!rc)
-        rc = pqmq__exec_scalar(c, param, "SELECT mq_checkpoint_found($1, $2, $3, $4, $5)",
+        rc = pqmq__exec_scalar(c, param,
+                               "SELECT mq_checkpoint_found($1, $2, $3, $4, $5, NULLIF($6, 0))",
                                "%bool", &found);
     PQparamClear(param);
     if (!rc && !found)

@@ -265,6 +265,10 @@ int pqmq__stale_check(pqmq_client *c, size_t done, size_t n);
 int pqmq__release(pqmq_client *c, const pqmq__delivery *d, size_t n);
 /* pqmq_fail fenced by attempt (0: unfenced); enters "pqmq_fail". */
 int pqmq__fail(pqmq_client *c, const uuid_t id, int attempt, const char *error);
+/* pqmq_checkpoint fenced by attempt (0: whichever delivery holds the
+ * lease), as the runner's pqmq_ctx_checkpoint calls it. */
+int pqmq__checkpoint(pqmq_client *c, const uuid_t id, int attempt, int64_t duration_ms,
+                     const char *json, const void *bytes, size_t len, int extra_retries);
 
 /* ---- complete_poll.c -------------------------------------------------- */
 

@@ -7,8 +7,12 @@
 
 #include "pqmq-int.h"
 
-/* Largest request we build: well under PostgreSQL's 1 GB message limit. */
+/* Largest request we build: well under PostgreSQL's 1 GB message limit.
+ * The server refuses the same (_mq_limits' max_batch_payload). */
 #define MAX_BATCH_BYTES ((size_t)256 * 1024 * 1024)
+/* Bytes in a channel name, channel args, message name or unique key
+ * (_mq_limits' max_text). */
+#define MAX_TEXT 1024
 
 /* A batch's checks are pqmq_insert's whichever call makes them
  * (pqmq_insert_unique; pqmq_insert_batches names the batch before them):
@@ -22,6 +26,9 @@ static int is_utf8_client(pqmq_client *c)
 
 static int check_text(pqmq_client *c, size_t i, const char *field, const char *s, int utf8)
 {
+    if (s && strlen(s) > MAX_TEXT)
+        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: %s is over %d bytes", i, field,
+                            MAX_TEXT);
     if (s && utf8 && !pqmq__utf8_ok(s))
         return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: %s is not valid UTF-8", i,
                             field);
@@ -66,9 +73,9 @@ static int check_msg(pqmq_client *c, size_t i, const pqmq_msg *m, int utf8)
                                        "(at byte %zu)",
                                 i, at);
     }
-    if (m->unique_key && (!*m->unique_key || strlen(m->unique_key) > 1024))
-        return pqmq__seterr(c, PQMQ_EINVAL, CHECKS "msgs[%zu]: unique key is %s", i,
-                            *m->unique_key ? "over 1024 bytes" : "empty (NULL means none)");
+    if (m->unique_key && !*m->unique_key)
+        return pqmq__seterr(c, PQMQ_EINVAL,
+                            CHECKS "msgs[%zu]: unique key is empty (NULL means none)", i);
     if ((rc = check_text(c, i, "unique key", m->unique_key, utf8)))
         return rc;
     if (m->priority < 0 || m->priority > PQMQ_MAX_PRIORITY)

@@ -326,8 +326,11 @@ PQMQ_EXPORT int pqmq_ctx_checkpoint(pqmq_ctx *ctx, const char *json, const void 
 {
     if (!ctx || ctx->njobs != 1)
         return PQMQ_EINVAL;
-    return pqmq_checkpoint(ctx->slot->client, ctx->work->delivery.id,
-                           pqmq_job_lease_ms(ctx->work->job), json, bytes, len, extra_retries);
+    /* Fenced by the job's attempt: a lease that ran out and went to another
+     * consumer is not this handler's to extend. */
+    return pqmq__checkpoint(ctx->slot->client, ctx->work->delivery.id,
+                            ctx->work->delivery.attempt, pqmq_job_lease_ms(ctx->work->job),
+                            json, bytes, len, extra_retries);
 }
 
 PQMQ_EXPORT int pqmq_ctx_stopping(const pqmq_ctx *ctx)

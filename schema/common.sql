@@ -1,10 +1,29 @@
 -- schema/common.sql: limits shared by every function, and wake-ups.
 
--- Limits shared by every function and by the C library (include/pqmq.h).
--- (PL/pgSQL: a SQL function with a SET clause is planned again at every
--- call, twice the cost of this one, and every batch calls it.)
+-- Limits shared by every function and by the C library (include/pqmq.h,
+-- lib/produce.c): messages per batch, bytes per payload (JSON and binary
+-- each), bytes of payload per insert, bytes per channel name, channel args
+-- and message name, and the longest duration. (PL/pgSQL: a SQL function with
+-- a SET clause is planned again at every call, twice the cost of this one,
+-- and every batch calls it.)
+DO $$
+DECLARE
+    was regprocedure := pg_catalog.to_regprocedure(
+        pg_catalog.quote_ident(pg_catalog.current_schema()) OPERATOR(pg_catalog.||) '._mq_limits()');
+BEGIN
+    -- A changed result needs a DROP (the queue's functions call it by name).
+    IF was IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM pg_catalog.pg_proc p
+           WHERE p.oid OPERATOR(pg_catalog.=) was
+             AND 'max_text' OPERATOR(pg_catalog.=) ANY (p.proargnames)) THEN
+        DROP FUNCTION _mq_limits();
+    END IF;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION _mq_limits(
-    OUT max_batch int, OUT max_payload bigint, OUT max_duration interval)
+    OUT max_batch int, OUT max_payload bigint, OUT max_duration interval,
+    OUT max_batch_payload bigint, OUT max_text int)
 LANGUAGE plpgsql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
@@ -12,6 +31,8 @@ BEGIN
     max_batch := 10000;
     max_payload := 16777216;
     max_duration := interval '36500000 days';
+    max_batch_payload := 268435456;
+    max_text := 1024;
 END;
 $$;
 

@@ -63,23 +63,34 @@ BEGIN
     END IF;
 
     -- One read of the batch answers every question asked of it: is a
-    -- message bad (named below, off the hot path), are months or days in an
-    -- interval, is an id there twice, is any message ordered, and is the
-    -- batch on one channel (for the counters and the wake-ups). (A read per
-    -- question would unpack every message each time.) The
+    -- message bad (named below, off the hot path), how many payload bytes
+    -- the batch holds, may a payload hold an escaped NUL, are months or days
+    -- in an interval, is an id there twice, is any message ordered, and is
+    -- the batch on one channel (for the counters and the wake-ups). (A read
+    -- per question would unpack every message each time.) The
     -- interval checks hold before and after _mq_fixed_length: interval
     -- comparison already counts months as 30 days and days as 24 hours.
     SELECT pg_catalog.min(t.ordinality) FILTER (WHERE
                t.id IS NULL
                OR t.id = '00000000-0000-0000-0000-000000000000'::uuid
                OR t.channel_name IS NULL
-               OR octet_length(t.channel_name) > 1024
+               OR octet_length(t.channel_name) > lim.max_text
+               OR octet_length(t.channel_args) > lim.max_text
+               OR octet_length(t.name) > lim.max_text
                OR t.retries < 0
                OR t.delay < interval '0' OR t.delay > lim.max_duration
                OR t.retry_backoff < interval '0' OR t.retry_backoff > lim.max_duration
                OR t.commit_interval < interval '0' OR t.commit_interval > lim.max_duration
                OR octet_length(t.payload_json) > lim.max_payload
                OR octet_length(t.payload_bytes) > lim.max_payload) AS bad,
+           pg_catalog.sum(COALESCE(octet_length(t.payload_json), 0)
+                          + COALESCE(octet_length(t.payload_bytes), 0)) AS bytes,
+           -- jsonb refuses "\u0000" without saying which message holds
+           -- it: a batch that may hold one is named below (the text is
+           -- also in an escaped backslash, "\\u0000", which jsonb takes;
+           -- E'': the same text whatever standard_conforming_strings says).
+           pg_catalog.min(t.ordinality) FILTER (WHERE
+               pg_catalog.strpos(t.payload_json, E'\\u0000') > 0) AS nul,
            -- Whether a month or day field is set: the binary form of an
            -- interval (interval_send) is its time (8 bytes), days (4) and
            -- months (4). Exact, where a comparison is not ('1 day' =
@@ -103,6 +114,14 @@ BEGIN
     FROM unnest(new_messages) WITH ORDINALITY AS t;
     IF pass.bad IS NOT NULL THEN
         PERFORM _mq_insert_refuse(new_messages[pass.bad], pass.bad::int);
+    END IF;
+    IF pass.bytes > lim.max_batch_payload THEN
+        RAISE EXCEPTION 'mq_insert: the batch''s payloads are % bytes in all, over the limit of % (256 MiB): split the batch',
+            pass.bytes, lim.max_batch_payload
+            USING ERRCODE = 'program_limit_exceeded';
+    END IF;
+    IF pass.nul IS NOT NULL THEN
+        PERFORM _mq_check_json(new_messages);
     END IF;
     -- Shapes and duplicate ids, named (_mq_insert_check).
     IF array_ndims(new_messages) > 1 OR array_ndims(priorities) > 1
@@ -283,7 +302,12 @@ BEGIN
         WHEN m.id = '00000000-0000-0000-0000-000000000000'::uuid
             THEN 'id is the nil UUID'
         WHEN m.channel_name IS NULL THEN 'channel_name is NULL'
-        WHEN octet_length(m.channel_name) > 1024 THEN 'channel_name is over 1024 bytes'
+        WHEN octet_length(m.channel_name) > lim.max_text
+            THEN format('channel_name is over %s bytes', lim.max_text)
+        WHEN octet_length(m.channel_args) > lim.max_text
+            THEN format('channel_args is over %s bytes', lim.max_text)
+        WHEN octet_length(m.name) > lim.max_text
+            THEN format('name is over %s bytes', lim.max_text)
         WHEN m.retries < 0 THEN 'retries is negative'
         WHEN m.delay < interval '0' THEN 'delay is negative'
         WHEN m.delay > lim.max_duration THEN 'delay is over 36500000 days'

@@ -109,11 +109,11 @@ BEGIN
     END IF;
     retention := NULLIF(_mq_fixed_length(retention), interval '0');
     SELECT min(k.o) INTO bad FROM unnest(unique_keys) WITH ORDINALITY AS k(key, o)
-    WHERE k.key = '' OR octet_length(k.key) > 1024;
+    WHERE k.key = '' OR octet_length(k.key) > lim.max_text;
     IF bad IS NOT NULL THEN
         RAISE EXCEPTION 'mq_insert_unique: message % of the batch: unique key is %', bad,
             CASE WHEN unique_keys[bad] = '' THEN 'empty (NULL means none)'
-                 ELSE 'over 1024 bytes' END
+                 ELSE format('over %s bytes', lim.max_text) END
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- Every message is checked before any key is taken or any holder changed.
@@ -321,9 +321,11 @@ BEGIN
 END;
 $$;
 
--- Fails naming the first message of the batch whose payload_json is not
--- JSON (the insert's cast would not say which). One subtransaction per
--- batch; one per message only when the batch has a bad one.
+-- Fails naming the first message of the batch whose payload_json jsonb
+-- refuses (the insert's cast would not say which), with the cast's
+-- SQLSTATE. One subtransaction per batch; one per message only when the
+-- batch has a bad one. For mq_insert_unique, and for mq_insert when a
+-- payload may hold an escaped NUL (_mq_insert_rows).
 CREATE OR REPLACE FUNCTION _mq_check_json(new_messages mq_new_t[])
 RETURNS void
 LANGUAGE plpgsql
@@ -342,9 +344,9 @@ BEGIN
         BEGIN
             PERFORM (new_messages[i]).payload_json::jsonb;
         EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
-            RAISE EXCEPTION 'mq_insert_unique: message % of the batch: payload_json is not JSON (%)',
+            RAISE EXCEPTION 'mq_insert: message % of the batch: payload_json is not JSON (%)',
                 i, SQLERRM
-                USING ERRCODE = 'invalid_text_representation';
+                USING ERRCODE = SQLSTATE;
         END;
     END LOOP;
 END;

@@ -1,4 +1,13 @@
 -- schema/lease.sql: leases of messages in flight: keep-alive, checkpoint, failure.
+--
+-- A lease holder is told from a failed message waiting for its retry (both
+-- have attempt_at in the future) by the message's place: a claim leaves
+-- ready_at where it was, at or before the claim, and a keep-alive or
+-- checkpoint puts it a microsecond before the new attempt_at (a final
+-- attempt stays at 'infinity'); a failure puts it at attempt_at, as does
+-- an insert's delay. So a message is leased when attempt_at is in the future
+-- and ready_at < attempt_at or ready_at = 'infinity' (and it has been
+-- delivered): nothing is written for it on the hot path.
 
 -- Where a lease given now (ts) for duration ends: months count 30 days and
 -- days 24 hours (_mq_fixed_length), and a client that doubles its keep-alive
@@ -54,18 +63,23 @@ BEGIN
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
     -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
     -- A kept-alive message is a long one: it moves out of the polls' way
-    -- (ready_at), a final attempt stays at 'infinity'.
+    -- (ready_at, just before the lease's end: still leased, see the top of
+    -- this file), a final attempt stays at 'infinity'. A message waiting
+    -- for its retry or its delay is not leased, and is left alone.
     UPDATE mq_msgs m SET
         attempt_at = until,
         commit_interval = CASE WHEN m.deliveries = 0 AND m.commit_interval IS NOT NULL
                                THEN m.commit_interval + (until - m.attempt_at)
                                ELSE m.commit_interval END,
         ready_at = CASE WHEN m.ready_at = 'infinity'::timestamptz THEN m.ready_at
-                        ELSE until END
+                        ELSE until - interval '1 microsecond' END
     WHERE m.id = ANY (ARRAY(SELECT l.id FROM mq_msgs l
                             WHERE l.id = ANY (msg_ids)
                               AND l.attempt_at > ts
                               AND l.attempt_at < until
+                              AND (l.ready_at < l.attempt_at
+                                   OR l.ready_at = 'infinity'::timestamptz
+                                   OR (l.deliveries = 0 AND l.commit_interval IS NOT NULL))
                             FOR NO KEY UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
@@ -74,7 +88,9 @@ $$;
 
 -- Keep-alive plus progress: replaces the payload where a new one is given and
 -- grants extra_retries more deliveries. Only a delivered message whose lease
--- is still running is touched, so a dead message is never revived.
+-- is still running is touched, so a dead message is never revived, and a
+-- failed one waiting for its retry is left as it is. The seed's form: the
+-- sqlxmq crate calls it.
 -- Parameters: msg_id; duration: the new lease; new_payload_json /
 --   new_payload_bytes (NULL: keep); extra_retries.
 -- Returns: nothing. Duty: consume.
@@ -92,13 +108,30 @@ BEGIN
 END;
 $$;
 
+-- The form before the attempt number: a call with five arguments would
+-- match it and the one below.
+DO $$
+BEGIN
+    IF pg_catalog.to_regprocedure(
+           pg_catalog.quote_ident(pg_catalog.current_schema())
+           OPERATOR(pg_catalog.||) '.mq_checkpoint_found(uuid, interval, text, bytea, integer)')
+       IS NOT NULL THEN
+        DROP FUNCTION mq_checkpoint_found(uuid, interval, text, bytea, int);
+    END IF;
+END
+$$;
+
 -- mq_checkpoint that reports whether the message was found holding a lease.
--- Parameters: as mq_checkpoint.
+-- With an attempt number, only that delivery may checkpoint the message, as
+-- only it may complete or fail it.
+-- Parameters: as mq_checkpoint; msg_attempt: the delivery that holds the
+--   lease (NULL: any).
 -- Returns: whether the message held a lease. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_checkpoint_found(msg_id uuid, duration interval,
                                                new_payload_json text,
                                                new_payload_bytes bytea,
-                                               extra_retries int)
+                                               extra_retries int,
+                                               msg_attempt int DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -121,15 +154,18 @@ BEGIN
         attempt_at = GREATEST(m.attempt_at, until),
         attempts = LEAST(m.attempts::bigint + COALESCE(extra_retries, 0),
                          2147483647)::int,
-        -- Moves with the lease, or stays at 'infinity' while no attempt is left.
+        -- Moves with the lease (just before its end: still leased), or
+        -- stays at 'infinity' while no attempt is left.
         ready_at = CASE WHEN m.attempts::bigint + COALESCE(extra_retries, 0) = 0
                         THEN 'infinity'::timestamptz
-                        ELSE GREATEST(m.attempt_at, until) END,
+                        ELSE GREATEST(m.attempt_at, until) - interval '1 microsecond' END,
         payload_json = COALESCE(new_payload_json::jsonb, m.payload_json),
         payload_bytes = COALESCE(new_payload_bytes, m.payload_bytes)
     WHERE m.id = msg_id
       AND m.deliveries > 0
-      AND m.attempt_at > ts;
+      AND m.attempt_at > ts
+      AND (m.ready_at < m.attempt_at OR m.ready_at = 'infinity'::timestamptz)
+      AND (msg_attempt IS NULL OR m.deliveries = msg_attempt);
     RETURN FOUND;
 END;
 $$;
@@ -137,8 +173,9 @@ $$;
 -- Records why an attempt failed and schedules the retry one backoff from now
 -- (the backoff of the attempt that failed). With no attempts left the
 -- message is dead at once: kept, never delivered again, announced on mq_dead.
--- With an attempt number, only that delivery may fail the message. A job of
--- the locked lane fails inside the transaction that holds it.
+-- Only a lease holder may fail it (a message waiting for its retry is left
+-- as it is), and with an attempt number, only that delivery. A job of the
+-- locked lane fails inside the transaction that holds it.
 -- Parameters: msg_id; error: recorded as last_error; msg_attempt: the attempt
 --   that failed (NULL: any).
 -- Returns: whether a message was failed. Duty: consume.
@@ -165,6 +202,7 @@ BEGIN
     WHERE m.id = msg_id
       AND m.deliveries > 0
       AND m.attempt_at > ts
+      AND (m.ready_at < m.attempt_at OR m.ready_at = 'infinity'::timestamptz)
       AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
     RETURNING m.attempts = 0 INTO dead;
     IF NOT FOUND THEN

@@ -168,6 +168,15 @@ BEGIN
             octet_length(sched_name)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Refused now, as every slot's insert would refuse them.
+    IF octet_length(channel_name) > (_mq_limits()).max_text
+       OR octet_length(msg_name) > (_mq_limits()).max_text THEN
+        RAISE EXCEPTION 'mq_schedule: schedule %: % is over % bytes',
+            quote_literal(left(sched_name, 100)),
+            CASE WHEN octet_length(channel_name) > (_mq_limits()).max_text
+                 THEN 'channel_name' ELSE 'msg_name' END, (_mq_limits()).max_text
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM _mq_cron_check('mq_schedule', minutes, hours, doms, months, dows, dom_any,
                           dow_any, tz);
     IF backfill IS NULL OR backfill NOT IN ('all', 'latest') THEN

@@ -417,8 +417,9 @@ static void test_claim_writes_no_index_entry(void)
 }
 
 /* Where a message sits in the ready order (ready_at) moves only when its
- * lease does by more than a claim: a keep-alive or a failure moves it to the
- * new attempt_at (out of the polls' way), a final attempt moves to
+ * lease does by more than a claim: a failure moves it to the new attempt_at
+ * and a keep-alive a microsecond before it (out of the polls' way, and
+ * still told apart as leased: schema/lease.sql), a final attempt moves to
  * 'infinity', where mq_reap_dead finds it once its lease has run out. */
 static void test_place_moves_with_keep_alive_and_failure(void)
 {
@@ -441,8 +442,10 @@ static void test_place_moves_with_keep_alive_and_failure(void)
     pqmq_batch_free(b);
     const char *where = "FROM mq_msgs WHERE channel_args = '%s'";
     char sql[128];
-    snprintf(sql, sizeof sql, "SELECT (ready_at = attempt_at)::int %s", where);
+    snprintf(sql, sizeof sql,
+             "SELECT (ready_at = attempt_at - interval '1 microsecond')::int %s", where);
     CHECK_INT(t_sql_int(pg, sql, "a"), 1);
+    snprintf(sql, sizeof sql, "SELECT (ready_at = attempt_at)::int %s", where);
     CHECK_INT(t_sql_int(pg, sql, "b"), 1);
     snprintf(sql, sizeof sql, "SELECT (ready_at = 'infinity')::int %s", where);
     CHECK_INT(t_sql_int(pg, sql, "c"), 1);
