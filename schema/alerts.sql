@@ -35,22 +35,32 @@ AS $$
 $$;
 
 -- The histogram of one delta row: how many messages, their seconds from
--- insert (created) to completion (done_at) summed, and cumulative counts at the
--- bounds of _mq_wait_bounds().
+-- insert (created) to completion (done_at) summed, and cumulative counts at
+-- the bounds of _mq_wait_bounds(). One width_bucket a message, among the
+-- times done_at less each bound (ascending: the largest bound first): the
+-- messages within bound i of m are those past the (m + 1 - i)th.
 CREATE OR REPLACE FUNCTION _mq_waits(done_at timestamptz, created timestamptz[], OUT n bigint,
                                      OUT total double precision, OUT buckets bigint[])
 LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
-    WITH w AS (
-        SELECT pg_catalog.date_part('epoch', done_at OPERATOR(pg_catalog.-) c) AS a
-        FROM unnest(created) AS c
+    WITH th AS (
+        SELECT pg_catalog.array_agg(done_at OPERATOR(pg_catalog.-)
+                                    pg_catalog.make_interval(secs => b.x) ORDER BY b.x DESC) AS a,
+               pg_catalog.count(*)::int AS m
+        FROM unnest(_mq_wait_bounds()) AS b(x)
+    ), w AS (
+        SELECT pg_catalog.width_bucket(c, th.a) AS k, pg_catalog.count(*) AS n,
+               pg_catalog.sum(done_at OPERATOR(pg_catalog.-) c) AS s
+        FROM unnest(created) AS c, th
+        GROUP BY 1
     )
-    SELECT (SELECT pg_catalog.count(*) FROM w),
-           (SELECT COALESCE(pg_catalog.sum(w.a), 0) FROM w),
-           ARRAY(SELECT (SELECT pg_catalog.count(*) FROM w WHERE w.a OPERATOR(pg_catalog.<=) b.x)
-                 FROM unnest(_mq_wait_bounds()) WITH ORDINALITY AS b(x, i)
-                 ORDER BY b.i)
+    SELECT COALESCE((SELECT pg_catalog.sum(w.n) FROM w), 0)::bigint,
+           COALESCE((SELECT pg_catalog.date_part('epoch', pg_catalog.sum(w.s)) FROM w), 0),
+           ARRAY(SELECT COALESCE((SELECT pg_catalog.sum(w.n) FROM w
+                                  WHERE w.k >= th.m + 1 - i), 0)::bigint
+                 FROM th, pg_catalog.generate_series(1, th.m) AS i
+                 ORDER BY i)
 $$;
 
 -- Moves the deltas into mq_events: as _mq_count_fold, one folder at a
