@@ -158,6 +158,47 @@ void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n, int tty);
 int tool_figures_check_named(const tool *t, char *const *channels, size_t n,
                              const tool_figures *rows, size_t count);
 
+/* The alert counters of one channel (mq_alert_metrics; cmd_metrics.c). */
+#define TOOL_WAIT_BUCKETS_MAX 32
+typedef struct {
+    char *channel;
+    long long failed, retried, dead, completed;
+    double wait_sum;
+    size_t nbuckets;                          /* finite bounds */
+    double le[TOOL_WAIT_BUCKETS_MAX];         /* their upper bounds, seconds */
+    long long buckets[TOOL_WAIT_BUCKETS_MAX]; /* cumulative counts */
+    double last_completed;                    /* Unix seconds; 0: none yet */
+} tool_alerts;
+
+/* Reads mq_alert_metrics for the channels (n == 0: all) into *out (caller
+ * frees with tool_alerts_free). Returns 0 or EXIT_ERR (printed). */
+int tool_alerts_read(tool *t, char *const *channels, size_t n, tool_alerts **out,
+                     size_t *count);
+void tool_alerts_free(tool_alerts *a, size_t count);
+/* The alert families of 'pqmq metrics' (counters, the time-in-queue
+ * histogram, the last completion); tty: as for tool_metrics_print. */
+void tool_alerts_print(FILE *f, const tool_alerts *rows, size_t n, int tty);
+
+/* One runner of mq_workers (cmd_workers.c). */
+typedef struct {
+    long long id, jobs_done, jobs_failed;
+    char *host, *version;
+    char *channels;      /* for people: "a, b", or NULL: every channel */
+    char *channels_json; /* a JSON array, or null */
+    int pid, threads, in_flight, live;
+    double started_at, last_seen, seen_ago; /* Unix seconds; seconds */
+} tool_worker;
+
+/* Reads mq_workers (a runner is gone after stale_after seconds without a
+ * heartbeat; 0: the server's default, 30) into *out (caller frees with tool_workers_free).
+ * Returns 0 or EXIT_ERR (printed). */
+int tool_workers_read(tool *t, int stale_after, tool_worker **out, size_t *count);
+void tool_workers_free(tool_worker *w, size_t count);
+/* The runners as JSON: an array of objects. */
+void tool_workers_json(FILE *f, const tool_worker *w, size_t n);
+/* The pqmq_workers{state} gauge of 'pqmq metrics'. */
+void tool_workers_metrics(FILE *f, const tool_worker *w, size_t n);
+
 /* The subcommands: argv[0] is the subcommand's name. */
 int cmd_migrate(tool *t, int argc, char **argv);
 int cmd_status(tool *t, int argc, char **argv);
@@ -169,6 +210,7 @@ int cmd_retry(tool *t, int argc, char **argv);
 int cmd_skip(tool *t, int argc, char **argv);
 int cmd_purge(tool *t, int argc, char **argv);
 int cmd_send(tool *t, int argc, char **argv);
+int cmd_workers(tool *t, int argc, char **argv);
 /* cmd_serve.c, or serve_missing.c when built without libmicrohttpd. */
 int cmd_serve(tool *t, int argc, char **argv);
 

@@ -25,7 +25,8 @@ static const struct {
     {"purge", cmd_purge, "delete a channel's messages"},
     {"send", cmd_send, "insert one message"},
     {"watch", cmd_watch, "status, refreshed when the queue changes"},
-    {"metrics", cmd_metrics, "status in the Prometheus text format"},
+    {"metrics", cmd_metrics, "status and alert counters in the Prometheus text format"},
+    {"workers", cmd_workers, "the runners consuming the queue"},
     {"serve", cmd_serve, "a web dashboard and /metrics over HTTP"},
 };
 

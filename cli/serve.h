@@ -62,6 +62,10 @@ typedef struct serve {
      * sample; error is the last sample's failure, NULL after a good one. */
     tool_figures *rows;
     size_t nrows;
+    tool_alerts *alerts; /* with rows: the alert counters (mq_alert_metrics) */
+    size_t nalerts;
+    tool_worker *workers; /* with rows: the runners (mq_workers) */
+    size_t nworkers;
     pqmq_batch *dead;
     double sampled_at;
     char *error;

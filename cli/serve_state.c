@@ -2,7 +2,8 @@
  * serve_state.c: pqmq serve's snapshot of the queue and its renderings.
  *
  * The sampling loop (cmd_serve.c) and each admin action read the figures
- * (mq_metrics, through tool_figures_read as status and metrics do) and the
+ * (mq_metrics, through tool_figures_read as status and metrics do), the
+ * alert counters and the runners (as metrics and workers do) and the
  * oldest dead letters (pqmq_dead_letters, as pqmq dead does) into the
  * snapshot; requests only render it. So any number of browsers and scrapers
  * costs the database one mq_metrics per --interval, which matters on a big
@@ -50,6 +51,10 @@ int serve_sample(serve *s)
     char err[512] = "";
     tool_figures *rows = NULL;
     size_t n = 0;
+    tool_alerts *alerts = NULL;
+    size_t nalerts = 0;
+    tool_worker *workers = NULL;
+    size_t nworkers = 0;
     pqmq_batch *dead = NULL;
 
     /* A failure is logged once, when it starts or changes, and the recovery
@@ -62,6 +67,10 @@ int serve_sample(serve *s)
         rc = tool_begin(s->t);
     if (!rc)
         rc = tool_figures_read(s->t, NULL, 0, &rows, &n);
+    if (!rc)
+        rc = tool_alerts_read(s->t, NULL, 0, &alerts, &nalerts);
+    if (!rc)
+        rc = tool_workers_read(s->t, 0, &workers, &nworkers);
     if (!rc && pqmq_dead_letters(s->t->client, NULL, 0, s->dead_max, &dead) != PQMQ_OK)
         rc = tool_err(s->t, "%s", tool_lib_error(pqmq_errmsg(s->t->client)));
     /* No transaction stays open between samples (tool_begin). */
@@ -86,17 +95,27 @@ int serve_sample(serve *s)
         for (size_t i = 0; i < n; i++)
             removed += rows[i].removed;
         tool_figures_free(s->rows, s->nrows);
+        tool_alerts_free(s->alerts, s->nalerts);
+        tool_workers_free(s->workers, s->nworkers);
         pqmq_batch_free(s->dead);
         s->rows = rows;
         s->nrows = n;
+        s->alerts = alerts;
+        s->nalerts = nalerts;
+        s->workers = workers;
+        s->nworkers = nworkers;
         s->dead = dead;
         s->sampled_at = wall_now();
         history_add(s, s->sampled_at, removed);
         rows = NULL;
+        alerts = NULL;
+        workers = NULL;
         dead = NULL;
     }
     pthread_mutex_unlock(&s->snap_lock);
     tool_figures_free(rows, n);
+    tool_alerts_free(alerts, nalerts);
+    tool_workers_free(workers, nworkers);
     pqmq_batch_free(dead);
     return rc;
 }
@@ -109,6 +128,8 @@ int serve_render_metrics(const serve *s, FILE *f)
         return -1;
     }
     tool_metrics_print(f, s->rows, s->nrows, 0);
+    tool_alerts_print(f, s->alerts, s->nalerts, 0);
+    tool_workers_metrics(f, s->workers, s->nworkers);
     return 0;
 }
 
@@ -166,6 +187,11 @@ void serve_render_state(const serve *s, FILE *f)
         fputs("null", f);
     fputs(", \"dead\": ", f);
     render_dead(s, f);
+    fputs(",\n \"workers\": ", f);
+    if (s->rows)
+        tool_workers_json(f, s->workers, s->nworkers);
+    else
+        fputs("null\n", f);
     fputs(",\n \"history\": [", f);
     for (size_t i = 0; i < s->hist_n; i++) {
         const serve_point *x = &s->history[(s->hist_first + i) % SERVE_HISTORY_MAX];
@@ -177,8 +203,12 @@ void serve_render_state(const serve *s, FILE *f)
 void serve_state_free(serve *s)
 {
     tool_figures_free(s->rows, s->nrows);
+    tool_alerts_free(s->alerts, s->nalerts);
+    tool_workers_free(s->workers, s->nworkers);
     pqmq_batch_free(s->dead);
     free(s->error);
+    s->alerts = NULL;
+    s->workers = NULL;
     s->rows = NULL;
     s->dead = NULL;
     s->error = NULL;

@@ -3,7 +3,8 @@
  * in-flight jobs alive and completes finished ones in batches; worker
  * threads (worker.c) run the handlers. Between polls the loop sleeps in
  * poll(2) on the control socket and a self-pipe, with the queue's
- * wait_time as timeout: an idle runner sends no queries.
+ * wait_time as timeout: an idle runner sends no queries but its heartbeat
+ * (registry.c, every few seconds).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "registry.h"
 #include "schedule.h"
 #include "workers.h"
 
@@ -356,13 +358,14 @@ struct loop {
     pqmq_runner *r;
     pqmq__claims *q;
     pqmq_client *ctl;
-    pqmq_client *lis; /* LISTENs: ctl, or its own (pqmq_runner_set_listen_dsn) */
-    int poll_due;     /* something may be ready now */
-    int64_t poll_at;  /* or: when the earliest message becomes ready */
-    uint64_t settled; /* processed + failed when the loop last looked */
-    int64_t left_at;  /* locked lane: no lease claim before this */
-    int64_t left_gap; /* locked lane: ms from a lease claim to the next */
-    int64_t tick_at;  /* schedules: evaluate them next at this time */
+    pqmq_client *lis;   /* LISTENs: ctl, or its own (pqmq_runner_set_listen_dsn) */
+    int poll_due;       /* something may be ready now */
+    int64_t poll_at;    /* or: when the earliest message becomes ready */
+    uint64_t settled;   /* processed + failed when the loop last looked */
+    int64_t left_at;    /* locked lane: no lease claim before this */
+    int64_t left_gap;   /* locked lane: ms from a lease claim to the next */
+    int64_t tick_at;    /* schedules: evaluate them next at this time */
+    pqmq__registry reg; /* the runner's entry in mq_workers */
 };
 
 /* Whether the server notifies mq_<channel> for this channel (_mq_wake: a
@@ -751,11 +754,15 @@ static void loop_run(struct loop *L)
             else
                 flush_done(L);
         }
-        if (!stopping)
+        if (!stopping) {
             tick_schedules(L);
+            pqmq__registry_beat(&L->reg, L->ctl, &r->counters);
+        }
         int64_t deadline = pqmq__claims_keep_alive_at(L->q, r->keep_alive_ms);
         if (r->nschedules && !stopping && L->tick_at < deadline)
             deadline = L->tick_at;
+        if (!stopping && L->reg.beat_at < deadline)
+            deadline = L->reg.beat_at;
         if (deadline <= pqmq__now_ms()) {
             keep_alive(L);
             deadline = pqmq__claims_keep_alive_at(L->q, r->keep_alive_ms);
@@ -869,12 +876,14 @@ PQMQ_EXPORT int pqmq_runner_run(pqmq_runner *r)
         loop_close(&L);
         return rc;
     }
+    pqmq__registry_join(&L.reg, L.ctl, r->channels, r->nchannels, r->threads);
     pqmq__log(&r->log, PQMQ_LOG_INFO, "%s: started: %d worker%s, batch %d%s", r->label,
               r->threads, r->threads == 1 ? "" : "s", r->batch,
               r->locked ? ", locked lane" : "");
     loop_run(&L);
     pqmq__workers_join(workers);
     flush_done(&L); /* results of the last handlers */
+    pqmq__registry_leave(&L.reg, L.ctl);
     loop_close(&L);
     pqmq__claims_free(L.q);
     pqmq__log(&r->log, PQMQ_LOG_INFO, "%s: stopped: %llu processed, %llu failed", r->label,

@@ -65,7 +65,10 @@ AS $$
            ('administer', 'mq_clear_count'),
            ('administer', 'mq_stats'), ('administer', 'mq_reap_dead'),
            ('administer', 'mq_metrics'), ('administer', 'mq_peek'),
-           ('administer', 'mq_purge')
+           ('administer', 'mq_purge'), ('administer', 'mq_alert_metrics'),
+           -- A runner registers and heartbeats (schema/workers.sql).
+           ('consume', 'mq_worker_register'), ('consume', 'mq_worker_beat'),
+           ('consume', 'mq_worker_leave'), ('administer', 'mq_workers')
 $$;
 
 -- Lets grantee do duty ('produce', 'consume' or 'administer') on this

@@ -419,3 +419,60 @@ CREATE OR REPLACE TRIGGER mq_msgs_move_row
     WHEN (OLD.channel_name IS DISTINCT FROM NEW.channel_name
           OR OLD.channel_args IS DISTINCT FROM NEW.channel_args)
     EXECUTE FUNCTION _mq_fill_row();
+
+-- Alert counters (schema/alerts.sql), per channel, counted since the
+-- install and never reset: attempts that failed (mq_fail, or a final lease
+-- that ran out), retries scheduled, messages that went dead; and of the
+-- messages completed, how many, their seconds from insert to completion
+-- (sum, and cumulative counts at the bounds of _mq_wait_bounds()) and when
+-- the last one was. As for mq_counts, writers append deltas and
+-- _mq_event_fold moves them into mq_events now and then: a row per failure,
+-- and per channel of a completing statement a row with the statement's
+-- time and its messages' insert times (what a completion pays for the
+-- histogram: the fold computes it).
+CREATE TABLE IF NOT EXISTS mq_events (
+    channel_name      text PRIMARY KEY,
+    failed            bigint NOT NULL DEFAULT 0,
+    retried           bigint NOT NULL DEFAULT 0,
+    dead              bigint NOT NULL DEFAULT 0,
+    completed         bigint NOT NULL DEFAULT 0,
+    wait_sum          double precision NOT NULL DEFAULT 0,
+    wait_buckets      bigint[] NOT NULL DEFAULT '{}',
+    last_completed_at timestamptz
+);
+
+CREATE TABLE IF NOT EXISTS mq_event_deltas (
+    channel_name text NOT NULL,
+    failed       int NOT NULL,
+    retried      int NOT NULL,
+    dead         int NOT NULL,
+    completed_at timestamptz,
+    created      timestamptz[] NOT NULL
+);
+
+ALTER TABLE mq_event_deltas SET (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 500,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- The runners (schema/workers.sql, pqmq workers): one row per running
+-- pqmq_runner, written when it starts, its last_seen and figures updated by
+-- its heartbeat (only id is indexed, and pages keep room: the heartbeat is
+-- a HOT update), deleted when it stops. A row whose heartbeat stopped is
+-- shown as gone, and deleted later.
+CREATE TABLE IF NOT EXISTS mq_workers (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    host        text NOT NULL,
+    pid         int NOT NULL,
+    version     text NOT NULL,
+    channels    text[],
+    threads     int NOT NULL,
+    in_flight   int NOT NULL DEFAULT 0,
+    jobs_done   bigint NOT NULL DEFAULT 0,
+    jobs_failed bigint NOT NULL DEFAULT 0,
+    started_at  timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    last_seen   timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp()
+);
+
+ALTER TABLE mq_workers SET (fillfactor = 50);

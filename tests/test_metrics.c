@@ -346,17 +346,130 @@ static void test_rows_written_by_hand_are_keyed_and_counted(void)
     pqmq_batch_free(b);
 }
 
+/* ---- alert counters (mq_alert_metrics) ---------------------------------- */
+
+static long long alert(const char *channel, const char *column)
+{
+    return t_sql_int(pg, "SELECT COALESCE((SELECT %s FROM mq_alert_metrics(ARRAY['%s'])), -1)",
+                     column, channel);
+}
+
+/* Failed attempts, retries and dead messages are counted where they
+ * happen (mq_fail with and without an attempt left, a final lease that
+ * ran out), not for a skip or a retry by an operator, and survive a drain
+ * and folds. */
+static void test_failures_are_counted(void)
+{
+    t_truncate();
+    /* Two attempts each, no backoff. */
+    insert("alerts", NULL, 2, 0, 1, 0, 0, -1);
+    pqmq_batch *b = poll_ch("alerts", 10);
+    CHECK_INT(pqmq_batch_count(b), 2);
+    uuid_t id0, id1;
+    pqmq_job_id(pqmq_batch_job(b, 0), id0);
+    pqmq_job_id(pqmq_batch_job(b, 1), id1);
+    CHECK_OK(q, pqmq_fail(q, id0, "first"));
+    CHECK_OK(q, pqmq_fail(q, id1, "first"));
+    pqmq_batch_free(b);
+    CHECK_INT(alert("alerts", "failed"), 2);
+    CHECK_INT(alert("alerts", "retried"), 2);
+    CHECK_INT(alert("alerts", "dead"), 0);
+    /* Their second and last attempt fails: dead. */
+    b = poll_ch("alerts", 10);
+    CHECK_INT(pqmq_batch_count(b), 2);
+    pqmq_job_id(pqmq_batch_job(b, 0), id0);
+    CHECK_OK(q, pqmq_fail(q, id0, "second"));
+    pqmq_batch_free(b);
+    CHECK_INT(alert("alerts", "failed"), 3);
+    CHECK_INT(alert("alerts", "retried"), 2);
+    CHECK_INT(alert("alerts", "dead"), 1);
+    /* The other's final lease runs out: reaped, a failure and dead. */
+    t_exec(pg, "UPDATE mq_msgs SET attempt_at = now() - interval '1 second'"
+               " WHERE channel_name = 'alerts' AND dead_since IS NULL AND attempts = 0");
+    CHECK_INT(t_sql_int(pg, "SELECT mq_reap_dead()"), 1);
+    CHECK_INT(alert("alerts", "failed"), 4);
+    CHECK_INT(alert("alerts", "dead"), 2);
+    /* An operator's retry and a skip of a chain member count nothing. */
+    CHECK_INT(t_sql_int(pg, "SELECT mq_retry(ARRAY(SELECT id FROM mq_msgs"
+                            " WHERE channel_name = 'alerts' AND dead_since IS NOT NULL))"),
+              2);
+    insert("alerts", "chain", 2, 1, 3, 1000, 0, -1);
+    CHECK_INT(t_sql_int(pg, "SELECT mq_skip(ARRAY(SELECT id FROM mq_msgs"
+                            " WHERE channel_name = 'alerts' AND chain_seq IS NOT NULL))"),
+              2);
+    CHECK_INT(alert("alerts", "failed"), 4);
+    CHECK_INT(alert("alerts", "retried"), 2);
+    CHECK_INT(alert("alerts", "dead"), 2);
+    /* A drain, a fold and a TRUNCATE keep them. */
+    t_exec(pg, "SELECT count(*) FROM mq_purge('alerts')");
+    t_exec(pg, "SELECT _mq_event_fold()");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_event_deltas"), 0);
+    t_truncate();
+    CHECK_INT(alert("alerts", "failed"), 4);
+    CHECK_INT(alert("alerts", "dead"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_alert_metrics() WHERE channel_name ="
+                            " 'alerts'"),
+              1);
+}
+
+/* Completions feed the time-in-queue histogram (insert to completion,
+ * cumulative buckets) and the last completion's time; a producer's
+ * cancellation of a delayed message and a dead message purged do not. */
+static void test_time_in_queue_histogram(void)
+{
+    t_truncate();
+    insert("waits", NULL, 4, 0, 4, 60000, 0, -1);
+    /* Inserted 2, 2, 20 and 2000 seconds ago (by hand). */
+    t_exec(pg, "UPDATE mq_msgs SET created_at = now() - make_interval(secs => s.age)"
+               " FROM (SELECT id, (ARRAY[2, 2, 20, 2000])[row_number() OVER (ORDER BY id)]"
+               " AS age FROM mq_msgs WHERE channel_name = 'waits') s WHERE mq_msgs.id = s.id");
+    CHECK_INT(t_sql_int(pg, "SELECT (last_completed_at IS NULL)::int"
+                            " FROM mq_alert_metrics(ARRAY['waits'])"),
+              1);
+    pqmq_batch *b = poll_ch("waits", 10);
+    CHECK_INT(pqmq_batch_count(b), 4);
+    CHECK_OK(q, pqmq_complete_batch(q, b));
+    pqmq_batch_free(b);
+    /* Cancelled before delivery, and purged dead: not completions. */
+    insert("waits", NULL, 1, 0, 4, 60000, 3600000, -1);
+    t_exec(pg, "SELECT mq_delete(ARRAY(SELECT id FROM mq_msgs WHERE channel_name = 'waits'))");
+    insert("waits", NULL, 1, 0, 0, 60000, 0, -1);
+    b = poll_ch("waits", 10);
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    CHECK_OK(q, pqmq_fail(q, id, "no"));
+    pqmq_batch_free(b);
+    t_exec(pg, "SELECT count(*) FROM mq_purge('waits')");
+
+    CHECK_INT(alert("waits", "completed"), 4);
+    PGresult *r = t_sql(pg, "SELECT array_to_string(wait_le, ' '),"
+                            " array_to_string(wait_buckets, ' '), wait_sum,"
+                            " extract(epoch FROM now() - last_completed_at)"
+                            " FROM mq_alert_metrics(ARRAY['waits'])");
+    CHECK(r && PQntuples(r) == 1);
+    if (r && PQntuples(r) == 1) {
+        CHECK_STR(PQgetvalue(r, 0, 0), "0.01 0.05 0.1 0.5 1 5 10 30 60 300 900 3600");
+        CHECK_STR(PQgetvalue(r, 0, 1), "0 0 0 0 0 2 2 3 3 3 3 4");
+        double sum = atof(PQgetvalue(r, 0, 2));
+        CHECK(sum >= 2024 && sum < 2030);
+        double ago = atof(PQgetvalue(r, 0, 3));
+        CHECK(ago >= 0 && ago < 60);
+    }
+    PQclear(r);
+}
+
 /* ---- a parser of the Prometheus text exposition format ------------------ */
 
 typedef struct {
     char name[64];
     char channel[128];
     char state[32];
+    char le[32];
     double value;
 } sample;
 
 typedef struct {
-    sample s[256];
+    sample s[1024];
     int n;
     char types[16][64]; /* families with a TYPE line */
     int ntypes;
@@ -422,6 +535,8 @@ static int parse_sample(const char *line, sample *out)
                 strcpy(out->channel, value);
             else if (!strcmp(label, "state") && strlen(value) < sizeof out->state)
                 strcpy(out->state, value);
+            else if (!strcmp(label, "le") && strlen(value) < sizeof out->le)
+                strcpy(out->le, value);
             else
                 return -1; /* a label this test does not expect */
             if (*p == ',')
@@ -462,7 +577,9 @@ static void parse_exposition(const char *text, exposition *e)
         if (!strncmp(buf, "# TYPE ", 7)) {
             char name[64], type[32];
             if (sscanf(buf + 7, "%63s %31s", name, type) != 2 ||
-                (strcmp(type, "gauge") && strcmp(type, "counter")) || e->ntypes == 16)
+                (strcmp(type, "gauge") && strcmp(type, "counter") &&
+                 strcmp(type, "histogram")) ||
+                e->ntypes == 16)
                 e->errors++;
             else
                 strcpy(e->types[e->ntypes++], name);
@@ -470,10 +587,16 @@ static void parse_exposition(const char *text, exposition *e)
             continue;
         } else if (buf[0] == '#') {
             continue;
-        } else if (e->n < 256 && parse_sample(buf, &e->s[e->n]) == 0) {
+        } else if (e->n < 1024 && parse_sample(buf, &e->s[e->n]) == 0) {
             int declared = 0;
-            for (int i = 0; i < e->ntypes; i++)
-                declared |= !strcmp(e->types[i], e->s[e->n].name);
+            const char *nm = e->s[e->n].name;
+            for (int i = 0; i < e->ntypes; i++) {
+                size_t k = strlen(e->types[i]);
+                /* (a histogram's samples: NAME_bucket, NAME_sum, NAME_count) */
+                declared |= !strncmp(e->types[i], nm, k) &&
+                            (!nm[k] || !strcmp(nm + k, "_bucket") || !strcmp(nm + k, "_sum") ||
+                             !strcmp(nm + k, "_count"));
+            }
             if (!declared)
                 e->errors++; /* a sample before its family's TYPE line */
             e->n++;
@@ -490,6 +613,15 @@ static const sample *find(const exposition *e, const char *name, const char *cha
     for (int i = 0; i < e->n; i++)
         if (!strcmp(e->s[i].name, name) && !strcmp(e->s[i].channel, channel) &&
             !strcmp(e->s[i].state, state ? state : ""))
+            return &e->s[i];
+    return NULL;
+}
+
+static const sample *find_le(const exposition *e, const char *channel, const char *le)
+{
+    for (int i = 0; i < e->n; i++)
+        if (!strcmp(e->s[i].name, "pqmq_time_in_queue_seconds_bucket") &&
+            !strcmp(e->s[i].channel, channel) && !strcmp(e->s[i].le, le))
             return &e->s[i];
     return NULL;
 }
@@ -596,7 +728,8 @@ static void test_pqmq_metrics_parses_and_matches(void)
     exposition e;
     parse_exposition(text, &e);
     CHECK_INT(e.errors, 0);
-    CHECK_INT(e.ntypes, 4);
+    /* 4 families of status, 5 of alerts, the workers' gauge */
+    CHECK_INT(e.ntypes, 10);
 
     static const char *const states[] = {"ready",       "in_flight", "scheduled",
                                          "uncommitted", "waiting",   "dead"};
@@ -623,8 +756,38 @@ static void test_pqmq_metrics_parses_and_matches(void)
         CHECK(find(&e, "pqmq_oldest_ready_age_seconds", ch, NULL) != NULL);
     }
     CHECK(saw_odd);
-    CHECK_INT(e.n, channels * 9);
     PQclear(r);
+    /* The alert families match mq_alert_metrics, channel by channel. */
+    r = t_sql(pg, "SELECT channel_name, failed, retried, dead, completed,"
+                  " wait_buckets[5], last_completed_at IS NOT NULL FROM mq_alert_metrics()");
+    int arows = r ? PQntuples(r) : 0, completed_channels = 0;
+    /* (and channels with failures whose messages went with a TRUNCATE) */
+    CHECK(arows >= channels);
+    static const char *const counters[] = {"pqmq_failed_attempts_total", "pqmq_retries_total",
+                                           "pqmq_dead_total",
+                                           "pqmq_time_in_queue_seconds_count"};
+    for (int i = 0; i < arows; i++) {
+        const char *ch = PQgetvalue(r, i, 0);
+        for (int k = 0; k < 4; k++) {
+            const sample *x = find(&e, counters[k], ch, NULL);
+            if (!x || x->value != atof(PQgetvalue(r, i, k + 1)))
+                t_fail(__FILE__, __LINE__, "%s{%s}: %g, mq_alert_metrics %s", counters[k], ch,
+                       x ? x->value : -1, PQgetvalue(r, i, k + 1));
+        }
+        const sample *b = find_le(&e, ch, "1");
+        CHECK(b && b->value == atof(PQgetvalue(r, i, 5)));
+        b = find_le(&e, ch, "+Inf");
+        CHECK(b && b->value == atof(PQgetvalue(r, i, 4)));
+        int done = PQgetvalue(r, i, 6)[0] == 't';
+        completed_channels += done;
+        CHECK((find(&e, "pqmq_last_completion_timestamp_seconds", ch, NULL) != NULL) == done);
+    }
+    PQclear(r);
+    CHECK(completed_channels > 0);
+    /* Per channel: 9 of status; 3 counters, 13 buckets, sum and count;
+     * the last completion where there was one; the workers' 2. */
+    CHECK_INT(e.n, channels * 9 + arows * 18 + completed_channels + 2);
+    CHECK(find(&e, "pqmq_workers", "", "live") != NULL);
     const sample *x = find(&e, "pqmq_messages", odd_channel, "waiting");
     CHECK(x && x->value == 4);
     x = find(&e, "pqmq_messages", spaced_channel, "ready");
@@ -636,7 +799,12 @@ static void test_pqmq_metrics_parses_and_matches(void)
     CHECK_INT(st, 0);
     parse_exposition(text ? text : "", &e);
     CHECK_INT(e.errors, 0);
-    CHECK_INT(e.n, 9);
+    CHECK_INT(e.n, 9 + 18 +
+                       (int)t_sql_int(pg, "SELECT count(*) FROM mq_alert_metrics("
+                                          "ARRAY['plain']) WHERE last_completed_at"
+                                          " IS NOT NULL") +
+                       2);
+    CHECK(find(&e, "pqmq_failed_attempts_total", "plain", NULL) != NULL);
     x = find(&e, "pqmq_messages", "plain", "in_flight");
     CHECK(x && x->value == 2);
     free(text);
@@ -670,6 +838,8 @@ int main(void)
     T_RUN(test_counters_take_a_row_a_statement);
     T_RUN(test_drained_channel_keeps_its_counter);
     T_RUN(test_rows_written_by_hand_are_keyed_and_counted);
+    T_RUN(test_failures_are_counted);
+    T_RUN(test_time_in_queue_histogram);
     T_RUN(test_named_channels_read_only_their_messages);
     T_RUN(test_channel_test_is_inlined);
     T_RUN(test_pqmq_metrics_parses_and_matches);

@@ -221,6 +221,39 @@ jq -e '[.history[][1]] | . == (. | sort)' "$work/body" >/dev/null ||
 http 200 /metrics
 grep -qx 'pqmq_removed_total{channel="drainme"} 5' "$work/body" ||
     fail "/metrics lost the drained channel's counter: $(grep drainme "$work/body")"
+# The alert families: the drained channel's 5 completions in its histogram,
+# its last completion, and the counters' TYPE lines.
+grep -qx 'pqmq_time_in_queue_seconds_count{channel="drainme"} 5' "$work/body" ||
+    fail "/metrics: no time-in-queue count for drainme: $(grep 'seconds_count{channel="drainme"' "$work/body")"
+grep -qx 'pqmq_time_in_queue_seconds_bucket{channel="drainme",le="+Inf"} 5' "$work/body" ||
+    fail "/metrics: no +Inf bucket for drainme"
+grep -q '^pqmq_last_completion_timestamp_seconds{channel="drainme"} [0-9]' "$work/body" ||
+    fail "/metrics: no last completion for drainme"
+for family in 'pqmq_failed_attempts_total counter' 'pqmq_retries_total counter' \
+    'pqmq_dead_total counter' 'pqmq_time_in_queue_seconds histogram' \
+    'pqmq_last_completion_timestamp_seconds gauge' 'pqmq_workers gauge'; do
+    grep -qx "# TYPE $family" "$work/body" || fail "/metrics: no '# TYPE $family'"
+    grep -q "^# HELP ${family%% *} " "$work/body" || fail "/metrics: no HELP for ${family%% *}"
+done
+
+# mail's message failed its only attempt: one failure, no retry, one dead.
+grep -qx 'pqmq_failed_attempts_total{channel="mail"} 1' "$work/body" &&
+    grep -qx 'pqmq_retries_total{channel="mail"} 0' "$work/body" &&
+    grep -qx 'pqmq_dead_total{channel="mail"} 1' "$work/body" ||
+    fail "/metrics: mail's alert counters: $(grep '_total{channel="mail"}' "$work/body")"
+
+# A runner registered (as pqmq_runner does) shows in /api/state and /metrics.
+worker_id=$(sql "SELECT mq_worker_register('web-1', 4242, '1.0.0', '{billing}', 2)")
+for _ in $(seq 30); do
+    http 200 /api/state
+    [[ $(jq -r '[.workers[] | select(.pid == 4242) | .host][0]' "$work/body") == web-1 ]] && break
+    sleep 0.5
+done
+[[ $(jq -r '[.workers[] | select(.pid == 4242) | .state][0]' "$work/body") == live ]] ||
+    fail "/api/state: the registered runner is missing: $(jq -c .workers "$work/body")"
+http 200 /metrics
+grep -qx 'pqmq_workers{state="live"} 1' "$work/body" ||
+    fail "/metrics: $(grep '^pqmq_workers' "$work/body")"
 
 # --- the page's counts, in headless Chromium ---------------------------------
 echo "== the page's counts, in headless Chromium (at ${SECONDS}s)"
@@ -266,6 +299,9 @@ if ((wd_rc == 0)); then
         "$mail_id" | grep -qF "SMTP 550: mailbox unavailable" || fail "the page lacks the dead letter's error"
     wd_wait 'return document.querySelector("#blocked tr[data-id=\"" + arguments[0] + "\"]") !== null' \
         "$head_id" || fail "the blocked chain's head is not under Blocked chains"
+    wd_wait 'const tr = document.querySelector("#workers tr[data-worker=\"" + arguments[0] + "\"]");
+      return tr !== null && tr.cells[0].textContent === "web-1" && tr.cells[2].textContent === "live"' \
+        "$worker_id" || fail "the page's workers section lacks web-1: $WD_WHY"
     wd_wait 'return document.querySelector("#chart path.line") !== null' \
         || fail "the throughput chart has no line"
     mkdir -p "$(dirname "$shot")"

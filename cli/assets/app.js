@@ -187,6 +187,34 @@
     $('channels-empty').hidden = chans.length > 0 || !st.status;
   }
 
+  // The runners (pqmq_runner registers and heartbeats; gone: no heartbeat
+  // lately).
+  function renderWorkers(st) {
+    const body = $('workers').tBodies[0];
+    body.textContent = '';
+    const ws = st.workers || [];
+    let live = 0;
+    for (const w of ws) {
+      const tr = el('tr', null, w.state === 'live' ? '' : 'gone');
+      tr.dataset.worker = String(w.id);
+      live += w.state === 'live' ? 1 : 0;
+      tr.appendChild(el('td', w.host));
+      tr.appendChild(el('td', w.pid, 'n'));
+      tr.appendChild(el('td', w.state, w.state === 'live' ? '' : 'hot'));
+      tr.appendChild(el('td', new Date(w.started_at * 1000).toLocaleString('en-GB')));
+      tr.appendChild(el('td', fmtAge(w.seen_ago_seconds) + ' ago', 'n'));
+      tr.appendChild(el('td', fmtInt(w.jobs_done), 'n'));
+      tr.appendChild(el('td', fmtInt(w.jobs_failed), 'n'));
+      tr.appendChild(el('td', fmtInt(w.in_flight), 'n'));
+      tr.appendChild(el('td', w.threads, 'n'));
+      tr.appendChild(el('td', w.version));
+      tr.appendChild(el('td', w.channels === null ? '(all)' : w.channels.join(', ')));
+      body.appendChild(tr);
+    }
+    $('workers-count').textContent = st.workers ? '(' + live + ' live of ' + ws.length + ')' : '';
+    $('workers-empty').hidden = ws.length > 0 || !st.workers;
+  }
+
   function actionButton(st, action, d) {
     const b = el('button', action === 'retry' ? 'Retry' : 'Skip', action);
     b.dataset.action = action;
@@ -251,6 +279,7 @@
     renderCards(st);
     drawChart(st);
     renderChannels(st);
+    renderWorkers(st);
     renderDead(st);
     $('footer').textContent = 'pqmq ' + st.version + ' · the queue is read every ' + st.interval +
       ' s · metrics for Prometheus at /metrics';
