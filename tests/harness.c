@@ -10,6 +10,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include <sys/wait.h>
 #include <unistd.h>
 
 int t_failed_checks;
@@ -392,4 +394,29 @@ void t_insert_spread(pqmq_client *q, int n, const char *channel, const char *nam
         CHECK_OK(q, pqmq_insert(q, msgs, (size_t)k));
         t_msgs_free(msgs, (size_t)k);
     }
+}
+
+/* Runs the pqmq command on the test schema; returns its stdout (caller
+ * frees) and sets *status to its exit status. */
+char *t_run_pqmq(const char *args, int *status)
+{
+    const char *dir = getenv("PQMQ_TEST_BUILDDIR");
+    char *cmd = NULL, *out = NULL;
+    size_t len = 0;
+    if (asprintf(&cmd, "'%s/cli/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s", dir ? dir : ".",
+                 t_schema(), args) < 0)
+        return NULL;
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    if (!p)
+        return NULL;
+    FILE *m = open_memstream(&out, &len);
+    char buf[4096];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, p)) > 0)
+        fwrite(buf, 1, k, m);
+    fclose(m);
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
 }

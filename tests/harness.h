@@ -102,6 +102,9 @@ PGresult *t_sql(PGconn *conn, const char *fmt, ...) __attribute__((format(printf
 /* Runs SQL returning one value; returns it as a long long (-1 on NULL or
  * error, which also fails the check). */
 long long t_sql_int(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Runs the pqmq command ($PQMQ_TEST_BUILDDIR/cli/pqmq) on the test schema with
+ * args; returns its stdout (caller frees) and sets *status to its exit status. */
+char *t_run_pqmq(const char *args, int *status);
 /* Runs a statement expected to succeed, discarding its result. */
 void t_exec(PGconn *conn, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

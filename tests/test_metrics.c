@@ -626,31 +626,6 @@ static const sample *find_le(const exposition *e, const char *channel, const cha
     return NULL;
 }
 
-/* Runs the pqmq command on the test schema; returns its stdout (caller
- * frees) and sets *status to its exit status. */
-static char *run_pqmq(const char *args, int *status)
-{
-    const char *dir = getenv("PQMQ_TEST_BUILDDIR");
-    char *cmd = NULL, *out = NULL;
-    size_t len = 0;
-    if (asprintf(&cmd, "'%s/cli/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s", dir ? dir : ".",
-                 t_schema(), args) < 0)
-        return NULL;
-    FILE *p = popen(cmd, "r");
-    free(cmd);
-    if (!p)
-        return NULL;
-    FILE *m = open_memstream(&out, &len);
-    char buf[4096];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, p)) > 0)
-        fwrite(buf, 1, k, m);
-    fclose(m);
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return out;
-}
-
 /* Rows of mq_msgs fetched so far, with every connection's counters in. */
 static long long rows_fetched(void)
 {
@@ -720,7 +695,7 @@ static void test_pqmq_metrics_parses_and_matches(void)
 {
     build_mixed_queue();
     int st = -1;
-    char *text = run_pqmq("metrics", &st);
+    char *text = t_run_pqmq("metrics", &st);
     CHECK_INT(st, 0);
     CHECK(text != NULL);
     if (!text)
@@ -795,7 +770,7 @@ static void test_pqmq_metrics_parses_and_matches(void)
     free(text);
 
     /* Only the named channels. */
-    text = run_pqmq("metrics plain", &st);
+    text = t_run_pqmq("metrics plain", &st);
     CHECK_INT(st, 0);
     parse_exposition(text ? text : "", &e);
     CHECK_INT(e.errors, 0);

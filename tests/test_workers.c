@@ -28,31 +28,6 @@ static long long rows_of(long pid)
     return t_sql_int(pg, "SELECT count(*) FROM mq_workers() WHERE pid = %ld", pid);
 }
 
-/* Runs the pqmq command on the test schema; returns its stdout (caller
- * frees) and sets *status to its exit status. */
-static char *run_pqmq(const char *args, int *status)
-{
-    const char *dir = getenv("PQMQ_TEST_BUILDDIR");
-    char *cmd = NULL, *out = NULL;
-    size_t len = 0;
-    if (asprintf(&cmd, "'%s/cli/pqmq' -d \"$PQMQ_TEST_DSN\" --schema %s %s", dir ? dir : ".",
-                 t_schema(), args) < 0)
-        return NULL;
-    FILE *p = popen(cmd, "r");
-    free(cmd);
-    if (!p)
-        return NULL;
-    FILE *m = open_memstream(&out, &len);
-    char buf[4096];
-    size_t k;
-    while ((k = fread(buf, 1, sizeof buf, p)) > 0)
-        fwrite(buf, 1, k, m);
-    fclose(m);
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return out;
-}
-
 /* A runner registers with what it is, heartbeats with its figures every
  * few seconds, and deletes its entry when it stops. */
 static void test_runner_appears_beats_and_leaves(void)
@@ -86,7 +61,7 @@ static void test_runner_appears_beats_and_leaves(void)
     PQclear(x);
     /* While it runs, pqmq metrics counts it live. */
     int st = -1;
-    char *text = run_pqmq("metrics", &st);
+    char *text = t_run_pqmq("metrics", &st);
     CHECK_INT(st, 0);
     CHECK(text && strstr(text, "\npqmq_workers{state=\"live\"} 1\n"));
     CHECK(text && strstr(text, "# TYPE pqmq_workers gauge\n"));
@@ -143,20 +118,20 @@ static void test_killed_runner_goes_stale(void)
               0);
 
     int st = -1;
-    char *text = run_pqmq("workers --stale 1", &st);
+    char *text = t_run_pqmq("workers --stale 1", &st);
     CHECK_INT(st, 0);
     char want[64];
     snprintf(want, sizeof want, " %ld gone ", (long)child);
     CHECK(text && strstr(text, "HOST") && strstr(text, "STATE") && strstr(text, want));
     CHECK(text && strstr(text, " killed\n"));
     free(text);
-    text = run_pqmq("workers --stale 1 --json", &st);
+    text = t_run_pqmq("workers --stale 1 --json", &st);
     CHECK_INT(st, 0);
     snprintf(want, sizeof want, "\"pid\": %ld,", (long)child);
     CHECK(text && strstr(text, want) && strstr(text, "\"state\": \"gone\"") &&
           strstr(text, "\"channels\": [\"killed\"]"));
     free(text);
-    text = run_pqmq("workers --stale 0", &st);
+    text = t_run_pqmq("workers --stale 0", &st);
     CHECK_INT(st, 2);
     free(text);
 
@@ -164,7 +139,7 @@ static void test_killed_runner_goes_stale(void)
     t_exec(pg, "UPDATE mq_workers SET last_seen = now() - interval '61 minutes'");
     CHECK_INT(rows_of((long)child), 0);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_workers"), 0);
-    text = run_pqmq("workers --json", &st);
+    text = t_run_pqmq("workers --json", &st);
     CHECK_INT(st, 0);
     CHECK(text && !strcmp(text, "[]\n"));
     free(text);
