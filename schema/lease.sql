@@ -72,7 +72,7 @@ BEGIN
                                THEN m.commit_interval + (until - m.attempt_at)
                                ELSE m.commit_interval END,
         ready_at = CASE WHEN m.ready_at = 'infinity'::timestamptz THEN m.ready_at
-                        ELSE until - interval '1 microsecond' END
+                        ELSE _mq_at(until, interval '-1 microsecond') END
     WHERE m.id = ANY (ARRAY(SELECT l.id FROM mq_msgs l
                             WHERE l.id = ANY (msg_ids)
                               AND l.attempt_at > ts
@@ -158,7 +158,7 @@ BEGIN
         -- stays at 'infinity' while no attempt is left.
         ready_at = CASE WHEN m.attempts::bigint + COALESCE(extra_retries, 0) = 0
                         THEN 'infinity'::timestamptz
-                        ELSE GREATEST(m.attempt_at, until) - interval '1 microsecond' END,
+                        ELSE _mq_at(GREATEST(m.attempt_at, until), interval '-1 microsecond') END,
         payload_json = COALESCE(new_payload_json::jsonb, m.payload_json),
         payload_bytes = COALESCE(new_payload_bytes, m.payload_bytes)
     WHERE m.id = msg_id
