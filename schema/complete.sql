@@ -64,6 +64,10 @@ BEGIN
     INTO n, chans
     FROM gone g;
     IF n < cardinality(msg_ids) THEN
+        -- Logged messages: one mq_done row a receipt.
+        n := n + _mq_log_complete(msg_ids, by_id, att);
+    END IF;
+    IF n < cardinality(msg_ids) THEN
         -- Keyed messages release their keys: take the keys' locks in key
         -- order first, as producers do (_mq_lock_keys), against deadlock.
         PERFORM _mq_lock_keys(msg_ids);
@@ -79,6 +83,11 @@ BEGIN
         FROM gone g;
         n := n + k;
         chans := chans || more;
+    END IF;
+    -- A logged message no claim has reached: deleted unfenced (a producer's
+    -- cancellation, an operator's purge).
+    IF n < cardinality(msg_ids) AND msg_attempts IS NULL THEN
+        n := n + _mq_log_forget(msg_ids);
     END IF;
     -- A chain moved on: its next member may be ready now.
     IF chans IS NOT NULL THEN
@@ -186,6 +195,8 @@ DECLARE
     by_id uuid[]; -- as in mq_complete
     att   int[];
 BEGIN
+    -- A logged message moves to mq_msgs first, in its delivery's state.
+    PERFORM _mq_log_move(msg_ids);
     IF cardinality(msg_ids) IS DISTINCT FROM cardinality(msg_attempts)
        OR array_position(msg_attempts, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'mq_release: % ids but % attempt numbers (none may be NULL)',

@@ -109,7 +109,12 @@ BEGIN
            -- channel (byte order: no locale's rules), how many are ordered.
            pg_catalog.min(t.channel_name COLLATE "C") AS first_name,
            pg_catalog.max(t.channel_name COLLATE "C") AS last_name,
-           pg_catalog.count(*) FILTER (WHERE t.ordered) AS waiting
+           pg_catalog.count(*) FILTER (WHERE t.ordered) AS waiting,
+           -- Whether every message needs only its first delivery: the log
+           -- takes the batch (below).
+           pg_catalog.bool_and(t.ordered IS NOT TRUE
+                               AND COALESCE(t.delay, interval '0') <= interval '0'
+                               AND t.commit_interval IS NULL) AS plain
     INTO pass
     FROM unnest(new_messages) WITH ORDINALITY AS t;
     IF pass.bad IS NOT NULL THEN
@@ -183,6 +188,57 @@ BEGIN
         base := nextval('mq_chain_seq');
     END IF;
 
+    -- A batch of messages that need nothing but their first delivery
+    -- (unordered, no delay, committed, priority 0, no unique key) is
+    -- appended to the log: one row a message, never updated (DESIGN.md,
+    -- Storage). Any other batch is written to mq_msgs whole.
+    IF pass.plain AND unique_keys IS NULL
+       AND (priorities IS NULL
+            OR NOT EXISTS (SELECT 1 FROM unnest(priorities) AS p WHERE p > 0))
+       AND current_setting('pqmq.citus', true) IS DISTINCT FROM 'on' THEN
+        PERFORM _mq_log_append(new_messages, ts, pass.first_name = pass.last_name);
+    ELSE
+        PERFORM _mq_insert_msgs(new_messages, ts, unique_keys, key_retention, priorities, base);
+    END IF;
+
+    IF pass.first_name = pass.last_name THEN
+        -- A batch on one channel (the common case) does _mq_count_batch's and
+        -- _mq_wake's work here: a call of a function that pins settings costs
+        -- more than these statements, a large part of a one-message insert
+        -- (bench/insert_instructions.sh). Same statements.
+        INSERT INTO mq_count_batches (sign, names, totals, waits)
+        VALUES (1, ARRAY[pass.first_name], ARRAY[cardinality(new_messages)],
+                ARRAY[pass.waiting::int]);
+        IF pg_catalog.random() < 0.004 THEN
+            PERFORM _mq_count_fold();
+        END IF;
+        IF octet_length(pass.first_name) <= 60 THEN
+            PERFORM pg_notify('mq_' || pass.first_name, '');
+        END IF;
+        PERFORM pg_notify('mq', '');
+    ELSE
+        SELECT array_agg(t.channel_name), array_agg(CASE WHEN t.ordered THEN 1 ELSE 0 END)
+        INTO names, ords
+        FROM unnest(new_messages) AS t;
+        PERFORM _mq_count_batch(1, names, array_fill(1, ARRAY[cardinality(names)]), ords);
+        PERFORM _mq_wake(names);
+    END IF;
+END;
+$$;
+
+-- Writes a batch into mq_msgs (_mq_insert_rows, for a batch the log does
+-- not take): base is the batch's first place in chains (NULL: no ordered
+-- message).
+CREATE OR REPLACE FUNCTION _mq_insert_msgs(new_messages mq_new_t[], ts timestamptz,
+                                           unique_keys text[], key_retention interval,
+                                           priorities int[], base bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    bad record;
+BEGIN
     IF current_setting('pqmq.citus', true) = 'on' THEN
         -- Citus copies the rows of the insert below to the worker, and a
         -- duplicate id fails there without its SQLSTATE: found here first,
@@ -222,28 +278,66 @@ BEGIN
     FROM unnest(new_messages) WITH ORDINALITY AS t,
          LATERAL (SELECT ts + COALESCE(t.delay, interval '0')
                             + COALESCE(t.commit_interval, interval '0')) AS r(at);
+    -- An id the log holds (its unique index covers the log only).
+    SELECT l.id INTO bad FROM mq_log l
+    WHERE l.id = ANY (ARRAY(SELECT t.id FROM unnest(new_messages) AS t))
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "mq_msgs_pkey"'
+            USING ERRCODE = 'unique_violation',
+                  DETAIL = format('Key (id)=(%s) already exists.', bad.id);
+    END IF;
+END;
+$$;
 
-    IF pass.first_name = pass.last_name THEN
-        -- A batch on one channel (the common case) does _mq_count_batch's and
-        -- _mq_wake's work here: a call of a function that pins settings costs
-        -- more than these statements, a large part of a one-message insert
-        -- (bench/insert_instructions.sh). Same statements.
-        INSERT INTO mq_count_batches (sign, names, totals, waits)
-        VALUES (1, ARRAY[pass.first_name], ARRAY[cardinality(new_messages)],
-                ARRAY[pass.waiting::int]);
-        IF pg_catalog.random() < 0.004 THEN
-            PERFORM _mq_count_fold();
-        END IF;
-        IF octet_length(pass.first_name) <= 60 THEN
-            PERFORM pg_notify('mq_' || pass.first_name, '');
-        END IF;
-        PERFORM pg_notify('mq', '');
+-- Appends a batch to the log (_mq_insert_rows): each message at the
+-- batch's place plus its position, and a cursor for each new channel
+-- (one_channel: the batch is on one).
+CREATE OR REPLACE FUNCTION _mq_log_append(new_messages mq_new_t[], ts timestamptz,
+                                          one_channel boolean)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    base bigint := nextval('mq_log_place');
+    bad  record;
+BEGIN
+    -- An id mq_msgs holds (the log's unique index covers the log only).
+    SELECT m.id INTO bad FROM mq_msgs m
+    WHERE m.id = ANY (ARRAY(SELECT t.id FROM unnest(new_messages) AS t))
+    LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "mq_log_id"'
+            USING ERRCODE = 'unique_violation',
+                  DETAIL = format('Key (id)=(%s) already exists.', bad.id);
+    END IF;
+    INSERT INTO mq_log (place, channel_key, id, created_at, attempts, retry_backoff,
+                        channel_name, channel_args, name, payload_json, payload_bytes)
+    SELECT base + t.ordinality,
+           (hashtext(t.channel_name)::bigint << 32)
+               | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
+           t.id, ts, LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
+           COALESCE(t.retry_backoff, interval '1 second'),
+           t.channel_name, COALESCE(t.channel_args, ''), COALESCE(t.name, ''),
+           t.payload_json::jsonb, t.payload_bytes
+    FROM unnest(new_messages) WITH ORDINALITY AS t;
+    IF one_channel THEN
+        INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
+        SELECT (hashtext(t.channel_name)::bigint << 32)
+                   | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
+               t.channel_name, COALESCE(t.channel_args, '')
+        FROM unnest(new_messages[1:1]) AS t
+        ON CONFLICT DO NOTHING;
     ELSE
-        SELECT array_agg(t.channel_name), array_agg(CASE WHEN t.ordered THEN 1 ELSE 0 END)
-        INTO names, ords
-        FROM unnest(new_messages) AS t;
-        PERFORM _mq_count_batch(1, names, array_fill(1, ARRAY[cardinality(names)]), ords);
-        PERFORM _mq_wake(names);
+        INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
+        SELECT DISTINCT ON (1)
+               (hashtext(t.channel_name)::bigint << 32)
+                   | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
+               t.channel_name, COALESCE(t.channel_args, '')
+        FROM unnest(new_messages) AS t
+        ORDER BY 1
+        ON CONFLICT DO NOTHING;
     END IF;
 END;
 $$;

@@ -58,6 +58,8 @@ DECLARE
     n     int;
     until timestamptz;
 BEGIN
+    -- A logged message moves to mq_msgs first, in its delivery's state.
+    PERFORM _mq_log_move(msg_ids);
     -- Computed once, outside the statement (which Citus then ships whole).
     until := _mq_lease_end('mq_keep_alive', ts, duration);
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
@@ -140,6 +142,8 @@ DECLARE
     ts    timestamptz := clock_timestamp();
     until timestamptz;
 BEGIN
+    -- A logged message moves to mq_msgs first, in its delivery's state.
+    PERFORM _mq_log_move(ARRAY[msg_id]);
     until := _mq_lease_end('mq_checkpoint', ts, duration);
     IF extra_retries < 0 THEN
         RAISE EXCEPTION 'mq_checkpoint: extra_retries % is negative', extra_retries
@@ -189,6 +193,8 @@ DECLARE
     dead boolean;
     mine xid;
 BEGIN
+    -- A logged message moves to mq_msgs first, in its delivery's state.
+    PERFORM _mq_log_move(ARRAY[msg_id]);
     -- (_mq_at: see schema/common.sql.)
     UPDATE mq_msgs m SET
         attempt_at = CASE WHEN m.attempts > 0

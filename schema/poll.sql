@@ -181,7 +181,14 @@ DECLARE
     max_dur interval := (_mq_limits()).max_duration; -- once, not per row
     chained boolean;
     idle    mq_job_t;
+    n       int;
+    j       mq_job_t;
 BEGIN
+    -- Receipts whose leases ran out hand their messages back first.
+    IF EXISTS (SELECT 1 FROM mq_receipts x
+               WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
+        PERFORM _mq_log_reap(ts);
+    END IF;
     SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
     FROM _mq_pick_set(channel_names, batch_size, ts, lane) p;
 
@@ -224,7 +231,6 @@ BEGIN
                c.deliveries, c.attempts, NULL::text, false
         FROM claimed c
         ORDER BY c.ready_at, c.id;
-        RETURN;
     ELSIF cardinality(picked) > 0 THEN
         RETURN QUERY
         WITH claimed AS (
@@ -258,10 +264,21 @@ BEGIN
         FROM claimed c
         -- Oldest first (final attempts, now at 'infinity', last).
         ORDER BY c.ready_at, c.id;
+    END IF;
+
+    -- The rest of the batch from the log.
+    n := cardinality(picked);
+    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, lane) LOOP
+        n := n + 1;
+        RETURN NEXT j;
+    END LOOP;
+    IF n > 0 THEN
         RETURN;
     END IF;
 
-    -- Nothing claimed: the one row says when to poll again (the rest NULL).
+    -- Nothing claimed: the one row says when to poll again (the rest NULL),
+    -- after a look for logged messages whose producers committed late.
+    PERFORM _mq_log_settle(ts);
     idle.wait_time := _mq_wait_time(channel_names, ts, chained);
     RETURN NEXT idle;
 END;
@@ -290,6 +307,8 @@ DECLARE
     tids   tid[];
     chained boolean;
     idle   mq_job_t;
+    n      int;
+    j      mq_job_t;
 BEGIN
     SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
     FROM _mq_pick_set(channel_names, batch_size, ts, 1) p;
@@ -301,8 +320,16 @@ BEGIN
         FROM mq_msgs m
         WHERE m.ctid = ANY (tids) -- the locked row versions (_mq_pick_set)
         ORDER BY m.ready_at, m.id;
+    END IF;
+    n := cardinality(picked);
+    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1) LOOP
+        n := n + 1;
+        RETURN NEXT j;
+    END LOOP;
+    IF n > 0 THEN
         RETURN;
     END IF;
+    PERFORM _mq_log_settle(ts);
     idle.wait_time := _mq_wait_time(channel_names, ts, chained); -- as in mq_claim_lane
     RETURN NEXT idle;
 END;

@@ -296,6 +296,89 @@ CREATE TABLE IF NOT EXISTS mq_chains (
 
 CREATE INDEX IF NOT EXISTS mq_chains_key ON mq_chains (channel_key);
 
+-- The log (DESIGN.md, Storage): a message that needs nothing but its
+-- first delivery (unordered, priority 0, no delay, committed, no unique
+-- key) is one row here, written once and never updated. A channel's
+-- cursor says how far its log has been handed out; a claim moves cursors
+-- and writes one receipt row a channel; a completion writes one row a
+-- receipt. Anything else that happens to a logged message (a retry, a
+-- keep-alive, a checkpoint, a lease that ran out, a hand edit) moves it to
+-- mq_msgs, the queue's table of exceptions, first.
+CREATE SEQUENCE IF NOT EXISTS mq_log_place INCREMENT BY 16384;
+
+CREATE TABLE IF NOT EXISTS mq_log (
+    -- The message's place: one nextval a batch plus its position in the
+    -- batch (at most 10000 messages, _mq_limits), so places increase in a
+    -- producer's order; a channel's cursor moves through them in order.
+    place         bigint NOT NULL,
+    channel_key   bigint NOT NULL,
+    id            uuid NOT NULL,
+    created_at    timestamptz NOT NULL,
+    attempts      int NOT NULL,
+    retry_backoff interval NOT NULL,
+    channel_name  text NOT NULL,
+    channel_args  text NOT NULL,
+    name          text NOT NULL,
+    payload_json  jsonb,
+    payload_bytes bytea,
+    PRIMARY KEY (channel_key, place)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS mq_log_id ON mq_log (id);
+
+-- One row a channel that ever had a logged message: place, the last place
+-- handed out (everything of the channel's log after it is waiting);
+-- settled, the place up to which every message is known to have been
+-- handed out (a producer that commits late can put a message below the
+-- cursor: _mq_log_settle finds it).
+CREATE TABLE IF NOT EXISTS mq_cursors (
+    channel_key  bigint PRIMARY KEY,
+    place        bigint NOT NULL DEFAULT 0,
+    settled      bigint NOT NULL DEFAULT 0,
+    channel_name text NOT NULL,
+    channel_args text NOT NULL
+) WITH (fillfactor = 50);
+
+-- What one claim took from one channel's log: its places (lo the first),
+-- when, the earliest lease among them (lease_until; 'infinity' once no
+-- member is in flight), the claim's horizon (no transaction that could
+-- still add a place below hi was running after it: _mq_log_settle) and
+-- its lane (0: leased; 1: held by the claimer's transaction, the locked
+-- lane). A channel's receipts cover disjoint ranges of places.
+CREATE TABLE IF NOT EXISTS mq_receipts (
+    channel_key bigint NOT NULL,
+    lo          bigint NOT NULL,
+    hi          bigint NOT NULL,
+    places      bigint[] NOT NULL,
+    claimed_at  timestamptz NOT NULL,
+    lease_until timestamptz NOT NULL,
+    horizon     xid8 NOT NULL,
+    lane        smallint NOT NULL,
+    -- Members moved to mq_msgs (_mq_log_move): written under the receipt's
+    -- row lock, so that a completion waiting for that lock sees the move.
+    moved       bigint[] NOT NULL DEFAULT '{}',
+    PRIMARY KEY (channel_key, lo)
+);
+CREATE INDEX IF NOT EXISTS mq_receipts_open ON mq_receipts (lease_until)
+    WHERE lease_until < 'infinity'::timestamptz;
+
+-- Members of a receipt that were completed: one row a completion and
+-- receipt (a completion never waits for another's).
+CREATE TABLE IF NOT EXISTS mq_done (
+    channel_key bigint NOT NULL,
+    lo          bigint NOT NULL,
+    places      bigint[] NOT NULL
+);
+CREATE INDEX IF NOT EXISTS mq_done_receipt ON mq_done (channel_key, lo);
+
+-- Logged messages taken out before any claim delivered them (deleted, or
+-- moved to mq_msgs after their producer committed late): a claim steps
+-- over them.
+CREATE TABLE IF NOT EXISTS mq_log_gone (
+    channel_key bigint NOT NULL,
+    place       bigint NOT NULL,
+    PRIMARY KEY (channel_key, place)
+);
+
 -- Unique keys (mq_insert_unique, schema/keys.sql): who holds each key of a
 -- channel. A row is written when a message with a key is inserted, and its
 -- primary key is what decides between racing producers. While expires_at is

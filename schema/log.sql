@@ -1,0 +1,523 @@
+-- schema/log.sql: the log's consumer side: claiming from channels' cursors,
+-- completing by receipt, moving a logged message to mq_msgs when anything
+-- but its completion happens to it, reaping receipts whose leases ran out,
+-- and finding messages whose producers committed after a cursor passed
+-- their place. (Producers append in _mq_insert_rows; the tables are in
+-- tables.sql; DESIGN.md, Storage.)
+
+-- A logged message's lease: its backoff, or one second for a zero backoff
+-- (as mq_claim_lane leases).
+CREATE OR REPLACE FUNCTION _mq_log_lease(backoff interval)
+RETURNS interval
+LANGUAGE sql IMMUTABLE
+RETURN CASE WHEN backoff > interval '0' THEN backoff ELSE interval '1 second' END;
+
+-- Whether a row's locker (xmax) ended without committing: a locked
+-- delivery that died (me: this transaction's id, me_lo its low 32 bits;
+-- this transaction counts as alive). Inlined, as _mq_lane_admits.
+CREATE OR REPLACE FUNCTION _mq_locker_died(locker xid, me bigint, me_lo bigint)
+RETURNS boolean
+LANGUAGE sql
+RETURN CASE
+    WHEN locker::text::bigint < 3 OR locker::text::bigint = me_lo THEN false
+    WHEN (me_lo - locker::text::bigint + 6442450944) % 4294967296 - 2147483648 < 0 THEN false
+    ELSE COALESCE(pg_catalog.pg_xact_status(
+                      (me - ((me_lo - locker::text::bigint + 6442450944) % 4294967296
+                             - 2147483648))::text::xid8) = 'aborted', false)
+    END;
+
+-- Claims up to want logged messages of the channels whose keys are in
+-- [lo, hi], visiting cursors from start up to hi (the caller visits the
+-- rest of the range with a second call), at most per_key from each, and
+-- leases them (lane 0) or holds them for the caller's transaction (lane 1:
+-- the cursor's row lock holds them; the receipt, committed with that
+-- transaction, hands back whatever it did not complete: _mq_log_reap). A
+-- channel whose cursor another claim holds is passed (SKIP LOCKED); so is
+-- one whose last locked delivery died (its cursor's locker aborted), in
+-- lane 1 only: lane 2 takes those, with leases.
+-- Returns the jobs (mq_job_t), and last_key, the last channel taken from.
+CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, per_key int,
+                                         want int, ts timestamptz, lane int)
+RETURNS TABLE(job mq_job_t, key bigint, place bigint)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    gone    boolean := EXISTS (SELECT 1 FROM mq_log_gone);
+    horizon xid8 := pg_snapshot_xmax(pg_current_snapshot());
+    visits  int := GREATEST(1, (want + per_key - 1) / per_key);
+    me      bigint := CASE WHEN lane <> 0 THEN _mq_xact_id() END;
+    me_lo   bigint := me & 4294967295;
+BEGIN
+    IF want < 1 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH cur AS (
+        SELECT c.channel_key, c.place FROM mq_cursors c
+        WHERE c.channel_key >= start AND c.channel_key <= hi
+          AND c.channel_key >= lo
+          AND EXISTS (SELECT 1 FROM mq_log l
+                      WHERE l.channel_key = c.channel_key AND l.place > c.place)
+          -- A cursor whose last locker died: not for the locked lane, and
+          -- the only cursors lane 2 takes.
+          AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
+        ORDER BY c.channel_key
+        LIMIT visits
+        FOR NO KEY UPDATE SKIP LOCKED),
+    took AS MATERIALIZED (
+        SELECT t.* FROM cur, LATERAL (
+            SELECT l.place, l.channel_key, l.id, l.created_at, l.attempts, l.retry_backoff,
+                   l.channel_name, l.channel_args, l.name, l.payload_json, l.payload_bytes,
+                   (gone AND EXISTS (SELECT 1 FROM mq_log_gone g
+                                     WHERE g.channel_key = l.channel_key
+                                       AND g.place = l.place)) AS skip
+            FROM mq_log l
+            WHERE l.channel_key = cur.channel_key AND l.place > cur.place
+            ORDER BY l.place
+            LIMIT per_key) t),
+    moved AS (
+        UPDATE mq_cursors c SET place = r.top
+        FROM (SELECT t.channel_key, max(t.place) AS top FROM took t GROUP BY t.channel_key) r
+        WHERE c.channel_key = r.channel_key
+        RETURNING c.channel_key),
+    receipts AS (
+        INSERT INTO mq_receipts (channel_key, lo, hi, places, claimed_at, lease_until,
+                                 horizon, lane)
+        SELECT t.channel_key, min(t.place), max(t.place), array_agg(t.place ORDER BY t.place),
+               ts, CASE WHEN lane = 1 THEN ts ELSE ts + min(_mq_log_lease(t.retry_backoff)) END,
+               horizon, CASE WHEN lane = 1 THEN 1 ELSE 0 END
+        FROM took t
+        WHERE NOT t.skip
+        GROUP BY t.channel_key
+        RETURNING 1)
+    SELECT ROW(t.id, true, t.name, t.payload_json::text, t.payload_bytes,
+               CASE WHEN lane = 1 THEN interval '0' ELSE _mq_log_lease(t.retry_backoff) END,
+               interval '0', t.channel_name, t.channel_args, 1, t.attempts - 1,
+               NULL::text, false)::mq_job_t,
+           t.channel_key, t.place
+    FROM took t
+    WHERE NOT t.skip
+    ORDER BY t.place;
+END;
+$$;
+
+-- The log's part of a poll: up to want messages of channel_names (NULL:
+-- every channel), visited in turn as _mq_pick_set visits mq_msgs (an
+-- unfiltered poll from after the channel this session's previous one took
+-- from last, a named one from a random point of each name's range).
+CREATE OR REPLACE FUNCTION _mq_log_pick(channel_names text[], batch_size int, want int,
+                                        ts timestamptz, lane int)
+RETURNS SETOF mq_job_t
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    per_key  int := GREATEST(1, (batch_size + 3) / 4);
+    turn     text := 'pqmq.log_next_' || 'mq_log'::regclass::oid;
+    kept     text;
+    start    bigint;
+    last_key bigint;
+    rg       record;
+    j        record;
+    nm       text;
+    lo       bigint;
+    hi       bigint;
+    got      int := 0;
+    before   int;
+BEGIN
+    IF want < 1 THEN
+        RETURN;
+    END IF;
+    IF channel_names IS NULL THEN
+        kept := current_setting(turn, true);
+        IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
+            start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
+        ELSE
+            start := (floor(random() * 4294967296)::bigint - 2147483648) << 32;
+        END IF;
+        -- From the turn up, then from the start of the space up to it; each
+        -- range in rounds (a round locks only the cursors it can fill from).
+        FOR rg IN SELECT * FROM (VALUES (1, start, 9223372036854775807::bigint),
+                                        (2, (-9223372036854775808)::bigint,
+                                         CASE WHEN start > -9223372036854775808
+                                              THEN start - 1 END)) v(o, a, b)
+                  WHERE v.a <= v.b ORDER BY v.o LOOP
+            lo := rg.a;
+            LOOP
+                before := got;
+                FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, lo, per_key, want - got, ts,
+                                                     lane) LOOP
+                    got := got + 1;
+                    last_key := j.key;
+                    RETURN NEXT j.job;
+                END LOOP;
+                EXIT WHEN got >= want OR got = before OR last_key >= rg.b;
+                lo := last_key + 1;
+            END LOOP;
+            EXIT WHEN got >= want;
+        END LOOP;
+        IF last_key IS NOT NULL THEN
+            PERFORM set_config(turn, to_hex(CASE WHEN last_key = 9223372036854775807
+                                                 THEN -9223372036854775808
+                                                 ELSE last_key + 1 END), false);
+        END IF;
+        RETURN;
+    END IF;
+    FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
+                              WHERE n IS NOT NULL) d
+              ORDER BY random() LOOP
+        EXIT WHEN got >= want;
+        lo := hashtext(nm)::bigint << 32;
+        hi := lo | 4294967295;
+        start := lo + floor(random() * 4294967296)::bigint;
+        FOR rg IN SELECT * FROM (VALUES (1, start, hi), (2, lo, start - 1)) v(o, a, b)
+                  WHERE v.a <= v.b ORDER BY v.o LOOP
+            EXIT WHEN got >= want;
+            FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, rg.a, per_key, want - got, ts,
+                                                 lane) LOOP
+                got := got + 1;
+                RETURN NEXT j.job;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+END;
+$$;
+
+-- The receipt that holds each of msg_ids, for the functions that act on a
+-- delivery: the logged message's channel, place, receipt (lo), lane and
+-- claim time, with its receipt's row locked (FOR KEY SHARE for a
+-- completion, which never waits for another; FOR UPDATE, in key order, for
+-- a move). Messages not in the log, or that their receipt let go (moved to
+-- mq_msgs), are not returned: mq_msgs answers for them. (A receipt's row is
+-- returned as its lock leaves it, so a member moved meanwhile is not
+-- returned. A channel's receipts cover disjoint ranges of places, so the
+-- one that may hold a place is the last that starts at or before it.)
+CREATE OR REPLACE FUNCTION _mq_log_held(msg_ids uuid[], exclusive boolean)
+RETURNS TABLE(channel_key bigint, place bigint, lo bigint, lane int, claimed_at timestamptz,
+              id uuid, channel_name text, created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF exclusive THEN
+        RETURN QUERY
+        SELECT l.channel_key, l.place, r.lo, r.lane::int, r.claimed_at, l.id, l.channel_name,
+               l.created_at
+        FROM mq_log l
+        CROSS JOIN LATERAL (
+            SELECT r.lo, r.lane, r.claimed_at, r.places, r.moved, r.lease_until
+            FROM mq_receipts r
+            WHERE r.channel_key = l.channel_key AND r.lo <= l.place
+            ORDER BY r.lo DESC LIMIT 1
+            FOR UPDATE) r
+        WHERE l.id = ANY (msg_ids)
+          AND r.lease_until < 'infinity'::timestamptz
+          AND l.place = ANY (r.places) AND l.place <> ALL (r.moved)
+        ORDER BY l.channel_key, r.lo;
+    ELSE
+        RETURN QUERY
+        SELECT l.channel_key, l.place, r.lo, r.lane::int, r.claimed_at, l.id, l.channel_name,
+               l.created_at
+        FROM mq_log l
+        CROSS JOIN LATERAL (
+            SELECT r.lo, r.lane, r.claimed_at, r.places, r.moved, r.lease_until
+            FROM mq_receipts r
+            WHERE r.channel_key = l.channel_key AND r.lo <= l.place
+            ORDER BY r.lo DESC LIMIT 1
+            FOR KEY SHARE) r
+        WHERE l.id = ANY (msg_ids)
+          AND r.lease_until < 'infinity'::timestamptz
+          AND l.place = ANY (r.places) AND l.place <> ALL (r.moved);
+    END IF;
+END;
+$$;
+
+-- Whether a claim delivered the logged message at place of channel key
+-- (a channel's receipts cover disjoint ranges: the one that may hold it is
+-- the last that starts at or before it).
+CREATE OR REPLACE FUNCTION _mq_log_given(key bigint, at bigint)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+RETURN COALESCE((SELECT at = ANY (r.places) FROM mq_receipts r
+                 WHERE r.channel_key = key AND r.lo <= at
+                 ORDER BY r.lo DESC LIMIT 1), false);
+
+-- The counters of logged messages that left the queue (completed, or
+-- deleted before delivery): the count rows of mq_counts and the completion
+-- events of mq_alert_metrics, as mq_msgs' delete triggers write them.
+CREATE OR REPLACE FUNCTION _mq_log_count_gone(names text[], created timestamptz[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts timestamptz := clock_timestamp();
+    r  record;
+BEGIN
+    FOR r IN SELECT u.n, count(*)::int AS k, array_agg(u.c) AS c
+             FROM unnest(names, created) AS u(n, c) GROUP BY u.n LOOP
+        INSERT INTO mq_count_batches (sign, names, totals, waits)
+        VALUES (-1, ARRAY[r.n], ARRAY[r.k], ARRAY[0]);
+        INSERT INTO mq_event_deltas (channel_name, failed, retried, dead, completed_at, created)
+        VALUES (r.n, 0, 0, 0, ts, r.c);
+    END LOOP;
+    IF pg_catalog.random() < 0.004 THEN
+        PERFORM _mq_count_fold();
+    END IF;
+    IF pg_catalog.random() < 0.004 THEN
+        PERFORM _mq_event_fold();
+    END IF;
+END;
+$$;
+
+-- Completes the logged messages among msg_ids that a receipt holds (with
+-- by_id, the ids sorted, and att their attempt numbers: only the delivery
+-- given, 1 for a leased one, 0 for one held by the locked lane), one
+-- mq_done row a receipt. Returns how many.
+CREATE OR REPLACE FUNCTION _mq_log_complete(msg_ids uuid[], by_id uuid[], att int[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    n       int;
+    names   text[];
+    created timestamptz[];
+BEGIN
+    WITH h AS MATERIALIZED (
+        SELECT h.* FROM _mq_log_held(msg_ids, false) h
+        WHERE (by_id IS NULL
+               OR att[width_bucket(h.id, by_id)] = CASE WHEN h.lane = 1 THEN 0 ELSE 1 END)
+          AND NOT EXISTS (SELECT 1 FROM mq_done d
+                          WHERE d.channel_key = h.channel_key AND d.lo = h.lo
+                            AND h.place = ANY (d.places))),
+    ins AS (
+        INSERT INTO mq_done (channel_key, lo, places)
+        SELECT h.channel_key, h.lo, array_agg(h.place) FROM h GROUP BY h.channel_key, h.lo
+        RETURNING 1)
+    SELECT count(*), array_agg(h.channel_name), array_agg(h.created_at)
+    INTO n, names, created
+    FROM h;
+    IF n > 0 THEN
+        PERFORM _mq_log_count_gone(names, created);
+    END IF;
+    RETURN n;
+END;
+$$;
+
+-- Deletes logged messages among msg_ids that no claim has reached (an
+-- unfenced mq_delete: a cancellation or a purge): each is marked gone
+-- (mq_log_gone) under its channel's cursor lock, so no claim delivers it.
+-- Returns how many.
+CREATE OR REPLACE FUNCTION _mq_log_forget(msg_ids uuid[])
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    n       int;
+    names   text[];
+    created timestamptz[];
+BEGIN
+    PERFORM 1 FROM mq_cursors c
+    WHERE c.channel_key IN (SELECT l.channel_key FROM mq_log l WHERE l.id = ANY (msg_ids))
+    ORDER BY c.channel_key
+    FOR NO KEY UPDATE;
+    -- (A new statement: it sees every claim that held those cursors.)
+    WITH g AS (
+        INSERT INTO mq_log_gone (channel_key, place)
+        SELECT l.channel_key, l.place FROM mq_log l
+        JOIN mq_cursors c ON c.channel_key = l.channel_key
+        WHERE l.id = ANY (msg_ids)
+          AND (l.place > c.place
+               OR (l.place > c.settled AND NOT _mq_log_given(l.channel_key, l.place)))
+        ON CONFLICT DO NOTHING
+        RETURNING channel_key, place)
+    SELECT count(*), array_agg(l.channel_name), array_agg(l.created_at)
+    INTO n, names, created
+    FROM g JOIN mq_log l ON l.channel_key = g.channel_key AND l.place = g.place;
+    IF n > 0 THEN
+        PERFORM _mq_log_count_gone(names, created);
+    END IF;
+    RETURN n;
+END;
+$$;
+
+-- Writes the logged messages at places of channel key into mq_msgs, in the
+-- state their delivery left them: lane 0, leased at claimed_at (one attempt
+-- spent, its backoff doubled, in flight until its lease ends, or ready now
+-- if that was past); lane 1 or 2, never delivered (ready now). From then
+-- on mq_msgs holds the message. The caller holds the receipt's row lock and
+-- records the move in it.
+CREATE OR REPLACE FUNCTION _mq_log_to_msgs(key bigint, places bigint[], lane int,
+                                           claimed_at timestamptz, ts timestamptz)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    max_dur interval := (_mq_limits()).max_duration;
+    n       int;
+BEGIN
+    INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
+                         channel_args, deliveries, ready_at, name, payload_json,
+                         payload_bytes, channel_key)
+    SELECT l.id, l.created_at,
+           CASE WHEN lane = 0
+                THEN GREATEST(claimed_at + _mq_log_lease(l.retry_backoff), ts) ELSE ts END,
+           CASE WHEN lane = 0 THEN l.attempts - 1 ELSE l.attempts END,
+           CASE WHEN lane <> 0 THEN l.retry_backoff
+                WHEN l.retry_backoff * 2 > max_dur THEN l.retry_backoff
+                ELSE l.retry_backoff * 2 END,
+           l.channel_name, l.channel_args,
+           CASE WHEN lane = 0 THEN 1 ELSE 0 END,
+           -- (A final attempt in flight waits at 'infinity', as a claim
+           -- leaves it: mq_reap_dead.)
+           CASE WHEN lane = 0 AND l.attempts <= 1 THEN 'infinity'::timestamptz ELSE ts END,
+           l.name, l.payload_json, l.payload_bytes, l.channel_key
+    FROM mq_log l
+    WHERE l.channel_key = key AND l.place = ANY (places);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+
+-- Moves the logged messages among msg_ids that a receipt holds to mq_msgs,
+-- in their delivery's state (_mq_log_to_msgs), so that mq_msgs' functions
+-- (keep-alive, checkpoint, failure, release) act on them. Completed ones
+-- stay completed.
+CREATE OR REPLACE FUNCTION _mq_log_move(msg_ids uuid[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    ts  timestamptz := clock_timestamp();
+    r   record;
+    mv  bigint[];
+BEGIN
+    IF msg_ids IS NULL OR NOT EXISTS (SELECT 1 FROM mq_log l WHERE l.id = ANY (msg_ids)) THEN
+        RETURN;
+    END IF;
+    -- Locks first (key order); what was completed is read after.
+    FOR r IN SELECT h.channel_key, h.lo, h.lane, h.claimed_at,
+                    array_agg(h.place) AS places
+             FROM _mq_log_held(msg_ids, true) h
+             GROUP BY h.channel_key, h.lo, h.lane, h.claimed_at
+             ORDER BY h.channel_key, h.lo LOOP
+        SELECT array_agg(p) INTO mv FROM unnest(r.places) AS p
+        WHERE NOT EXISTS (SELECT 1 FROM mq_done d
+                          WHERE d.channel_key = r.channel_key AND d.lo = r.lo
+                            AND p = ANY (d.places));
+        CONTINUE WHEN mv IS NULL;
+        PERFORM _mq_log_to_msgs(r.channel_key, mv, r.lane, r.claimed_at, ts);
+        UPDATE mq_receipts x SET moved = x.moved || mv
+        WHERE x.channel_key = r.channel_key AND x.lo = r.lo;
+    END LOOP;
+END;
+$$;
+
+-- Hands back what receipts whose leases ran out still hold: each member
+-- neither completed nor moved whose own lease ended (every member of a
+-- locked-lane receipt, whose transaction committed without completing it)
+-- moves to mq_msgs (_mq_log_to_msgs: ready at once, or dead-bound after
+-- its final attempt); the receipt's lease becomes the earliest left, or
+-- 'infinity' when none is. A receipt a completion holds is passed, for the
+-- next call. At most 64 receipts a call.
+CREATE OR REPLACE FUNCTION _mq_log_reap(ts timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    r      record;
+    left   bigint[];
+    due    bigint[];
+    next   timestamptz;
+BEGIN
+    FOR r IN SELECT x.channel_key, x.lo, x.places, x.moved, x.lane, x.claimed_at
+             FROM mq_receipts x
+             WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts
+             ORDER BY x.lease_until
+             LIMIT 64
+             FOR UPDATE SKIP LOCKED LOOP
+        -- (Statements after the lock: they see every completion that held it.)
+        SELECT array_agg(l.place) FILTER (WHERE r.lane <> 0
+                   OR r.claimed_at + _mq_log_lease(l.retry_backoff) <= ts),
+               min(r.claimed_at + _mq_log_lease(l.retry_backoff)) FILTER (WHERE r.lane = 0
+                   AND r.claimed_at + _mq_log_lease(l.retry_backoff) > ts)
+        INTO due, next
+        FROM mq_log l
+        WHERE l.channel_key = r.channel_key
+          AND l.place = ANY (r.places) AND l.place <> ALL (r.moved)
+          AND NOT EXISTS (SELECT 1 FROM mq_done d
+                          WHERE d.channel_key = r.channel_key AND d.lo = r.lo
+                            AND l.place = ANY (d.places));
+        IF due IS NOT NULL THEN
+            PERFORM _mq_log_to_msgs(r.channel_key, due, r.lane, r.claimed_at, ts);
+        END IF;
+        UPDATE mq_receipts x
+        SET moved = x.moved || COALESCE(due, '{}'),
+            lease_until = COALESCE(next, 'infinity'::timestamptz)
+        WHERE x.channel_key = r.channel_key AND x.lo = r.lo;
+    END LOOP;
+END;
+$$;
+
+-- Finds logged messages that a cursor passed before their producers
+-- committed (a place is taken at insert, and a later producer of the
+-- channel may commit first), and moves them to mq_msgs, ready. A range of
+-- a channel's places is final once every transaction that was running when
+-- the claims over it were made has ended (their receipts' horizons are
+-- below the oldest running transaction): its places are then checked once,
+-- by count, and only a short count looks for the missing ones. Visits at
+-- most 256 cursors a call, from the session's turn.
+CREATE OR REPLACE FUNCTION _mq_log_settle(ts timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    oldest xid8 := pg_snapshot_xmin(pg_current_snapshot());
+    c      record;
+    top    bigint;
+    given  bigint;
+    seen   bigint;
+    late   bigint[];
+BEGIN
+    FOR c IN SELECT x.channel_key, x.settled FROM mq_cursors x
+             WHERE x.settled < x.place
+             ORDER BY x.channel_key
+             LIMIT 256
+             FOR NO KEY UPDATE SKIP LOCKED LOOP
+        -- The receipts over final ranges, in place order, up to the first
+        -- that is not.
+        SELECT max(r.hi), sum(cardinality(r.places)) INTO top, given
+        FROM mq_receipts r
+        WHERE r.channel_key = c.channel_key AND r.lo > c.settled
+          AND r.lo < COALESCE((SELECT min(q.lo) FROM mq_receipts q
+                               WHERE q.channel_key = c.channel_key AND q.lo > c.settled
+                                 AND q.horizon > oldest), 9223372036854775807);
+        CONTINUE WHEN top IS NULL;
+        SELECT count(*) INTO seen FROM mq_log l
+        WHERE l.channel_key = c.channel_key AND l.place > c.settled AND l.place <= top
+          AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                          WHERE g.channel_key = l.channel_key AND g.place = l.place);
+        IF seen > given THEN
+            SELECT array_agg(l.place ORDER BY l.place) INTO late
+            FROM mq_log l
+            WHERE l.channel_key = c.channel_key AND l.place > c.settled AND l.place <= top
+              AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                              WHERE g.channel_key = l.channel_key AND g.place = l.place)
+              AND NOT _mq_log_given(l.channel_key, l.place);
+            PERFORM _mq_log_to_msgs(c.channel_key, late, 2, ts, ts);
+            INSERT INTO mq_log_gone (channel_key, place)
+            SELECT c.channel_key, p FROM unnest(late) AS p
+            ON CONFLICT DO NOTHING;
+        END IF;
+        UPDATE mq_cursors x SET settled = top WHERE x.channel_key = c.channel_key;
+    END LOOP;
+END;
+$$;
