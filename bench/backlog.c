@@ -68,7 +68,7 @@ static double drain(pqmq_client *c, int limit, int batch, int *got)
 static void reset(PGconn *admin)
 {
     queue_reset(admin);
-    bench_sql(admin, "VACUUM ANALYZE mq_msgs");
+    bench_sql(admin, "VACUUM ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts");
 }
 
 /* Cost per message (µs) of poll+complete over `measure` messages drawn from
@@ -79,7 +79,7 @@ static double cost_us(pqmq_client *c, PGconn *admin, int backlog, int channels, 
 {
     reset(admin);
     fill(c, backlog, 1000, channels, "k", levels);
-    bench_sql(admin, "ANALYZE mq_msgs");
+    bench_sql(admin, "ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts");
     int got = 0;
     drain(c, 200, batch, &got); /* warm plans and caches */
     double t = drain(c, measure, batch, &got);

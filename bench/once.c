@@ -324,7 +324,7 @@ void run_once(const struct opts *o, PGconn *admin, int threads, struct results *
     const char *label = "exactly-once: poll API";
     queue_reset(admin);
     queue_enqueue(o, &s, "exactly-once: enqueue");
-    bench_sql(admin, "ANALYZE mq_msgs");
+    bench_sql(admin, "ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts");
     bench_sql(admin, "TRUNCATE bench_results");
     profile_begin(o, admin);
     *pqmq_rate = o->messages / timed(o, pqmq_main, label);
@@ -334,7 +334,7 @@ void run_once(const struct opts *o, PGconn *admin, int threads, struct results *
     label = "exactly-once: locked lane";
     queue_reset(admin);
     queue_enqueue(o, &s, "exactly-once: enqueue");
-    bench_sql(admin, "ANALYZE mq_msgs");
+    bench_sql(admin, "ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts");
     bench_sql(admin, "TRUNCATE bench_results");
     profile_begin(o, admin);
     *locked_rate = o->messages / timed(o, locked_main, label);
@@ -354,7 +354,7 @@ void run_once(const struct opts *o, PGconn *admin, int threads, struct results *
         label = locked ? "exactly-once: runner, locked lane" : "exactly-once: runner";
         queue_reset(admin);
         queue_enqueue(o, &s, "exactly-once: enqueue");
-        bench_sql(admin, "ANALYZE mq_msgs");
+        bench_sql(admin, "ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts");
         bench_sql(admin, "TRUNCATE bench_results");
         profile_begin(o, admin);
         double rate = o->messages / queue_drain_runner_with(o, workers, label, locked, 1);

@@ -2,7 +2,7 @@
 -- (sqlxmq) schema, part 2 of 2 (see sqlxmq_set_aside.sql). Runs after
 -- schema/ and does nothing unless the original's tables were set aside.
 --
--- Every message moves into this release's mq_msgs, payload included, with
+-- Every message moves into this release's mq_rows, payload included, with
 -- the same id, channel, timing, attempts, backoff, commit interval and
 -- chain link: queued, delayed, uncommitted (two-phase) and ordered messages
 -- keep their meaning, since the original and pqmq encode them alike. What
@@ -16,7 +16,7 @@
 --     no attempt_at (its mq_insert got a NULL delay, so the original never
 --     delivered it) is ready at once, with no delivery counted;
 --   * chains keep their order by place (chain_seq) instead of links;
---   * the grants others had on the original's tables pass to mq_msgs and
+--   * the grants others had on the original's tables pass to mq_rows and
 --     the mq_payloads view.
 DO $$
 DECLARE
@@ -40,7 +40,7 @@ BEGIN
         JOIN mq_sqlxmq_msgs s ON s.after_message_id = w.id
     ),
     moved AS (
-        INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
+        INSERT INTO mq_rows (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
                              channel_args, commit_interval, after_message_id, deliveries,
                              dead_since, ready_at, name, payload_json, payload_bytes, chain_seq,
                              channel_key)
@@ -67,7 +67,7 @@ BEGIN
     PERFORM pg_catalog.setval('mq_chain_seq', base + n + 1);
 
     FOR g IN
-        SELECT CASE WHEN c.relname = 'mq_sqlxmq_msgs' THEN 'mq_msgs' ELSE 'mq_payloads' END
+        SELECT CASE WHEN c.relname = 'mq_sqlxmq_msgs' THEN 'mq_rows' ELSE 'mq_payloads' END
                    AS target,
                a.privilege_type,
                CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END

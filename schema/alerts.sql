@@ -166,16 +166,16 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER _mq_event_retried AFTER UPDATE OF last_error ON mq_msgs
+CREATE OR REPLACE TRIGGER _mq_event_retried AFTER UPDATE OF last_error ON mq_rows
     FOR EACH ROW
     WHEN (NEW.dead_since IS NULL)
     EXECUTE FUNCTION _mq_event_failed();
-CREATE OR REPLACE TRIGGER _mq_event_dead AFTER UPDATE OF dead_since ON mq_msgs
+CREATE OR REPLACE TRIGGER _mq_event_dead AFTER UPDATE OF dead_since ON mq_rows
     FOR EACH ROW
     WHEN (OLD.dead_since IS NULL AND NEW.dead_since IS NOT NULL
           AND NEW.chain_seq IS NOT DISTINCT FROM OLD.chain_seq)
     EXECUTE FUNCTION _mq_event_failed();
-CREATE OR REPLACE TRIGGER _mq_event_completed AFTER DELETE ON mq_msgs
+CREATE OR REPLACE TRIGGER _mq_event_completed AFTER DELETE ON mq_rows
     REFERENCING OLD TABLE AS mq_old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION _mq_event_completed();
 

@@ -26,7 +26,7 @@ BEGIN
         RETURN 0;
     END IF;
     WITH gone AS (
-        DELETE FROM mq_msgs m
+        DELETE FROM mq_rows m
         WHERE (all_channels OR m.channel_name = ANY (channel_names))
           AND m.id <> '00000000-0000-0000-0000-000000000000'::uuid
         RETURNING m.id

@@ -54,7 +54,7 @@ BEGIN
     -- takes nothing of the chain. Messages without a key need no lock and
     -- go first; usually that is all there is.
     WITH gone AS (
-        DELETE FROM mq_msgs m
+        DELETE FROM mq_rows m
         WHERE m.id = ANY (msg_ids)
           AND m.unique_key IS NULL
           AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
@@ -72,7 +72,7 @@ BEGIN
         -- order first, as producers do (_mq_lock_keys), against deadlock.
         PERFORM _mq_lock_keys(msg_ids);
         WITH gone AS (
-            DELETE FROM mq_msgs m
+            DELETE FROM mq_rows m
             WHERE m.id = ANY (msg_ids)
               AND m.unique_key IS NOT NULL
               AND (msg_attempts IS NULL OR m.deliveries = att[width_bucket(m.id, by_id)])
@@ -195,7 +195,7 @@ DECLARE
     by_id uuid[]; -- as in mq_complete
     att   int[];
 BEGIN
-    -- A logged message moves to mq_msgs first, in its delivery's state.
+    -- A logged message moves to mq_rows first, in its delivery's state.
     PERFORM _mq_log_move(msg_ids);
     IF cardinality(msg_ids) IS DISTINCT FROM cardinality(msg_attempts)
        OR array_position(msg_attempts, NULL) IS NOT NULL THEN
@@ -215,7 +215,7 @@ BEGIN
         -- The message keeps its place (ready_at), so the release is a HOT
         -- update, except for a final attempt, which comes back from
         -- 'infinity'.
-        UPDATE mq_msgs m SET
+        UPDATE mq_rows m SET
             attempt_at = ts,
             attempts = m.attempts + 1,
             deliveries = m.deliveries - 1,

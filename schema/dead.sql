@@ -16,9 +16,9 @@ DECLARE
 BEGIN
     -- Final attempts in flight wait at ready_at 'infinity' (mq_claim),
     -- chain heads' too: one range of mq_msgs_ready_by_time.
-    UPDATE mq_msgs m SET dead_since = m.attempt_at
+    UPDATE mq_rows m SET dead_since = m.attempt_at
     WHERE m.id = ANY (ARRAY(
-        SELECT l.id FROM mq_msgs l
+        SELECT l.id FROM mq_rows l
         WHERE l.dead_since IS NULL
           AND l.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
           AND l.ready_at = 'infinity'::timestamptz
@@ -55,7 +55,7 @@ BEGIN
     SELECT m.id, m.channel_name, m.channel_args, m.name, m.deliveries,
            m.last_error, m.dead_since, m.chain_seq IS NOT NULL,
            m.payload_json::text, m.payload_bytes
-    FROM mq_msgs m
+    FROM mq_rows m
     WHERE m.dead_since IS NOT NULL
       AND (channel_names IS NULL OR m.channel_name = ANY (channel_names))
     ORDER BY m.dead_since, m.id
@@ -104,7 +104,7 @@ BEGIN
         RETURN 0;
     END IF;
     WITH r AS (
-        UPDATE mq_msgs m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL,
+        UPDATE mq_rows m SET attempts = retries + 1, attempt_at = ts, dead_since = NULL,
                              ready_at = ts
         WHERE m.id = ANY (msg_ids) AND m.dead_since IS NOT NULL
         RETURNING m.id, m.channel_name, m.unique_key
@@ -143,7 +143,7 @@ BEGIN
     -- chain's head. A member held by a consumer is waited for, as a
     -- completion would be.
     WITH moved AS (
-        UPDATE mq_msgs m SET after_message_id = NULL, chain_seq = NULL, attempts = 0,
+        UPDATE mq_rows m SET after_message_id = NULL, chain_seq = NULL, attempts = 0,
                              attempt_at = LEAST(m.attempt_at, ts),
                              dead_since = COALESCE(m.dead_since, ts)
         WHERE m.id = ANY (msg_ids) AND m.chain_seq IS NOT NULL
@@ -191,7 +191,7 @@ BEGIN
     INTO ids, argss, names, dead
     FROM (
         SELECT m.id, m.channel_args, m.name, m.dead_since IS NOT NULL AS was_dead
-        FROM mq_msgs m
+        FROM mq_rows m
         WHERE m.channel_name = channel
           AND (args IS NULL OR m.channel_args = args)
           AND (NOT COALESCE(dead_only, false) OR m.dead_since IS NOT NULL)

@@ -191,7 +191,7 @@ BEGIN
     -- A batch of messages that need nothing but their first delivery
     -- (unordered, no delay, committed, priority 0, no unique key) is
     -- appended to the log: one row a message, never updated (DESIGN.md,
-    -- Storage). Any other batch is written to mq_msgs whole.
+    -- Storage). Any other batch is written to mq_rows whole.
     IF pass.plain AND unique_keys IS NULL
        AND (priorities IS NULL
             OR NOT EXISTS (SELECT 1 FROM unnest(priorities) AS p WHERE p > 0))
@@ -226,7 +226,7 @@ BEGIN
 END;
 $$;
 
--- Writes a batch into mq_msgs (_mq_insert_rows, for a batch the log does
+-- Writes a batch into mq_rows (_mq_insert_rows, for a batch the log does
 -- not take): base is the batch's first place in chains (NULL: no ordered
 -- message).
 CREATE OR REPLACE FUNCTION _mq_insert_msgs(new_messages mq_new_t[], ts timestamptz,
@@ -244,7 +244,7 @@ BEGIN
         -- duplicate id fails there without its SQLSTATE: found here first,
         -- in the queue (the batch's own were named above; a race with
         -- another producer of the same id still fails, as XX000).
-        SELECT m.id INTO bad FROM mq_msgs m
+        SELECT m.id INTO bad FROM mq_rows m
         WHERE m.id = ANY (ARRAY(SELECT t.id FROM unnest(new_messages) AS t))
         LIMIT 1;
         IF FOUND THEN
@@ -257,7 +257,7 @@ BEGIN
     -- generated column formed every row twice), and so are the counters
     -- (mq_counts): one delta row for the batch (_mq_count_batch), where a
     -- trigger copied every row into a transition table to count it.
-    INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff,
+    INSERT INTO mq_rows (id, created_at, attempt_at, attempts, retry_backoff,
                          channel_name, channel_args, commit_interval, after_message_id,
                          ready_at, name, payload_json, payload_bytes, unique_key,
                          key_retention, priority, chain_seq, channel_key)
@@ -303,8 +303,8 @@ DECLARE
     base bigint := nextval('mq_log_place');
     bad  record;
 BEGIN
-    -- An id mq_msgs holds (the log's unique index covers the log only).
-    SELECT m.id INTO bad FROM mq_msgs m
+    -- An id mq_rows holds (the log's unique index covers the log only).
+    SELECT m.id INTO bad FROM mq_rows m
     WHERE m.id = ANY (ARRAY(SELECT t.id FROM unnest(new_messages) AS t))
     LIMIT 1;
     IF FOUND THEN
@@ -363,7 +363,7 @@ BEGIN
     WITH c AS (
         -- Ready when its delay ends, and placed no earlier than now, so
         -- never behind a poll's low-water mark (_mq_low_mark).
-        UPDATE mq_msgs m SET
+        UPDATE mq_rows m SET
             -- (_mq_at: see schema/common.sql.)
             attempt_at = CASE WHEN m.deliveries = 0
                               THEN GREATEST(_mq_at(m.attempt_at, - m.commit_interval), ts)

@@ -150,7 +150,7 @@ BEGIN
         -- holder ends up with, as if the batch were inserted in order.
         src := new_messages[CASE WHEN mode = 'keep' THEN g.first ELSE g.last END];
         IF NOT fresh THEN
-            live := EXISTS (SELECT 1 FROM mq_msgs m
+            live := EXISTS (SELECT 1 FROM mq_rows m
                             WHERE m.id = holder AND m.dead_since IS NULL);
             IF live OR (expires IS NOT NULL AND expires > ts) THEN
                 got := NULL;
@@ -160,10 +160,10 @@ BEGIN
                     -- or alone in its chain: a chain's other messages were
                     -- inserted around this one, and the new payload must not
                     -- run in the old one's place among them.
-                    SELECT m.ctid INTO got FROM mq_msgs m
+                    SELECT m.ctid INTO got FROM mq_rows m
                     WHERE m.id = holder AND m.deliveries = 0 AND m.dead_since IS NULL
                       AND (m.chain_seq IS NULL
-                           OR NOT EXISTS (SELECT 1 FROM mq_msgs s
+                           OR NOT EXISTS (SELECT 1 FROM mq_rows s
                                           WHERE s.channel_key = m.channel_key
                                             AND s.chain_seq IS NOT NULL
                                             AND s.id <> m.id
@@ -175,7 +175,7 @@ BEGIN
                     -- (A value, and _mq_at, where Citus needs them: see
                     -- schema/common.sql.)
                     at0 := ts + COALESCE(_mq_fixed_length(src.delay), interval '0');
-                    UPDATE mq_msgs m SET
+                    UPDATE mq_rows m SET
                         name = COALESCE(src.name, ''),
                         payload_json = src.payload_json::jsonb,
                         payload_bytes = src.payload_bytes,
@@ -280,7 +280,7 @@ $$;
 
 -- Fires for messages with a key only: the WHEN test costs the others nothing.
 CREATE OR REPLACE TRIGGER mq_msgs_release_key
-    AFTER DELETE ON mq_msgs
+    AFTER DELETE ON mq_rows
     FOR EACH ROW
     WHEN (OLD.unique_key IS NOT NULL)
     EXECUTE FUNCTION _mq_release_key();
@@ -299,7 +299,7 @@ DECLARE
     expires timestamptz;
 BEGIN
     FOR r IN
-        SELECT m.id, m.channel_name, m.unique_key FROM mq_msgs m
+        SELECT m.id, m.channel_name, m.unique_key FROM mq_rows m
         WHERE m.id = ANY (msg_ids) AND m.unique_key IS NOT NULL
         ORDER BY m.channel_name, m.unique_key
     LOOP
@@ -309,7 +309,7 @@ BEGIN
         RETURNING k.message_id, k.expires_at INTO holder, expires;
         IF holder <> r.id
            AND ((expires IS NOT NULL AND expires > clock_timestamp())
-                OR EXISTS (SELECT 1 FROM mq_msgs h
+                OR EXISTS (SELECT 1 FROM mq_rows h
                            WHERE h.id = holder AND h.dead_since IS NULL)) THEN
             RAISE EXCEPTION 'mq_retry: message %''s unique key % in channel % is held by message %',
                 r.id, quote_literal(r.unique_key), quote_literal(r.channel_name), holder
@@ -367,7 +367,7 @@ DECLARE
     r  record;
 BEGIN
     SELECT array_agg(m.channel_name), array_agg(m.unique_key) INTO cn, uk
-    FROM mq_msgs m
+    FROM mq_rows m
     WHERE m.id = ANY (msg_ids) AND m.unique_key IS NOT NULL;
     IF cn IS NULL THEN
         RETURN;

@@ -58,7 +58,7 @@ DECLARE
     n     int;
     until timestamptz;
 BEGIN
-    -- A logged message moves to mq_msgs first, in its delivery's state.
+    -- A logged message moves to mq_rows first, in its delivery's state.
     PERFORM _mq_log_move(msg_ids);
     -- Computed once, outside the statement (which Citus then ships whole).
     until := _mq_lease_end('mq_keep_alive', ts, duration);
@@ -68,14 +68,14 @@ BEGIN
     -- (ready_at, just before the lease's end: still leased, see the top of
     -- this file), a final attempt stays at 'infinity'. A message waiting
     -- for its retry or its delay is not leased, and is left alone.
-    UPDATE mq_msgs m SET
+    UPDATE mq_rows m SET
         attempt_at = until,
         commit_interval = CASE WHEN m.deliveries = 0 AND m.commit_interval IS NOT NULL
                                THEN m.commit_interval + (until - m.attempt_at)
                                ELSE m.commit_interval END,
         ready_at = CASE WHEN m.ready_at = 'infinity'::timestamptz THEN m.ready_at
                         ELSE _mq_at(until, interval '-1 microsecond') END
-    WHERE m.id = ANY (ARRAY(SELECT l.id FROM mq_msgs l
+    WHERE m.id = ANY (ARRAY(SELECT l.id FROM mq_rows l
                             WHERE l.id = ANY (msg_ids)
                               AND l.attempt_at > ts
                               AND l.attempt_at < until
@@ -142,7 +142,7 @@ DECLARE
     ts    timestamptz := clock_timestamp();
     until timestamptz;
 BEGIN
-    -- A logged message moves to mq_msgs first, in its delivery's state.
+    -- A logged message moves to mq_rows first, in its delivery's state.
     PERFORM _mq_log_move(ARRAY[msg_id]);
     until := _mq_lease_end('mq_checkpoint', ts, duration);
     IF extra_retries < 0 THEN
@@ -154,7 +154,7 @@ BEGIN
         RAISE EXCEPTION 'mq_checkpoint: payload is over 16 MiB'
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
-    UPDATE mq_msgs m SET
+    UPDATE mq_rows m SET
         attempt_at = GREATEST(m.attempt_at, until),
         attempts = LEAST(m.attempts::bigint + COALESCE(extra_retries, 0),
                          2147483647)::int,
@@ -193,10 +193,10 @@ DECLARE
     dead boolean;
     mine xid;
 BEGIN
-    -- A logged message moves to mq_msgs first, in its delivery's state.
+    -- A logged message moves to mq_rows first, in its delivery's state.
     PERFORM _mq_log_move(ARRAY[msg_id]);
     -- (_mq_at: see schema/common.sql.)
-    UPDATE mq_msgs m SET
+    UPDATE mq_rows m SET
         attempt_at = CASE WHEN m.attempts > 0
                           THEN _mq_at(ts, m.retry_backoff / 2)
                           ELSE ts END,
@@ -215,7 +215,7 @@ BEGIN
         -- A locked delivery (mq_claim_locked) held by this transaction:
         -- its attempt is counted here, as a lease would have counted it.
         mine := (_mq_xact_id() & 4294967295)::text::xid;
-        UPDATE mq_msgs m SET
+        UPDATE mq_rows m SET
             attempts = m.attempts - 1,
             deliveries = m.deliveries + 1,
             retry_backoff = CASE WHEN m.retry_backoff * 2 > (_mq_limits()).max_duration

@@ -1,5 +1,5 @@
 -- schema/log.sql: the log's consumer side: claiming from channels' cursors,
--- completing by receipt, moving a logged message to mq_msgs when anything
+-- completing by receipt, moving a logged message to mq_rows when anything
 -- but its completion happens to it, reaping receipts whose leases ran out,
 -- and finding messages whose producers committed after a cursor passed
 -- their place. (Producers append in _mq_insert_rows; the tables are in
@@ -103,7 +103,7 @@ END;
 $$;
 
 -- The log's part of a poll: up to want messages of channel_names (NULL:
--- every channel), visited in turn as _mq_pick_set visits mq_msgs (an
+-- every channel), visited in turn as _mq_pick_set visits mq_rows (an
 -- unfiltered poll from after the channel this session's previous one took
 -- from last, a named one from a random point of each name's range).
 CREATE OR REPLACE FUNCTION _mq_log_pick(channel_names text[], batch_size int, want int,
@@ -128,6 +128,13 @@ DECLARE
 BEGIN
     IF want < 1 THEN
         RETURN;
+    END IF;
+    -- Round 1 takes at most a quarter of the batch from each channel, round
+    -- 2 the rest from channels that had more.
+    FOR round IN 1..2 LOOP
+    EXIT WHEN got >= want OR (round = 2 AND got = 0);
+    IF round = 2 THEN
+        per_key := want;
     END IF;
     IF channel_names IS NULL THEN
         kept := current_setting(turn, true);
@@ -162,7 +169,7 @@ BEGIN
                                                  THEN -9223372036854775808
                                                  ELSE last_key + 1 END), false);
         END IF;
-        RETURN;
+        CONTINUE;
     END IF;
     FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
                               WHERE n IS NOT NULL) d
@@ -181,6 +188,7 @@ BEGIN
             END LOOP;
         END LOOP;
     END LOOP;
+    END LOOP;
 END;
 $$;
 
@@ -189,7 +197,7 @@ $$;
 -- claim time, with its receipt's row locked (FOR KEY SHARE for a
 -- completion, which never waits for another; FOR UPDATE, in key order, for
 -- a move). Messages not in the log, or that their receipt let go (moved to
--- mq_msgs), are not returned: mq_msgs answers for them. (A receipt's row is
+-- mq_rows), are not returned: mq_rows answers for them. (A receipt's row is
 -- returned as its lock leaves it, so a member moved meanwhile is not
 -- returned. A channel's receipts cover disjoint ranges of places, so the
 -- one that may hold a place is the last that starts at or before it.)
@@ -246,7 +254,7 @@ RETURN COALESCE((SELECT at = ANY (r.places) FROM mq_receipts r
 
 -- The counters of logged messages that left the queue (completed, or
 -- deleted before delivery): the count rows of mq_counts and the completion
--- events of mq_alert_metrics, as mq_msgs' delete triggers write them.
+-- events of mq_alert_metrics, as mq_rows' delete triggers write them.
 CREATE OR REPLACE FUNCTION _mq_log_count_gone(names text[], created timestamptz[])
 RETURNS void
 LANGUAGE plpgsql
@@ -345,11 +353,11 @@ BEGIN
 END;
 $$;
 
--- Writes the logged messages at places of channel key into mq_msgs, in the
+-- Writes the logged messages at places of channel key into mq_rows, in the
 -- state their delivery left them: lane 0, leased at claimed_at (one attempt
 -- spent, its backoff doubled, in flight until its lease ends, or ready now
 -- if that was past); lane 1 or 2, never delivered (ready now). From then
--- on mq_msgs holds the message. The caller holds the receipt's row lock and
+-- on mq_rows holds the message. The caller holds the receipt's row lock and
 -- records the move in it.
 CREATE OR REPLACE FUNCTION _mq_log_to_msgs(key bigint, places bigint[], lane int,
                                            claimed_at timestamptz, ts timestamptz)
@@ -361,7 +369,7 @@ DECLARE
     max_dur interval := (_mq_limits()).max_duration;
     n       int;
 BEGIN
-    INSERT INTO mq_msgs (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
+    INSERT INTO mq_rows (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
                          channel_args, deliveries, ready_at, name, payload_json,
                          payload_bytes, channel_key)
     SELECT l.id, l.created_at,
@@ -384,8 +392,8 @@ BEGIN
 END;
 $$;
 
--- Moves the logged messages among msg_ids that a receipt holds to mq_msgs,
--- in their delivery's state (_mq_log_to_msgs), so that mq_msgs' functions
+-- Moves the logged messages among msg_ids that a receipt holds to mq_rows,
+-- in their delivery's state (_mq_log_to_msgs), so that mq_rows' functions
 -- (keep-alive, checkpoint, failure, release) act on them. Completed ones
 -- stay completed.
 CREATE OR REPLACE FUNCTION _mq_log_move(msg_ids uuid[])
@@ -422,7 +430,7 @@ $$;
 -- Hands back what receipts whose leases ran out still hold: each member
 -- neither completed nor moved whose own lease ended (every member of a
 -- locked-lane receipt, whose transaction committed without completing it)
--- moves to mq_msgs (_mq_log_to_msgs: ready at once, or dead-bound after
+-- moves to mq_rows (_mq_log_to_msgs: ready at once, or dead-bound after
 -- its final attempt); the receipt's lease becomes the earliest left, or
 -- 'infinity' when none is. A receipt a completion holds is passed, for the
 -- next call. At most 64 receipts a call.
@@ -468,7 +476,7 @@ $$;
 
 -- Finds logged messages that a cursor passed before their producers
 -- committed (a place is taken at insert, and a later producer of the
--- channel may commit first), and moves them to mq_msgs, ready. A range of
+-- channel may commit first), and moves them to mq_rows, ready. A range of
 -- a channel's places is final once every transaction that was running when
 -- the claims over it were made has ended (their receipts' horizons are
 -- below the oldest running transaction): its places are then checked once,

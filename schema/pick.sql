@@ -114,7 +114,7 @@ $$;
 -- Fairness: channels are visited in turn, taking at most a quarter of the
 -- batch from each, so a busy channel cannot starve a quiet one. An unfiltered
 -- poll starts at the chain key after the last channel this session's previous
--- poll took from (the setting 'pqmq.next_' and mq_msgs' oid; _mq_random_start
+-- poll took from (the setting 'pqmq.next_' and mq_rows' oid; _mq_random_start
 -- when there is none): a random point of the key space would almost always land
 -- between names, whose keys sit in narrow ranges (the name's hash, then the
 -- args'), and each poll would start at the same channel. A poll that names
@@ -179,7 +179,7 @@ BEGIN
         -- A key in hex (to_hex: two's complement); anything else (unset,
         -- or set by hand) counts as unset. (No regular expression and no
         -- numeric: they cost more than the rest of this.)
-        turn := 'pqmq.next_' || 'mq_msgs'::regclass::oid;
+        turn := 'pqmq.next_' || 'mq_rows'::regclass::oid;
         kept := current_setting(turn, true);
         IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
             start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
@@ -188,7 +188,7 @@ BEGIN
         END IF;
     END IF;
     -- One probe: a queue without chains skips their pass (a call).
-    chained := EXISTS (SELECT 1 FROM mq_msgs m
+    chained := EXISTS (SELECT 1 FROM mq_rows m
                        WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
                          -- (always true: an index condition, so that the plan
                          -- is a probe whatever it thinks of the table)
@@ -201,7 +201,7 @@ BEGIN
         low := NULL;
         -- One probe of an index that is empty unless priorities are used.
         urgent := EXISTS (
-            SELECT 1 FROM mq_msgs m
+            SELECT 1 FROM mq_rows m
             WHERE m.dead_since IS NULL
               AND m.after_message_id IS NULL
               AND m.priority > 0 -- mq_msgs_ready_urgent
@@ -297,7 +297,7 @@ BEGIN
         -- would take its older messages of priority 0 first, is not read.)
         IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
-                SELECT m.id, m.ctid FROM mq_msgs m
+                SELECT m.id, m.ctid FROM mq_rows m
                 WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
                   AND _mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
                                    m.attempt_at, m.attempts, m.id, m.channel_name,
@@ -346,7 +346,7 @@ DECLARE
                           + floor(random() * 18446744073709551616::numeric))::bigint;
     found bigint;
 BEGIN
-    SELECT m.channel_key INTO found FROM mq_msgs m
+    SELECT m.channel_key INTO found FROM mq_rows m
     WHERE m.dead_since IS NULL
       AND m.after_message_id IS NULL
       AND m.priority <= 0 -- mq_msgs_ready_plain
@@ -354,7 +354,7 @@ BEGIN
       AND m.channel_key >= start
     ORDER BY m.channel_key LIMIT 1;
     IF found IS NULL THEN -- past the last channel: the first one
-        SELECT m.channel_key INTO found FROM mq_msgs m
+        SELECT m.channel_key INTO found FROM mq_rows m
         WHERE m.dead_since IS NULL
           AND m.after_message_id IS NULL
           AND m.priority <= 0
@@ -375,12 +375,12 @@ $$;
 -- a replica's feedback) and which each poll would otherwise visit in the
 -- heap. It is the place of the oldest live row (in flight included), found
 -- by this session from the time index and kept in a session setting
--- ('pqmq.low_' and mq_msgs' oid: a queue's, per connection): moved on from
+-- ('pqmq.low_' and mq_rows' oid: a queue's, per connection): moved on from
 -- where it was once a second, found afresh every ten seconds or, when afresh
 -- is true (_mq_pick_set: a poll that found nothing), every second, and
 -- never later than a second ago. Rows can appear behind it only when a producer's transaction
 -- commits more than a second after its insert (or a client writes
--- mq_msgs directly); such a row is found by the next poll that comes up
+-- mq_rows directly); such a row is found by the next poll that comes up
 -- empty and at the latest ten seconds later. The other ways a row gets a
 -- place keep it at or after now: mq_commit, a retry, _mq_keep_place.
 CREATE OR REPLACE FUNCTION _mq_low_mark(ts timestamptz, afresh boolean)
@@ -391,7 +391,7 @@ SET search_path FROM CURRENT
 -- once a poll, and each setting a call changes is saved and restored.
 AS $$
 DECLARE
-    setting text := 'pqmq.low_' || 'mq_msgs'::regclass::oid;
+    setting text := 'pqmq.low_' || 'mq_rows'::regclass::oid;
     -- "mark,moved on,found afresh" in microseconds since 1970 (exact, and
     -- whatever DateStyle says): anything else (unset, or set by hand)
     -- counts as unset.
@@ -420,7 +420,7 @@ BEGIN
         RETURN LEAST(mark, ts - interval '1 second');
     END IF;
     -- Steps over the dead entries before the oldest live row once, here.
-    SELECT m.ready_at INTO found_at FROM mq_msgs m
+    SELECT m.ready_at INTO found_at FROM mq_rows m
     WHERE m.dead_since IS NULL
       AND m.after_message_id IS NULL
       AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time

@@ -53,7 +53,7 @@ BEGIN
                       SELECT NULL::bigint, NULL::timestamptz, 0
                       UNION ALL
                       SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
-                          SELECT m.channel_key AS k, m.ready_at AS at FROM mq_msgs m
+                          SELECT m.channel_key AS k, m.ready_at AS at FROM mq_rows m
                           WHERE m.priority <= 0 -- mq_msgs_ready_plain
                             AND _mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
                                              m.attempt_at, m.attempts, m.id,
@@ -65,7 +65,7 @@ BEGIN
                   )
                   SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
         LATERAL (
-            SELECT m.id, m.ctid FROM mq_msgs m
+            SELECT m.id, m.ctid FROM mq_rows m
             WHERE m.channel_key = ks.k
               AND m.priority <= 0
               -- Steps over the messages in flight (see ready_at).
@@ -131,7 +131,7 @@ BEGIN
                 SELECT NULL::bigint, NULL::tid, 0 WHERE d.a <= d.b
                 UNION ALL
                 SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
-                    SELECT m.channel_key AS k, m.ctid AS at FROM mq_msgs m
+                    SELECT m.channel_key AS k, m.ctid AS at FROM mq_rows m
                     WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
                       AND m.channel_key >= _mq_walk_next(w.k, d.a, d.b)
                     ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
@@ -140,7 +140,7 @@ BEGIN
             SELECT w.k, w.at FROM walk w WHERE w.k <= d.b) ks,
         LATERAL (
             -- The head's row version as this statement sees it, by TID.
-            SELECT m.id, m.ctid FROM mq_msgs m
+            SELECT m.id, m.ctid FROM mq_rows m
             WHERE m.ctid = ks.at
               AND m.dead_since IS NULL
               AND m.attempt_at <= ts
@@ -152,7 +152,7 @@ BEGIN
               -- The locked lane: first deliveries not left by a dead locker.
               AND _mq_lane_admits(lane, m.deliveries, m.xmax, me, me_lo)
               AND (NOT urgent OR NOT EXISTS (
-                    SELECT 1 FROM mq_msgs u
+                    SELECT 1 FROM mq_rows u
                     WHERE u.channel_key = ks.k
                       AND u.priority > 0 -- mq_msgs_ready_urgent
                       AND u.priority > m.priority
@@ -207,7 +207,7 @@ BEGIN
                       UNION ALL
                       SELECT f.k, f.np, f.at, w.n + 1 FROM walk w, LATERAL (
                           SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at
-                          FROM mq_msgs m
+                          FROM mq_rows m
                           WHERE m.priority > 0 -- mq_msgs_ready_urgent
                             AND _mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
                                              m.attempt_at, m.attempts, m.id,
@@ -219,7 +219,7 @@ BEGIN
                   )
                   SELECT w.k, w.np, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
         LATERAL (
-            SELECT m.id, m.ctid FROM mq_msgs m
+            SELECT m.id, m.ctid FROM mq_rows m
             WHERE m.channel_key = ks.k
               AND m.priority > 0
               AND (-m.priority, m.ready_at) >= (ks.np, ks.at)

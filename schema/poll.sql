@@ -32,7 +32,7 @@ BEGIN
                m.deliveries, m.dead_since IS NOT NULL, m.commit_interval IS NOT NULL
         INTO head_id, head_key, head_name, head_at, head_ready_at, head_attempts,
              head_deliveries, head_dead, head_uncommitted
-        FROM mq_msgs m
+        FROM mq_rows m
         WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
           AND m.channel_key >= from_k AND m.channel_key <= hi
         ORDER BY m.channel_key, m.chain_seq LIMIT 1;
@@ -88,13 +88,13 @@ BEGIN
     -- (_mq_next_head_at, a good part of an empty poll).
     IF channel_names IS NULL THEN
         SELECT LEAST(
-            (SELECT m.ready_at FROM mq_msgs m
+            (SELECT m.ready_at FROM mq_rows m
              WHERE m.dead_since IS NULL
                AND m.after_message_id IS NULL
                AND m.ready_at > '-infinity'::timestamptz
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
              ORDER BY m.ready_at LIMIT 1),
-            (SELECT min(m.attempt_at) FROM mq_msgs m
+            (SELECT min(m.attempt_at) FROM mq_rows m
              WHERE m.dead_since IS NULL
                AND m.after_message_id IS NULL
                AND m.ready_at > '-infinity'::timestamptz
@@ -110,24 +110,24 @@ BEGIN
     ELSE
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
-            (SELECT m.ready_at FROM mq_msgs m
+            (SELECT m.ready_at FROM mq_rows m
              WHERE m.priority <= 0 -- mq_msgs_ready_plain
                AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                  m.channel_name, c.n)
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
              ORDER BY m.ready_at LIMIT 1),
-            (SELECT min(m.attempt_at) FROM mq_msgs m
+            (SELECT min(m.attempt_at) FROM mq_rows m
              WHERE m.priority <= 0
                AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                  m.channel_name, c.n)
                AND m.ready_at >= mark AND m.ready_at <= ts AND m.attempts > 0),
-            (SELECT m.ready_at FROM mq_msgs m
+            (SELECT m.ready_at FROM mq_rows m
              WHERE m.priority > 0 -- mq_msgs_ready_urgent
                AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                  m.channel_name, c.n)
                AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
              ORDER BY m.ready_at LIMIT 1),
-            (SELECT min(m.attempt_at) FROM mq_msgs m
+            (SELECT min(m.attempt_at) FROM mq_rows m
              WHERE m.priority > 0
                AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                  m.channel_name, c.n)
@@ -196,7 +196,7 @@ BEGIN
     -- Looked for first, as mq_reap_dead looks: a call of it that finds
     -- none (most calls) costs more than the probe.
     IF cardinality(picked) < batch_size AND EXISTS (
-           SELECT 1 FROM mq_msgs l
+           SELECT 1 FROM mq_rows l
            WHERE l.dead_since IS NULL
              AND l.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
              AND l.ready_at = 'infinity'::timestamptz
@@ -210,7 +210,7 @@ BEGIN
         -- computed from what the update returns.
         RETURN QUERY
         WITH claimed AS (
-            UPDATE mq_msgs m SET
+            UPDATE mq_rows m SET
                 attempt_at = _mq_at(ts, CASE WHEN m.retry_backoff > interval '0'
                                             THEN m.retry_backoff
                                             ELSE interval '1 second' END),
@@ -237,7 +237,7 @@ BEGIN
             -- Writes no indexed column (ready_at stays), so the new row
             -- version is a HOT update: no index entry is written. Only a
             -- final attempt moves, to 'infinity', where mq_reap_dead looks.
-            UPDATE mq_msgs m SET
+            UPDATE mq_rows m SET
                 -- A zero backoff retries at once (mq_fail), but a delivery
                 -- is still leased: one second, extended by keep-alives.
                 attempt_at = ts + CASE WHEN m.retry_backoff > interval '0'
@@ -317,7 +317,7 @@ BEGIN
         SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
                m.payload_bytes, interval '0', interval '0', m.channel_name,
                m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
-        FROM mq_msgs m
+        FROM mq_rows m
         WHERE m.ctid = ANY (tids) -- the locked row versions (_mq_pick_set)
         ORDER BY m.ready_at, m.id;
     END IF;
@@ -376,7 +376,7 @@ $$;
 
 -- Keeps a message's place (ready_at) no later than attempt_at when
 -- attempt_at is set from outside the functions here, e.g. an operator's
--- UPDATE mq_msgs SET attempt_at = now() to retry at once: polls find
+-- UPDATE mq_rows SET attempt_at = now() to retry at once: polls find
 -- messages by ready_at. The functions keep the two in step themselves, so
 -- the WHEN clause is false for them and this never runs on the hot path.
 -- A time already past places the message now: never behind a poll's
@@ -394,7 +394,7 @@ END;
 $$;
 
 CREATE OR REPLACE TRIGGER mq_msgs_keep_place
-    BEFORE UPDATE OF attempt_at ON mq_msgs
+    BEFORE UPDATE OF attempt_at ON mq_rows
     FOR EACH ROW
     WHEN (NEW.attempt_at < NEW.ready_at AND NEW.ready_at <> 'infinity'::timestamptz)
     EXECUTE FUNCTION _mq_keep_place();

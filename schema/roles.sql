@@ -3,7 +3,7 @@
 -- pinned, no EXECUTE for PUBLIC, the duty functions SECURITY DEFINER. Applied
 -- after every other file (_mq_secure() alters the functions they define).
 
--- The queue's schema: where mq_msgs is. (Not current_schema(), which is
+-- The queue's schema: where mq_rows is. (Not current_schema(), which is
 -- pg_catalog inside the functions, whose path starts with it.)
 CREATE OR REPLACE FUNCTION _mq_queue_schema()
 RETURNS text
@@ -13,7 +13,7 @@ AS $$
     SELECT n.nspname::text
     FROM pg_catalog.pg_class c
     JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-    WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')
+    WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_rows')
 $$;
 
 -- The queue's schema version (the highest in mq_schema_migrations), for
@@ -231,7 +231,7 @@ $$;
 -- a pinned path (pg_catalog, the queue's schema, pg_temp), no EXECUTE for
 -- PUBLIC, and the duty functions run as the owner, as do the functions of
 -- the mq_payloads view's triggers (schema/payloads.sql), which stand for the
--- view's own access to mq_msgs. CREATE OR REPLACE FUNCTION
+-- view's own access to mq_rows. CREATE OR REPLACE FUNCTION
 -- resets the first and the last (not the grants), so a migration that
 -- replaces or adds functions ends with SELECT _mq_secure().
 CREATE OR REPLACE FUNCTION _mq_secure()
@@ -283,12 +283,12 @@ BEGIN
         FROM pg_catalog.pg_class c
         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) acl
         WHERE c.relnamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace
-          AND c.relname OPERATOR(pg_catalog.=) 'mq_msgs'
+          AND c.relname OPERATOR(pg_catalog.=) 'mq_rows'
           AND acl.grantee OPERATOR(pg_catalog.<>) c.relowner
     LOOP
         IF g.grantee OPERATOR(pg_catalog.=) 0::oid
            OR pg_catalog.has_schema_privilege(g.grantee, q, 'CREATE') THEN
-            RAISE WARNING 'pqmq: % has rights on %.mq_msgs but gets no duty: %',
+            RAISE WARNING 'pqmq: % has rights on %.mq_rows but gets no duty: %',
                 CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0::oid THEN 'PUBLIC'
                      ELSE g.grantee::regrole::text END,
                 q,

@@ -206,7 +206,7 @@ BEGIN
             AND pg_has_role(who, owner, 'USAGE');
     IF owner IS DISTINCT FROM who AND NOT heir
        AND NOT pg_has_role(who, (SELECT c.relowner FROM pg_class c
-                                 WHERE c.oid = 'mq_msgs'::regclass), 'USAGE') THEN
+                                 WHERE c.oid = 'mq_rows'::regclass), 'USAGE') THEN
         RAISE EXCEPTION 'mq_schedule: schedule % belongs to role %, not to %',
             quote_literal(left(sched_name, 100)),
             COALESCE((SELECT r.rolname::text FROM pg_roles r WHERE r.oid = owner),

@@ -17,7 +17,7 @@ AS $$
                m.chain_seq = pg_catalog.min(m.chain_seq) OVER (PARTITION BY m.channel_key)
                  AS is_head,
                m.chain_seq IS NULL AS unordered
-        FROM mq_msgs m
+        FROM mq_rows m
         WHERE channel_names IS NULL OR m.channel_name = ANY (channel_names)
     ),
     m AS (
@@ -200,7 +200,7 @@ $$;
 DO $$
 BEGIN
     IF pg_catalog.to_regprocedure('_mq_count_inserted()') IS NOT NULL THEN
-        DROP TRIGGER IF EXISTS _mq_count_inserted ON mq_msgs;
+        DROP TRIGGER IF EXISTS _mq_count_inserted ON mq_rows;
         DROP FUNCTION _mq_count_inserted();
     END IF;
 END
@@ -211,16 +211,16 @@ $$;
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = 'mq_msgs'::regclass
+                   WHERE t.tgrelid = 'mq_rows'::regclass
                      AND t.tgname = '_mq_count_deleted') THEN
-        CREATE TRIGGER _mq_count_deleted AFTER DELETE ON mq_msgs
+        CREATE TRIGGER _mq_count_deleted AFTER DELETE ON mq_rows
             REFERENCING OLD TABLE AS mq_old_rows
             FOR EACH STATEMENT EXECUTE FUNCTION _mq_count_deleted();
-        CREATE TRIGGER _mq_count_unchained AFTER UPDATE OF chain_seq ON mq_msgs
+        CREATE TRIGGER _mq_count_unchained AFTER UPDATE OF chain_seq ON mq_rows
             FOR EACH ROW
             WHEN ((OLD.chain_seq IS NULL) IS DISTINCT FROM (NEW.chain_seq IS NULL))
             EXECUTE FUNCTION _mq_count_unchained();
-        CREATE TRIGGER _mq_count_truncated AFTER TRUNCATE ON mq_msgs
+        CREATE TRIGGER _mq_count_truncated AFTER TRUNCATE ON mq_rows
             FOR EACH STATEMENT EXECUTE FUNCTION _mq_count_truncated();
         DELETE FROM mq_count_deltas;
         DELETE FROM mq_count_batches;
@@ -228,7 +228,7 @@ BEGIN
         INSERT INTO mq_counts (channel_name, total, waiting)
         SELECT m.channel_name, pg_catalog.count(*),
                pg_catalog.count(*) FILTER (WHERE m.chain_seq IS NOT NULL)
-        FROM mq_msgs m
+        FROM mq_rows m
         GROUP BY m.channel_name;
     END IF;
 END
@@ -323,7 +323,7 @@ BEGIN
                CASE WHEN m.deliveries > 0 THEN 'f'
                     WHEN m.commit_interval IS NOT NULL THEN 'u'
                     ELSE 's' END AS st, false AS head
-        FROM mq_msgs m
+        FROM mq_rows m
         WHERE m.dead_since IS NULL
           AND m.after_message_id IS NULL
           AND m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
@@ -331,7 +331,7 @@ BEGIN
           AND m.attempts > 0
         UNION ALL
         -- (all channels: the whole ready range of the time index)
-        SELECT m.channel_name, 'f', false FROM mq_msgs m
+        SELECT m.channel_name, 'f', false FROM mq_rows m
         WHERE channel_names IS NULL
           AND m.dead_since IS NULL
           AND m.after_message_id IS NULL
@@ -345,13 +345,13 @@ BEGIN
         SELECT m.channel_name, 'f', false
         FROM (SELECT DISTINCT n FROM pg_catalog.unnest(channel_names) AS n) c,
         LATERAL (
-            SELECT m.channel_name FROM mq_msgs m
+            SELECT m.channel_name FROM mq_rows m
             WHERE m.priority <= 0
               AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                 m.channel_name, c.n)
               AND m.ready_at <= ts AND m.attempt_at > ts AND m.attempts > 0
             UNION ALL
-            SELECT m.channel_name FROM mq_msgs m
+            SELECT m.channel_name FROM mq_rows m
             WHERE m.priority > 0
               AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                                 m.channel_name, c.n)
@@ -362,14 +362,14 @@ BEGIN
         SELECT m.channel_name,
                CASE WHEN m.attempt_at > ts THEN 'f' ELSE 'd' END,
                m.attempt_at <= ts AND m.chain_seq IS NOT NULL
-        FROM mq_msgs m
+        FROM mq_rows m
         WHERE m.dead_since IS NULL
           AND m.ready_at > '-infinity'::timestamptz
           AND m.ready_at = 'infinity'::timestamptz
           AND m.attempts = 0
         UNION ALL
         SELECT m.channel_name, 'd', m.chain_seq IS NOT NULL
-        FROM mq_msgs m
+        FROM mq_rows m
         WHERE m.dead_since IS NOT NULL
         UNION ALL
         -- Chain heads: every one counts once as 'h' (counts.waiting has all
@@ -442,7 +442,7 @@ DECLARE
 BEGIN
     RETURN LEAST(head_at, (
     WITH RECURSIVE keys(k) AS (
-        SELECT (SELECT m.channel_key FROM mq_msgs m
+        SELECT (SELECT m.channel_key FROM mq_rows m
                 WHERE m.dead_since IS NULL
                   AND m.after_message_id IS NULL
                   AND m.priority <= 0
@@ -451,7 +451,7 @@ BEGIN
                                         | 4294967295)
                 ORDER BY m.channel_key LIMIT 1)
         UNION ALL
-        SELECT (SELECT m.channel_key FROM mq_msgs m
+        SELECT (SELECT m.channel_key FROM mq_rows m
                 WHERE m.dead_since IS NULL
                   AND m.after_message_id IS NULL
                   AND m.priority <= 0
@@ -465,7 +465,7 @@ BEGIN
         (SELECT pg_catalog.min(f.at)
          FROM keys,
          LATERAL (
-             SELECT m.attempt_at AS at FROM mq_msgs m
+             SELECT m.attempt_at AS at FROM mq_rows m
              WHERE m.channel_key = keys.k
                AND m.dead_since IS NULL
                AND m.after_message_id IS NULL
@@ -479,7 +479,7 @@ BEGIN
          ) f
          WHERE keys.k IS NOT NULL AND f.at <= ts),
         -- The urgent messages: few, read whole.
-        (SELECT pg_catalog.min(m.attempt_at) FROM mq_msgs m
+        (SELECT pg_catalog.min(m.attempt_at) FROM mq_rows m
          WHERE m.priority > 0
            AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                              m.channel_name, channel)
@@ -526,7 +526,7 @@ BEGIN
         -- and the live heads of the channel's chains.
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                 m.commit_interval, m.chain_seq, m.channel_key, m.priority
-         FROM mq_msgs m
+         FROM mq_rows m
          WHERE m.priority <= 0
            AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                              m.channel_name, channel)
@@ -536,7 +536,7 @@ BEGIN
         UNION ALL
         (SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                 m.commit_interval, m.chain_seq, m.channel_key, m.priority
-         FROM mq_msgs m
+         FROM mq_rows m
          WHERE m.priority > 0
            AND _mq_in_channel(m.dead_since, m.after_message_id, m.channel_key,
                              m.channel_name, channel)
@@ -547,7 +547,7 @@ BEGIN
         SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                m.commit_interval, m.chain_seq, m.channel_key, m.priority
         FROM unnest(head_ids) AS h(id) -- (ROWS FROM: unqualified)
-        JOIN LATERAL (SELECT q.* FROM mq_msgs q WHERE q.id = h.id LIMIT 1) m ON true
+        JOIN LATERAL (SELECT q.* FROM mq_rows q WHERE q.id = h.id LIMIT 1) m ON true
         WHERE args IS NULL OR m.channel_args = args
     ),
     -- Followers: each chain's next members in chain order, at most max_rows.
@@ -563,7 +563,7 @@ BEGIN
         FROM heads h, LATERAL (
             SELECT f.id, f.channel_args, f.attempt_at, f.deliveries, f.attempts,
                    f.commit_interval, f.chain_seq
-            FROM mq_msgs f
+            FROM mq_rows f
             WHERE f.chain_seq IS NOT NULL -- mq_msgs_chain
               AND f.channel_key = h.channel_key
               AND f.chain_seq > h.chain_seq
@@ -583,7 +583,7 @@ BEGIN
     FROM picked p
     LEFT JOIN LATERAL (
         SELECT q.name, q.payload_json, q.payload_bytes, q.last_error
-        FROM mq_msgs q WHERE q.id = p.id LIMIT 1
+        FROM mq_rows q WHERE q.id = p.id LIMIT 1
     ) m ON true
     ORDER BY p.behind, p.k0, p.k1, p.k2, p.k3
     LIMIT max_rows;

@@ -157,8 +157,23 @@ $$;
 -- columns: a table of its own would cost a second row and index entry per
 -- message on insert, a second probe per claim and a second delete per
 -- completion.
-CREATE TABLE IF NOT EXISTS mq_msgs (
-    id               uuid PRIMARY KEY,
+-- The messages the log does not hold (DESIGN.md, Storage): ordered,
+-- delayed, two-phase, prioritized and keyed messages from their insert,
+-- and logged ones once anything but their completion happened to them
+-- (retries, keep-alives, checkpoints, leases that ran out, dead letters).
+-- A 0.1.0 queue's mq_msgs table is this table, renamed; mq_msgs is the
+-- view of every live message (below).
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+               WHERE c.oid = pg_catalog.to_regclass('mq_msgs') AND c.relkind = 'r') THEN
+        ALTER TABLE mq_msgs RENAME TO mq_rows;
+    END IF;
+END
+$$;
+
+CREATE TABLE IF NOT EXISTS mq_rows (
+    id               uuid CONSTRAINT mq_msgs_pkey PRIMARY KEY,
     created_at       timestamptz NOT NULL DEFAULT pg_catalog.now(),
     attempt_at       timestamptz NOT NULL DEFAULT pg_catalog.now(),
     attempts         int NOT NULL DEFAULT 5,
@@ -204,10 +219,10 @@ CREATE TABLE IF NOT EXISTS mq_msgs (
 DO $$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
-               WHERE a.attrelid = 'mq_msgs'::regclass AND a.attname = 'channel_key'
+               WHERE a.attrelid = 'mq_rows'::regclass AND a.attname = 'channel_key'
                  AND a.attgenerated <> '') THEN
-        ALTER TABLE mq_msgs ALTER COLUMN channel_key DROP EXPRESSION;
-        ALTER TABLE mq_msgs ALTER COLUMN channel_key SET NOT NULL;
+        ALTER TABLE mq_rows ALTER COLUMN channel_key DROP EXPRESSION;
+        ALTER TABLE mq_rows ALTER COLUMN channel_key SET NOT NULL;
     END IF;
 END
 $$;
@@ -224,13 +239,13 @@ CREATE SEQUENCE IF NOT EXISTS mq_chain_seq INCREMENT BY 16384;
 -- mq_msgs_ready_urgent. Each candidate has an entry in one of them. No index keys on attempt_at,
 -- attempts, deliveries or retry_backoff: those are what a claim writes.
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_plain
-    ON mq_msgs (channel_key, ready_at)
+    ON mq_rows (channel_key, ready_at)
     WHERE dead_since IS NULL
       AND after_message_id IS NULL
       AND priority <= 0;
 
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
-    ON mq_msgs (channel_key, (- priority), ready_at)
+    ON mq_rows (channel_key, (- priority), ready_at)
     WHERE dead_since IS NULL
       AND after_message_id IS NULL
       AND priority > 0;
@@ -243,7 +258,7 @@ CREATE INDEX IF NOT EXISTS mq_msgs_ready_urgent
 -- filtered by channel read the whole ready backlog for every channel once
 -- statistics said the table was small.
 CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_time
-    ON mq_msgs (ready_at)
+    ON mq_rows (ready_at)
     WHERE dead_since IS NULL
       AND (after_message_id IS NULL OR ready_at = 'infinity'::timestamptz)
       AND ready_at > '-infinity'::timestamptz;
@@ -254,16 +269,16 @@ CREATE INDEX IF NOT EXISTS mq_msgs_ready_by_time
 -- live entry only: the head. Nothing a claim writes is in it, and
 -- completing a head writes nothing here: the next entry is the new head.
 CREATE INDEX IF NOT EXISTS mq_msgs_chain
-    ON mq_msgs (channel_key, chain_seq)
+    ON mq_rows (channel_key, chain_seq)
     WHERE chain_seq IS NOT NULL;
 
 -- Dead letters, oldest first.
 CREATE INDEX IF NOT EXISTS mq_msgs_dead
-    ON mq_msgs (dead_since)
+    ON mq_rows (dead_since)
     WHERE dead_since IS NOT NULL;
 
 -- A queue table churns: vacuum it early and without throttling.
-ALTER TABLE mq_msgs SET (
+ALTER TABLE mq_rows SET (
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_threshold = 500,
     autovacuum_vacuum_insert_scale_factor = 0.05,
@@ -274,12 +289,6 @@ ALTER TABLE mq_msgs SET (
     fillfactor = 50
 );
 
--- The seed's payload table, as a view of mq_msgs: readable
--- and lockable by id as before; an UPDATE through it changes the message, a
--- DELETE completes it and an INSERT is refused (schema/payloads.sql).
-CREATE OR REPLACE VIEW mq_payloads AS
-    SELECT m.id, m.name, m.payload_json, m.payload_bytes, m.last_error
-    FROM mq_msgs m;
 
 -- Until migration 20, the last message appended to each non-empty chain;
 -- no longer written or read (chains are kept by chain_seq), kept for
@@ -303,7 +312,7 @@ CREATE INDEX IF NOT EXISTS mq_chains_key ON mq_chains (channel_key);
 -- and writes one receipt row a channel; a completion writes one row a
 -- receipt. Anything else that happens to a logged message (a retry, a
 -- keep-alive, a checkpoint, a lease that ran out, a hand edit) moves it to
--- mq_msgs, the queue's table of exceptions, first.
+-- mq_rows, the queue's table of exceptions, first.
 CREATE SEQUENCE IF NOT EXISTS mq_log_place INCREMENT BY 16384;
 
 CREATE TABLE IF NOT EXISTS mq_log (
@@ -353,7 +362,7 @@ CREATE TABLE IF NOT EXISTS mq_receipts (
     lease_until timestamptz NOT NULL,
     horizon     xid8 NOT NULL,
     lane        smallint NOT NULL,
-    -- Members moved to mq_msgs (_mq_log_move): written under the receipt's
+    -- Members moved to mq_rows (_mq_log_move): written under the receipt's
     -- row lock, so that a completion waiting for that lock sees the move.
     moved       bigint[] NOT NULL DEFAULT '{}',
     PRIMARY KEY (channel_key, lo)
@@ -371,13 +380,68 @@ CREATE TABLE IF NOT EXISTS mq_done (
 CREATE INDEX IF NOT EXISTS mq_done_receipt ON mq_done (channel_key, lo);
 
 -- Logged messages taken out before any claim delivered them (deleted, or
--- moved to mq_msgs after their producer committed late): a claim steps
+-- moved to mq_rows after their producer committed late): a claim steps
 -- over them.
 CREATE TABLE IF NOT EXISTS mq_log_gone (
     channel_key bigint NOT NULL,
     place       bigint NOT NULL,
     PRIMARY KEY (channel_key, place)
 );
+
+-- The seed's table of messages, as a view of every live one: mq_rows'
+-- rows, and the logged messages neither completed, moved nor deleted, with
+-- the columns their delivery gives them (waiting: as inserted; leased: one
+-- attempt spent, in flight until the lease ends; held by the locked lane:
+-- as waiting). Writes through it go to the message wherever it is
+-- (schema/views.sql). For tools and people: the queue's functions read the
+-- tables.
+CREATE OR REPLACE VIEW mq_msgs AS
+    SELECT r.id, r.created_at, r.attempt_at, r.attempts, r.retry_backoff, r.channel_name,
+           r.channel_args, r.commit_interval, r.after_message_id, r.deliveries, r.dead_since,
+           r.channel_key, r.ready_at, r.name, r.payload_json, r.payload_bytes, r.last_error,
+           r.unique_key, r.key_retention, r.priority, r.chain_seq
+    FROM mq_rows r
+    UNION ALL
+    SELECT l.id, l.created_at,
+           CASE WHEN l.lane = 0
+                THEN l.claimed_at + CASE WHEN l.retry_backoff > interval '0'
+                                         THEN l.retry_backoff ELSE interval '1 second' END
+                ELSE l.created_at END,
+           CASE WHEN l.lane = 0 THEN l.attempts - 1 ELSE l.attempts END,
+           CASE WHEN l.lane = 0 THEN l.retry_backoff * 2 ELSE l.retry_backoff END,
+           l.channel_name, l.channel_args, NULL::interval, NULL::uuid,
+           CASE WHEN l.lane = 0 THEN 1 ELSE 0 END, NULL::timestamptz, l.channel_key,
+           CASE WHEN l.lane = 0 AND l.attempts <= 1 THEN 'infinity'::timestamptz
+                ELSE l.created_at END,
+           l.name, l.payload_json, l.payload_bytes, NULL::text, NULL::text, NULL::interval,
+           0::smallint, NULL::bigint
+    FROM (
+        -- Each logged message with the receipt that delivered it (lane and
+        -- claimed_at NULL: none did). A channel's receipts cover disjoint
+        -- ranges: the one that may hold a place is the last that starts at
+        -- or before it.
+        SELECT m.*, CASE WHEN m.place = ANY (g.places) THEN g.lane END AS lane,
+               CASE WHEN m.place = ANY (g.places) THEN g.claimed_at END AS claimed_at,
+               m.place = ANY (g.places)
+                   AND (m.place = ANY (g.moved)
+                        OR EXISTS (SELECT 1 FROM mq_done d
+                                   WHERE d.channel_key = m.channel_key AND d.lo = g.lo
+                                     AND m.place = ANY (d.places))) AS finished
+        FROM mq_log m
+        LEFT JOIN LATERAL (
+            SELECT x.lane, x.claimed_at, x.moved, x.lo, x.places FROM mq_receipts x
+            WHERE x.channel_key = m.channel_key AND x.lo <= m.place
+            ORDER BY x.lo DESC LIMIT 1) g ON true
+        WHERE NOT EXISTS (SELECT 1 FROM mq_log_gone o
+                          WHERE o.channel_key = m.channel_key AND o.place = m.place)) l
+    WHERE l.finished IS NOT TRUE;
+
+-- The seed's payload table, as a view of mq_msgs: readable by id as
+-- before; an UPDATE through it changes the message, a DELETE completes it
+-- and an INSERT is refused (schema/payloads.sql).
+CREATE OR REPLACE VIEW mq_payloads AS
+    SELECT m.id, m.name, m.payload_json, m.payload_bytes, m.last_error
+    FROM mq_msgs m;
 
 -- Unique keys (mq_insert_unique, schema/keys.sql): who holds each key of a
 -- channel. A row is written when a message with a key is inserted, and its
@@ -458,7 +522,7 @@ ALTER TABLE mq_count_batches SET (
     autovacuum_vacuum_cost_delay = 0
 );
 
--- A row written into mq_msgs by hand (an operator's INSERT, a tool's copy)
+-- A row written into mq_rows by hand (an operator's INSERT, a tool's copy)
 -- gets its chain key and its place (ready_at no later than attempt_at; see
 -- _mq_keep_place) here, and is counted (mq_counts) as _mq_insert_rows counts
 -- its own batches. The queue's functions write both themselves: for them
@@ -490,14 +554,14 @@ END;
 $$;
 
 CREATE OR REPLACE TRIGGER mq_msgs_fill_row
-    BEFORE INSERT ON mq_msgs
+    BEFORE INSERT ON mq_rows
     FOR EACH ROW
     WHEN (NEW.channel_key IS NULL
           OR (NEW.attempt_at < NEW.ready_at AND NEW.ready_at <> 'infinity'::timestamptz))
     EXECUTE FUNCTION _mq_fill_row();
 
 CREATE OR REPLACE TRIGGER mq_msgs_move_row
-    BEFORE UPDATE OF channel_name, channel_args ON mq_msgs
+    BEFORE UPDATE OF channel_name, channel_args ON mq_rows
     FOR EACH ROW
     WHEN (OLD.channel_name IS DISTINCT FROM NEW.channel_name
           OR OLD.channel_args IS DISTINCT FROM NEW.channel_args)

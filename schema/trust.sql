@@ -15,7 +15,7 @@
 DO $$
 DECLARE
     nsp oid := (SELECT c.relnamespace FROM pg_catalog.pg_class c
-                WHERE c.oid = pg_catalog.to_regclass('mq_msgs'));
+                WHERE c.oid = pg_catalog.to_regclass('mq_rows'));
     nm  text := (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
     f   record;
     owner oid := (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.oid = nsp);
