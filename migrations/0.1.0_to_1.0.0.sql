@@ -20,30 +20,36 @@ BEGIN
     IF (SELECT max(version) FROM mq_schema_migrations) IS DISTINCT FROM 17 THEN
         RETURN;
     END IF;
+    -- 0.1.0's table of messages is 1.0.0's mq_rows (mq_msgs becomes the
+    -- view of every live message: schema/tables.sql).
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+               WHERE c.oid = pg_catalog.to_regclass('mq_msgs') AND c.relkind = 'r') THEN
+        ALTER TABLE mq_msgs RENAME TO mq_rows;
+    END IF;
     -- Chains are kept by place (chain_seq), not by links: each chain's
     -- members get places in their link order, heads first (in flight, dead
     -- or delayed, each keeps its state); a member whose predecessor is gone
     -- (written by hand) follows its chain's linked ones, oldest first.
     -- after_message_id becomes the nil UUID for every ordered message.
-    ALTER TABLE mq_msgs ADD COLUMN IF NOT EXISTS chain_seq bigint;
+    ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS chain_seq bigint;
     CREATE SEQUENCE IF NOT EXISTS mq_chain_seq INCREMENT BY 16384;
     base := pg_catalog.nextval('mq_chain_seq');
     WITH RECURSIVE walk(id, k, depth) AS (
-        SELECT m.id, m.channel_key, 0::bigint FROM mq_msgs m
+        SELECT m.id, m.channel_key, 0::bigint FROM mq_rows m
         WHERE m.after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
         UNION ALL
         SELECT s.id, w.k, w.depth + 1 FROM walk w
-        JOIN mq_msgs s ON s.after_message_id = w.id
+        JOIN mq_rows s ON s.after_message_id = w.id
     ),
     placed AS (
         SELECT m.id, pg_catalog.row_number() OVER (
                    ORDER BY m.channel_key, w.depth IS NULL, w.depth, m.created_at, m.id) AS n
-        FROM mq_msgs m
+        FROM mq_rows m
         LEFT JOIN walk w ON w.id = m.id
         WHERE m.after_message_id IS NOT NULL
     ),
     done AS (
-        UPDATE mq_msgs m SET chain_seq = base + p.n,
+        UPDATE mq_rows m SET chain_seq = base + p.n,
                              after_message_id = '00000000-0000-0000-0000-000000000000'::uuid
         FROM placed p
         WHERE m.id = p.id
@@ -63,12 +69,12 @@ BEGIN
     DROP FUNCTION IF EXISTS mq_record_tails(mq_new_t[]);
     DROP FUNCTION IF EXISTS mq_lock_chains(uuid[]);
     DROP FUNCTION IF EXISTS mq_unlink(uuid[], uuid[], text[], text[]);
-    DROP TRIGGER IF EXISTS mq_count_relinked ON mq_msgs;
+    DROP TRIGGER IF EXISTS mq_count_relinked ON mq_rows;
     DROP FUNCTION IF EXISTS mq_count_relinked();
-    DROP TRIGGER IF EXISTS mq_count_inserted ON mq_msgs;
-    DROP TRIGGER IF EXISTS mq_count_deleted ON mq_msgs;
-    DROP TRIGGER IF EXISTS mq_count_truncated ON mq_msgs;
-    DROP TRIGGER IF EXISTS mq_count_unchained ON mq_msgs;
+    DROP TRIGGER IF EXISTS mq_count_inserted ON mq_rows;
+    DROP TRIGGER IF EXISTS mq_count_deleted ON mq_rows;
+    DROP TRIGGER IF EXISTS mq_count_truncated ON mq_rows;
+    DROP TRIGGER IF EXISTS mq_count_unchained ON mq_rows;
     -- A schedule belongs to the role that evaluates it first (NULL: to the
     -- next caller; mq_schedule).
     ALTER TABLE mq_schedules ADD COLUMN IF NOT EXISTS owner oid;

@@ -32,7 +32,7 @@ BEGIN
         RETURNING m.id
     )
     SELECT pg_catalog.count(*) INTO n FROM gone;
-    RETURN n;
+    RETURN n + _mq_log_clear(channel_names, all_channels);
 END;
 $$;
 

@@ -177,6 +177,9 @@ DECLARE
     argss text[];
     names text[];
     dead  boolean[];
+    l_ids   uuid[];
+    l_args  text[];
+    l_names text[];
 BEGIN
     IF channel IS NULL OR channel = '' THEN
         RAISE EXCEPTION 'mq_purge: channel is NULL or empty'
@@ -197,6 +200,21 @@ BEGIN
           AND (NOT COALESCE(dead_only, false) OR m.dead_since IS NOT NULL)
         FOR UPDATE OF m
     ) v;
+    -- And the channel's live logged messages (mq_complete below completes
+    -- or deletes each; none is dead).
+    IF NOT COALESCE(dead_only, false) THEN
+        SELECT pg_catalog.array_agg(l.id ORDER BY l.channel_args, l.id),
+               pg_catalog.array_agg(l.channel_args ORDER BY l.channel_args, l.id),
+               pg_catalog.array_agg(l.name ORDER BY l.channel_args, l.id)
+        INTO l_ids, l_args, l_names
+        FROM _mq_log_live(channel, args) l;
+        IF l_ids IS NOT NULL THEN
+            ids := COALESCE(ids, '{}') || l_ids;
+            argss := COALESCE(argss, '{}') || l_args;
+            names := COALESCE(names, '{}') || l_names;
+            dead := COALESCE(dead, '{}') || array_fill(false, ARRAY[cardinality(l_ids)]);
+        END IF;
+    END IF;
     IF ids IS NULL THEN
         RETURN;
     END IF;

@@ -529,3 +529,90 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Deletes every live logged message of the given channels (all_channels:
+-- of every channel), for mq_clear_count: those no claim delivered are
+-- marked gone, those a receipt holds are let go by it (moved nowhere), so
+-- their consumers' completions find nothing. Returns how many.
+CREATE OR REPLACE FUNCTION _mq_log_clear(channel_names text[], all_channels boolean)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    c       record;
+    r       record;
+    k       int;
+    n       int := 0;
+    names   text[] := '{}';
+    created timestamptz[] := '{}';
+    undone  bigint[];
+BEGIN
+    FOR c IN SELECT x.channel_key, x.settled FROM mq_cursors x
+             WHERE all_channels OR x.channel_name = ANY (channel_names)
+             ORDER BY x.channel_key
+             FOR NO KEY UPDATE LOOP
+        WITH g AS (
+            INSERT INTO mq_log_gone (channel_key, place)
+            SELECT l.channel_key, l.place FROM mq_log l
+            WHERE l.channel_key = c.channel_key AND l.place > c.settled
+              AND NOT _mq_log_given(l.channel_key, l.place)
+            ON CONFLICT DO NOTHING
+            RETURNING channel_key, place)
+        SELECT count(*), names || COALESCE(array_agg(l.channel_name), '{}'),
+               created || COALESCE(array_agg(l.created_at), '{}')
+        INTO k, names, created
+        FROM g JOIN mq_log l ON l.channel_key = g.channel_key AND l.place = g.place;
+        n := n + k;
+        FOR r IN SELECT x.lo, x.places, x.moved FROM mq_receipts x
+                 WHERE x.channel_key = c.channel_key
+                   AND x.lease_until < 'infinity'::timestamptz
+                 FOR UPDATE LOOP
+            SELECT array_agg(p) INTO undone FROM unnest(r.places) AS p
+            WHERE p <> ALL (r.moved)
+              AND NOT EXISTS (SELECT 1 FROM mq_done d
+                              WHERE d.channel_key = c.channel_key AND d.lo = r.lo
+                                AND p = ANY (d.places));
+            UPDATE mq_receipts x SET moved = x.moved || COALESCE(undone, '{}'),
+                                     lease_until = 'infinity'::timestamptz
+            WHERE x.channel_key = c.channel_key AND x.lo = r.lo;
+            IF undone IS NOT NULL THEN
+                SELECT names || array_agg(l.channel_name), created || array_agg(l.created_at)
+                INTO names, created
+                FROM mq_log l WHERE l.channel_key = c.channel_key AND l.place = ANY (undone);
+                n := n + cardinality(undone);
+            END IF;
+        END LOOP;
+    END LOOP;
+    IF n > 0 THEN
+        PERFORM _mq_log_count_gone(names, created);
+    END IF;
+    RETURN n;
+END;
+$$;
+
+-- The live logged messages of channel (of one chain when args is not
+-- NULL), for mq_purge: neither completed, moved nor deleted.
+CREATE OR REPLACE FUNCTION _mq_log_live(channel text, args text)
+RETURNS TABLE(id uuid, channel_args text, name text)
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT m.id, m.channel_args, m.name
+    FROM mq_log m
+    LEFT JOIN LATERAL (
+        SELECT x.lo, x.places, x.moved FROM mq_receipts x
+        WHERE x.channel_key = m.channel_key AND x.lo <= m.place
+        ORDER BY x.lo DESC LIMIT 1) g ON true
+    WHERE m.channel_key >= (hashtext(channel)::bigint << 32)
+      AND m.channel_key <= ((hashtext(channel)::bigint << 32) | 4294967295)
+      AND m.channel_name = channel
+      AND (args IS NULL OR m.channel_args = args)
+      AND NOT EXISTS (SELECT 1 FROM mq_log_gone o
+                      WHERE o.channel_key = m.channel_key AND o.place = m.place)
+      AND (g.lo IS NULL OR m.place <> ALL (g.places)
+           OR (m.place <> ALL (g.moved)
+               AND NOT EXISTS (SELECT 1 FROM mq_done d
+                               WHERE d.channel_key = m.channel_key AND d.lo = g.lo
+                                 AND m.place = ANY (d.places))))
+$$;

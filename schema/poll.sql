@@ -273,6 +273,12 @@ BEGIN
         RETURN NEXT j;
     END LOOP;
     IF n > 0 THEN
+        -- A busy session still looks for late producers' messages, once a
+        -- second (_mq_log_settle).
+        IF COALESCE(current_setting('pqmq.settled_at', true), '') < to_char(ts - interval '1 second', 'YYYYMMDDHH24MISS') THEN
+            PERFORM set_config('pqmq.settled_at', to_char(ts, 'YYYYMMDDHH24MISS'), false);
+            PERFORM _mq_log_settle(ts);
+        END IF;
         RETURN;
     END IF;
 

@@ -17,7 +17,7 @@ AS $$
                m.chain_seq = pg_catalog.min(m.chain_seq) OVER (PARTITION BY m.channel_key)
                  AS is_head,
                m.chain_seq IS NULL AS unordered
-        FROM mq_rows m
+        FROM mq_msgs m
         WHERE channel_names IS NULL OR m.channel_name = ANY (channel_names)
     ),
     m AS (
@@ -372,6 +372,20 @@ BEGIN
         FROM mq_rows m
         WHERE m.dead_since IS NOT NULL
         UNION ALL
+        -- Logged messages in flight: the members of open receipts of the
+        -- lease lane neither completed nor moved whose leases run.
+        SELECT l.channel_name, 'f', false
+        FROM mq_receipts x
+        CROSS JOIN LATERAL pg_catalog.unnest(x.places) AS p(place)
+        JOIN mq_log l ON l.channel_key = x.channel_key AND l.place = p.place
+        WHERE x.lease_until < 'infinity'::timestamptz AND x.lane = 0
+          AND p.place <> ALL (x.moved)
+          AND x.claimed_at + _mq_log_lease(l.retry_backoff) > ts
+          AND (channel_names IS NULL OR l.channel_name = ANY (channel_names))
+          AND NOT EXISTS (SELECT 1 FROM mq_done d
+                          WHERE d.channel_key = x.channel_key AND d.lo = x.lo
+                            AND p.place = ANY (d.places))
+        UNION ALL
         -- Chain heads: every one counts once as 'h' (counts.waiting has all
         -- ordered messages); those neither ready, dead nor on a final
         -- attempt (above) by their state.
@@ -439,8 +453,19 @@ DECLARE
                             (pg_catalog.hashtext(channel)::bigint << 32) | 4294967295,
                             channel, NULL, NULL) h
         WHERE NOT h.head_dead AND h.head_attempts > 0 AND h.head_at <= ts);
+    -- The first message past each of the channel's cursors in the log.
+    log_at  timestamptz := (
+        SELECT pg_catalog.min(f.created_at)
+        FROM mq_cursors c
+        CROSS JOIN LATERAL (
+            SELECT l.created_at FROM mq_log l
+            WHERE l.channel_key = c.channel_key AND l.place > c.place
+            ORDER BY l.place LIMIT 1) f
+        WHERE c.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+          AND c.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+          AND c.channel_name = channel);
 BEGIN
-    RETURN LEAST(head_at, (
+    RETURN LEAST(head_at, log_at, (
     WITH RECURSIVE keys(k) AS (
         SELECT (SELECT m.channel_key FROM mq_rows m
                 WHERE m.dead_since IS NULL
@@ -544,6 +569,23 @@ BEGIN
          ORDER BY m.priority DESC, m.attempt_at, m.id
          LIMIT max_rows)
         UNION ALL
+        -- The log: each of the channel's cursors' next messages.
+        (SELECT l.id, l.channel_args, l.created_at, 0, l.attempts, NULL::interval,
+                NULL::bigint, l.channel_key, 0::smallint
+         FROM mq_cursors c
+         CROSS JOIN LATERAL (
+             SELECT q.id, q.channel_args, q.created_at, q.attempts, q.channel_key
+             FROM mq_log q
+             WHERE q.channel_key = c.channel_key AND q.place > c.place
+               AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                               WHERE g.channel_key = q.channel_key AND g.place = q.place)
+             ORDER BY q.place LIMIT max_rows) l
+         WHERE c.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+           AND c.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+           AND c.channel_name = channel AND (args IS NULL OR c.channel_args = args)
+         ORDER BY l.created_at, l.id
+         LIMIT max_rows)
+        UNION ALL
         SELECT m.id, m.channel_args, m.attempt_at, m.deliveries, m.attempts,
                m.commit_interval, m.chain_seq, m.channel_key, m.priority
         FROM unnest(head_ids) AS h(id) -- (ROWS FROM: unqualified)
@@ -583,7 +625,7 @@ BEGIN
     FROM picked p
     LEFT JOIN LATERAL (
         SELECT q.name, q.payload_json, q.payload_bytes, q.last_error
-        FROM mq_rows q WHERE q.id = p.id LIMIT 1
+        FROM mq_msgs q WHERE q.id = p.id LIMIT 1
     ) m ON true
     ORDER BY p.behind, p.k0, p.k1, p.k2, p.k3
     LIMIT max_rows;

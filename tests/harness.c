@@ -344,7 +344,7 @@ int t_done(void)
 void t_truncate(void)
 {
     PGconn *c = t_pg();
-    t_exec(c, "TRUNCATE mq_msgs, mq_chains, mq_keys, mq_log, mq_cursors, mq_receipts, mq_done, "
+    t_exec(c, "TRUNCATE mq_rows, mq_chains, mq_keys, mq_log, mq_cursors, mq_receipts, mq_done, "
               "mq_log_gone");
     PQfinish(c);
 }
