@@ -196,7 +196,43 @@ BEGIN
        AND (priorities IS NULL
             OR NOT EXISTS (SELECT 1 FROM unnest(priorities) AS p WHERE p > 0))
        AND current_setting('pqmq.citus', true) IS DISTINCT FROM 'on' THEN
-        PERFORM _mq_log_append(new_messages, ts, pass.first_name = pass.last_name);
+        base := nextval('mq_log_place');
+        -- An id mq_rows holds (the log's unique index covers the log only).
+        SELECT m.id INTO bad FROM mq_rows m
+        WHERE m.id = ANY (ARRAY(SELECT t.id FROM unnest(new_messages) AS t))
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'duplicate key value violates unique constraint "mq_log_id"'
+                USING ERRCODE = 'unique_violation',
+                      DETAIL = format('Key (id)=(%s) already exists.', bad.id);
+        END IF;
+        INSERT INTO mq_log (place, channel_key, id, created_at, attempts, retry_backoff,
+                            channel_name, channel_args, name, payload_json, payload_bytes)
+        SELECT base + t.ordinality,
+               (hashtext(t.channel_name)::bigint << 32)
+                   | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
+               t.id, ts, LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
+               COALESCE(t.retry_backoff, interval '1 second'),
+               t.channel_name, COALESCE(t.channel_args, ''), COALESCE(t.name, ''),
+               t.payload_json::jsonb, t.payload_bytes
+        FROM unnest(new_messages) WITH ORDINALITY AS t;
+        IF pass.first_name = pass.last_name THEN
+            INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
+            SELECT (hashtext(t.channel_name)::bigint << 32)
+                       | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
+                   t.channel_name, COALESCE(t.channel_args, '')
+            FROM unnest(new_messages[1:1]) AS t
+            ON CONFLICT DO NOTHING;
+        ELSE
+            INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
+            SELECT DISTINCT ON (1)
+                   (hashtext(t.channel_name)::bigint << 32)
+                       | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
+                   t.channel_name, COALESCE(t.channel_args, '')
+            FROM unnest(new_messages) AS t
+            ORDER BY 1
+            ON CONFLICT DO NOTHING;
+        END IF;
     ELSE
         PERFORM _mq_insert_msgs(new_messages, ts, unique_keys, key_retention, priorities, base);
     END IF;
@@ -286,58 +322,6 @@ BEGIN
         RAISE EXCEPTION 'duplicate key value violates unique constraint "mq_msgs_pkey"'
             USING ERRCODE = 'unique_violation',
                   DETAIL = format('Key (id)=(%s) already exists.', bad.id);
-    END IF;
-END;
-$$;
-
--- Appends a batch to the log (_mq_insert_rows): each message at the
--- batch's place plus its position, and a cursor for each new channel
--- (one_channel: the batch is on one).
-CREATE OR REPLACE FUNCTION _mq_log_append(new_messages mq_new_t[], ts timestamptz,
-                                          one_channel boolean)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    base bigint := nextval('mq_log_place');
-    bad  record;
-BEGIN
-    -- An id mq_rows holds (the log's unique index covers the log only).
-    SELECT m.id INTO bad FROM mq_rows m
-    WHERE m.id = ANY (ARRAY(SELECT t.id FROM unnest(new_messages) AS t))
-    LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'duplicate key value violates unique constraint "mq_log_id"'
-            USING ERRCODE = 'unique_violation',
-                  DETAIL = format('Key (id)=(%s) already exists.', bad.id);
-    END IF;
-    INSERT INTO mq_log (place, channel_key, id, created_at, attempts, retry_backoff,
-                        channel_name, channel_args, name, payload_json, payload_bytes)
-    SELECT base + t.ordinality,
-           (hashtext(t.channel_name)::bigint << 32)
-               | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
-           t.id, ts, LEAST(COALESCE(t.retries, 4)::bigint + 1, 2147483647)::int,
-           COALESCE(t.retry_backoff, interval '1 second'),
-           t.channel_name, COALESCE(t.channel_args, ''), COALESCE(t.name, ''),
-           t.payload_json::jsonb, t.payload_bytes
-    FROM unnest(new_messages) WITH ORDINALITY AS t;
-    IF one_channel THEN
-        INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
-        SELECT (hashtext(t.channel_name)::bigint << 32)
-                   | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
-               t.channel_name, COALESCE(t.channel_args, '')
-        FROM unnest(new_messages[1:1]) AS t
-        ON CONFLICT DO NOTHING;
-    ELSE
-        INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
-        SELECT DISTINCT ON (1)
-               (hashtext(t.channel_name)::bigint << 32)
-                   | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
-               t.channel_name, COALESCE(t.channel_args, '')
-        FROM unnest(new_messages) AS t
-        ORDER BY 1
-        ON CONFLICT DO NOTHING;
     END IF;
 END;
 $$;

@@ -56,12 +56,16 @@ AS $$
 DECLARE
     ts    timestamptz := clock_timestamp();
     n     int;
+    k     int;
     until timestamptz;
 BEGIN
-    -- A logged message moves to mq_rows first, in its delivery's state.
-    PERFORM _mq_log_move(msg_ids);
     -- Computed once, outside the statement (which Citus then ships whole).
     until := _mq_lease_end('mq_keep_alive', ts, duration);
+    -- Logged messages: their receipts keep them (_mq_log_keep_alive).
+    n := _mq_log_keep_alive(msg_ids, until, ts);
+    IF n = cardinality(msg_ids) THEN
+        RETURN n;
+    END IF;
     -- SKIP LOCKED: a row locked by a consumer's open transaction is not
     -- waited for (pollers skip it too, so it cannot be redelivered meanwhile).
     -- A kept-alive message is a long one: it moves out of the polls' way
@@ -83,8 +87,8 @@ BEGIN
                                    OR l.ready_at = 'infinity'::timestamptz
                                    OR (l.deliveries = 0 AND l.commit_interval IS NOT NULL))
                             FOR NO KEY UPDATE SKIP LOCKED));
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+    GET DIAGNOSTICS k = ROW_COUNT;
+    RETURN n + k;
 END;
 $$;
 
@@ -230,7 +234,9 @@ BEGIN
           AND m.dead_since IS NULL
           AND m.attempts > 0
           AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
-          AND m.xmax = mine
+          -- (held by its row lock, or moved from the log by this
+          -- transaction: _mq_log_move)
+          AND (m.xmax = mine OR m.xmin = mine)
         RETURNING m.attempts = 0 INTO dead;
     END IF;
     IF NOT FOUND THEN

@@ -12,6 +12,17 @@ RETURNS interval
 LANGUAGE sql IMMUTABLE
 RETURN CASE WHEN backoff > interval '0' THEN backoff ELSE interval '1 second' END;
 
+-- When the lease of a logged message at place ends: its receipt's claim
+-- time plus its lease, or kept_until if a keep-alive extended it (kept).
+CREATE OR REPLACE FUNCTION _mq_log_lease_end(claimed_at timestamptz, backoff interval,
+                                             place bigint, kept bigint[],
+                                             kept_until timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+RETURN CASE WHEN place = ANY (kept) THEN kept_until
+            ELSE claimed_at + CASE WHEN backoff > interval '0' THEN backoff
+                                   ELSE interval '1 second' END END;
+
 -- Whether a row's locker (xmax) ended without committing: a locked
 -- delivery that died (me: this transaction's id, me_lo its low 32 bits;
 -- this transaction counts as alive). Inlined, as _mq_lane_admits.
@@ -34,10 +45,11 @@ RETURN CASE
 -- transaction, hands back whatever it did not complete: _mq_log_reap). A
 -- channel whose cursor another claim holds is passed (SKIP LOCKED); so is
 -- one whose last locked delivery died (its cursor's locker aborted), in
--- lane 1 only: lane 2 takes those, with leases.
+-- lane 1 only: lane 2 takes those, with leases; and one with an urgent
+-- message ready in mq_rows (urgent: whether any may be).
 -- Returns the jobs (mq_job_t), and last_key, the last channel taken from.
 CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, per_key int,
-                                         want int, ts timestamptz, lane int)
+                                         want int, ts timestamptz, lane int, urgent boolean)
 RETURNS TABLE(job mq_job_t, key bigint, place bigint)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -62,6 +74,14 @@ BEGIN
           -- A cursor whose last locker died: not for the locked lane, and
           -- the only cursors lane 2 takes.
           AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
+          -- None of a channel's messages while an urgent one of it could be
+          -- claimed (mq_rows holds every message of priority above 0).
+          AND (NOT urgent OR NOT EXISTS (
+                   SELECT 1 FROM mq_rows m
+                   WHERE m.channel_key = c.channel_key
+                     AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                     AND m.priority > 0 -- mq_msgs_ready_urgent
+                     AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0))
         ORDER BY c.channel_key
         LIMIT visits
         FOR NO KEY UPDATE SKIP LOCKED),
@@ -75,7 +95,9 @@ BEGIN
             FROM mq_log l
             WHERE l.channel_key = cur.channel_key AND l.place > cur.place
             ORDER BY l.place
-            LIMIT per_key) t),
+            LIMIT per_key) t
+        ORDER BY t.channel_key, t.place
+        LIMIT want),
     moved AS (
         UPDATE mq_cursors c SET place = r.top
         FROM (SELECT t.channel_key, max(t.place) AS top FROM took t GROUP BY t.channel_key) r
@@ -103,18 +125,22 @@ END;
 $$;
 
 -- The log's part of a poll: up to want messages of channel_names (NULL:
--- every channel), visited in turn as _mq_pick_set visits mq_rows (an
+-- every channel), visited in turn as _mq_pick_set visits mq_rows: an
 -- unfiltered poll from after the channel this session's previous one took
--- from last, a named one from a random point of each name's range).
+-- from last, a named one from a random point of each name's range. Round 1
+-- takes at most a quarter of the batch from each channel; round 2 (a later
+-- call, after mq_rows' pick) visits the same channels again, from the same
+-- start, for the rest.
 CREATE OR REPLACE FUNCTION _mq_log_pick(channel_names text[], batch_size int, want int,
-                                        ts timestamptz, lane int)
+                                        ts timestamptz, lane int, round int)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    per_key  int := GREATEST(1, (batch_size + 3) / 4);
+    per_key  int := CASE WHEN round = 1 THEN GREATEST(1, (batch_size + 3) / 4) ELSE want END;
     turn     text := 'pqmq.log_next_' || 'mq_log'::regclass::oid;
+    began    text := 'pqmq.log_began_' || 'mq_log'::regclass::oid;
     kept     text;
     start    bigint;
     last_key bigint;
@@ -125,26 +151,28 @@ DECLARE
     hi       bigint;
     got      int := 0;
     before   int;
+    urgent   boolean;
 BEGIN
     IF want < 1 THEN
         RETURN;
     END IF;
-    -- Round 1 takes at most a quarter of the batch from each channel, round
-    -- 2 the rest from channels that had more.
-    FOR round IN 1..2 LOOP
-    EXIT WHEN got >= want OR (round = 2 AND got = 0);
-    IF round = 2 THEN
-        per_key := want;
-    END IF;
+    -- One probe of an index that is empty unless priorities are used.
+    urgent := EXISTS (SELECT 1 FROM mq_rows m
+                      WHERE m.dead_since IS NULL AND m.after_message_id IS NULL
+                        AND m.priority > 0 -- mq_msgs_ready_urgent
+                        AND m.ready_at <= ts);
     IF channel_names IS NULL THEN
-        kept := current_setting(turn, true);
+        kept := current_setting(CASE WHEN round = 1 THEN turn ELSE began END, true);
         IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
             start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
         ELSE
             start := (floor(random() * 4294967296)::bigint - 2147483648) << 32;
         END IF;
-        -- From the turn up, then from the start of the space up to it; each
-        -- range in rounds (a round locks only the cursors it can fill from).
+        IF round = 1 THEN
+            PERFORM set_config(began, to_hex(start), false);
+        END IF;
+        -- From the start up, then from the start of the space up to it; each
+        -- range in steps (a step locks only the cursors it can fill from).
         FOR rg IN SELECT * FROM (VALUES (1, start, 9223372036854775807::bigint),
                                         (2, (-9223372036854775808)::bigint,
                                          CASE WHEN start > -9223372036854775808
@@ -154,7 +182,7 @@ BEGIN
             LOOP
                 before := got;
                 FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, lo, per_key, want - got, ts,
-                                                     lane) LOOP
+                                                     lane, urgent) LOOP
                     got := got + 1;
                     last_key := j.key;
                     RETURN NEXT j.job;
@@ -164,12 +192,12 @@ BEGIN
             END LOOP;
             EXIT WHEN got >= want;
         END LOOP;
-        IF last_key IS NOT NULL THEN
+        IF round = 1 AND last_key IS NOT NULL THEN
             PERFORM set_config(turn, to_hex(CASE WHEN last_key = 9223372036854775807
                                                  THEN -9223372036854775808
                                                  ELSE last_key + 1 END), false);
         END IF;
-        CONTINUE;
+        RETURN;
     END IF;
     FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
                               WHERE n IS NOT NULL) d
@@ -182,12 +210,11 @@ BEGIN
                   WHERE v.a <= v.b ORDER BY v.o LOOP
             EXIT WHEN got >= want;
             FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, rg.a, per_key, want - got, ts,
-                                                 lane) LOOP
+                                                 lane, urgent) LOOP
                 got := got + 1;
                 RETURN NEXT j.job;
             END LOOP;
         END LOOP;
-    END LOOP;
     END LOOP;
 END;
 $$;
@@ -355,12 +382,14 @@ $$;
 
 -- Writes the logged messages at places of channel key into mq_rows, in the
 -- state their delivery left them: lane 0, leased at claimed_at (one attempt
--- spent, its backoff doubled, in flight until its lease ends, or ready now
--- if that was past); lane 1 or 2, never delivered (ready now). From then
+-- spent, its backoff doubled, in flight until its lease ends, or ready if
+-- that is past; kept, kept_until: as in the receipt); lane 1 or 2, never
+-- delivered (ready now). From then
 -- on mq_rows holds the message. The caller holds the receipt's row lock and
 -- records the move in it.
 CREATE OR REPLACE FUNCTION _mq_log_to_msgs(key bigint, places bigint[], lane int,
-                                           claimed_at timestamptz, ts timestamptz)
+                                           claimed_at timestamptz, kept bigint[],
+                                           kept_until timestamptz, ts timestamptz)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -374,7 +403,8 @@ BEGIN
                          payload_bytes, channel_key)
     SELECT l.id, l.created_at,
            CASE WHEN lane = 0
-                THEN GREATEST(claimed_at + _mq_log_lease(l.retry_backoff), ts) ELSE ts END,
+                THEN _mq_log_lease_end(claimed_at, l.retry_backoff, l.place, kept, kept_until)
+                ELSE ts END,
            CASE WHEN lane = 0 THEN l.attempts - 1 ELSE l.attempts END,
            CASE WHEN lane <> 0 THEN l.retry_backoff
                 WHEN l.retry_backoff * 2 > max_dur THEN l.retry_backoff
@@ -383,7 +413,10 @@ BEGIN
            CASE WHEN lane = 0 THEN 1 ELSE 0 END,
            -- (A final attempt in flight waits at 'infinity', as a claim
            -- leaves it: mq_reap_dead.)
-           CASE WHEN lane = 0 AND l.attempts <= 1 THEN 'infinity'::timestamptz ELSE ts END,
+           CASE WHEN lane <> 0 THEN ts
+                WHEN l.attempts <= 1 THEN 'infinity'::timestamptz
+                ELSE LEAST(ts, _mq_log_lease_end(claimed_at, l.retry_backoff, l.place, kept,
+                                                 kept_until)) END,
            l.name, l.payload_json, l.payload_bytes, l.channel_key
     FROM mq_log l
     WHERE l.channel_key = key AND l.place = ANY (places);
@@ -404,6 +437,7 @@ AS $$
 DECLARE
     ts  timestamptz := clock_timestamp();
     r   record;
+    k   record;
     mv  bigint[];
 BEGIN
     IF msg_ids IS NULL OR NOT EXISTS (SELECT 1 FROM mq_log l WHERE l.id = ANY (msg_ids)) THEN
@@ -415,12 +449,15 @@ BEGIN
              FROM _mq_log_held(msg_ids, true) h
              GROUP BY h.channel_key, h.lo, h.lane, h.claimed_at
              ORDER BY h.channel_key, h.lo LOOP
+        SELECT x.kept, x.kept_until INTO k FROM mq_receipts x
+        WHERE x.channel_key = r.channel_key AND x.lo = r.lo;
         SELECT array_agg(p) INTO mv FROM unnest(r.places) AS p
         WHERE NOT EXISTS (SELECT 1 FROM mq_done d
                           WHERE d.channel_key = r.channel_key AND d.lo = r.lo
                             AND p = ANY (d.places));
         CONTINUE WHEN mv IS NULL;
-        PERFORM _mq_log_to_msgs(r.channel_key, mv, r.lane, r.claimed_at, ts);
+        PERFORM _mq_log_to_msgs(r.channel_key, mv, r.lane, r.claimed_at, k.kept, k.kept_until,
+                                ts);
         UPDATE mq_receipts x SET moved = x.moved || mv
         WHERE x.channel_key = r.channel_key AND x.lo = r.lo;
     END LOOP;
@@ -445,26 +482,28 @@ DECLARE
     due    bigint[];
     next   timestamptz;
 BEGIN
-    FOR r IN SELECT x.channel_key, x.lo, x.places, x.moved, x.lane, x.claimed_at
+    FOR r IN SELECT x.channel_key, x.lo, x.places, x.moved, x.lane, x.claimed_at, x.kept,
+                    x.kept_until
              FROM mq_receipts x
              WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts
              ORDER BY x.lease_until
              LIMIT 64
              FOR UPDATE SKIP LOCKED LOOP
         -- (Statements after the lock: they see every completion that held it.)
-        SELECT array_agg(l.place) FILTER (WHERE r.lane <> 0
-                   OR r.claimed_at + _mq_log_lease(l.retry_backoff) <= ts),
-               min(r.claimed_at + _mq_log_lease(l.retry_backoff)) FILTER (WHERE r.lane = 0
-                   AND r.claimed_at + _mq_log_lease(l.retry_backoff) > ts)
+        SELECT array_agg(l.place) FILTER (WHERE r.lane <> 0 OR e.at <= ts),
+               min(e.at) FILTER (WHERE r.lane = 0 AND e.at > ts)
         INTO due, next
         FROM mq_log l
+        CROSS JOIN LATERAL (SELECT _mq_log_lease_end(r.claimed_at, l.retry_backoff, l.place,
+                                                     r.kept, r.kept_until) AS at) e
         WHERE l.channel_key = r.channel_key
           AND l.place = ANY (r.places) AND l.place <> ALL (r.moved)
           AND NOT EXISTS (SELECT 1 FROM mq_done d
                           WHERE d.channel_key = r.channel_key AND d.lo = r.lo
                             AND l.place = ANY (d.places));
         IF due IS NOT NULL THEN
-            PERFORM _mq_log_to_msgs(r.channel_key, due, r.lane, r.claimed_at, ts);
+            PERFORM _mq_log_to_msgs(r.channel_key, due, r.lane, r.claimed_at, r.kept,
+                                    r.kept_until, ts);
         END IF;
         UPDATE mq_receipts x
         SET moved = x.moved || COALESCE(due, '{}'),
@@ -520,7 +559,7 @@ BEGIN
               AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
                               WHERE g.channel_key = l.channel_key AND g.place = l.place)
               AND NOT _mq_log_given(l.channel_key, l.place);
-            PERFORM _mq_log_to_msgs(c.channel_key, late, 2, ts, ts);
+            PERFORM _mq_log_to_msgs(c.channel_key, late, 2, ts, '{}', NULL, ts);
             INSERT INTO mq_log_gone (channel_key, place)
             SELECT c.channel_key, p FROM unnest(late) AS p
             ON CONFLICT DO NOTHING;
@@ -615,4 +654,114 @@ AS $$
                AND NOT EXISTS (SELECT 1 FROM mq_done d
                                WHERE d.channel_key = m.channel_key AND d.lo = g.lo
                                  AND m.place = ANY (d.places))))
+$$;
+
+-- Deletes what the log keeps of finished messages: for each channel, the
+-- rows, receipts, completions and marks up to its settled place, short of
+-- the first receipt still open (a member in flight). Off the hot path: a
+-- claim reads a channel's log only past its cursor, so the deleted rows
+-- (dead until vacuum takes them) are never stepped over. Visits at most
+-- 256 cursors a call, those that another session holds passed.
+CREATE OR REPLACE FUNCTION _mq_log_reclaim()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    c   record;
+    top bigint;
+BEGIN
+    FOR c IN SELECT x.channel_key, x.settled, x.reclaimed FROM mq_cursors x
+             WHERE x.reclaimed < x.settled
+             ORDER BY x.channel_key
+             LIMIT 256
+             FOR NO KEY UPDATE SKIP LOCKED LOOP
+        SELECT LEAST(c.settled, min(r.lo) - 1) INTO top
+        FROM mq_receipts r
+        WHERE r.channel_key = c.channel_key AND r.lease_until < 'infinity'::timestamptz;
+        top := COALESCE(top, c.settled);
+        CONTINUE WHEN top <= c.reclaimed;
+        DELETE FROM mq_done d
+        WHERE d.channel_key = c.channel_key AND d.lo > c.reclaimed AND d.lo <= top
+          AND EXISTS (SELECT 1 FROM mq_receipts r
+                      WHERE r.channel_key = d.channel_key AND r.lo = d.lo AND r.hi <= top);
+        DELETE FROM mq_receipts r
+        WHERE r.channel_key = c.channel_key AND r.lo > c.reclaimed AND r.hi <= top;
+        DELETE FROM mq_log_gone g
+        WHERE g.channel_key = c.channel_key AND g.place > c.reclaimed AND g.place <= top;
+        DELETE FROM mq_log l
+        WHERE l.channel_key = c.channel_key AND l.place > c.reclaimed AND l.place <= top
+          AND NOT EXISTS (SELECT 1 FROM mq_receipts r
+                          WHERE r.channel_key = l.channel_key AND r.lo <= l.place
+                            AND r.hi >= l.place AND r.lo <= top);
+        UPDATE mq_cursors x SET reclaimed = top WHERE x.channel_key = c.channel_key;
+    END LOOP;
+END;
+$$;
+
+-- Extends the leases of the logged messages among msg_ids that a receipt
+-- of the lease lane holds, whose leases run and end before until: they
+-- join the receipt's kept members. An UPDATE of the receipt's row (no key
+-- column) waits for no completion holding it. Returns how many.
+CREATE OR REPLACE FUNCTION _mq_log_keep_alive(msg_ids uuid[], until timestamptz,
+                                              ts timestamptz)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    n int := 0;
+    r record;
+BEGIN
+    FOR r IN SELECT l.channel_key, g.lo, array_agg(l.place) AS places
+             FROM mq_log l
+             CROSS JOIN LATERAL (
+                 SELECT x.lo, x.places, x.moved, x.lane, x.claimed_at, x.kept, x.kept_until,
+                        x.lease_until
+                 FROM mq_receipts x
+                 WHERE x.channel_key = l.channel_key AND x.lo <= l.place
+                 ORDER BY x.lo DESC LIMIT 1) g
+             WHERE l.id = ANY (msg_ids)
+               AND g.lane = 0 AND g.lease_until < 'infinity'::timestamptz
+               AND l.place = ANY (g.places) AND l.place <> ALL (g.moved)
+               AND _mq_log_lease_end(g.claimed_at, l.retry_backoff, l.place, g.kept,
+                                     g.kept_until) > ts
+               AND _mq_log_lease_end(g.claimed_at, l.retry_backoff, l.place, g.kept,
+                                     g.kept_until) < until
+               AND NOT EXISTS (SELECT 1 FROM mq_done d
+                               WHERE d.channel_key = l.channel_key AND d.lo = g.lo
+                                 AND l.place = ANY (d.places))
+             GROUP BY l.channel_key, g.lo
+             ORDER BY l.channel_key, g.lo LOOP
+        UPDATE mq_receipts x
+        SET kept = x.kept || ARRAY(SELECT p FROM unnest(r.places) AS p WHERE p <> ALL (x.kept)),
+            kept_until = GREATEST(x.kept_until, until)
+        WHERE x.channel_key = r.channel_key AND x.lo = r.lo
+          AND x.lease_until < 'infinity'::timestamptz;
+        IF FOUND THEN
+            n := n + cardinality(r.places);
+        END IF;
+    END LOOP;
+    RETURN n;
+END;
+$$;
+
+-- What a busy session does for the log once a second (a setting keeps the
+-- time): look for late producers' messages (_mq_log_settle) and delete
+-- finished rows (_mq_log_reclaim). A session that finds nothing to claim
+-- does both at every poll.
+CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    sec text := (floor(extract(epoch FROM ts)))::bigint::text;
+BEGIN
+    IF current_setting('pqmq.log_upkeep', true) IS DISTINCT FROM sec THEN
+        PERFORM set_config('pqmq.log_upkeep', sec, false);
+        PERFORM _mq_log_settle(ts);
+        PERFORM _mq_log_reclaim();
+    END IF;
+END;
 $$;

@@ -140,7 +140,7 @@ BEGIN
         INSERT INTO mq_log_gone (channel_key, place) VALUES (l.channel_key, l.place)
         ON CONFLICT DO NOTHING;
         IF FOUND THEN
-            PERFORM _mq_log_to_msgs(l.channel_key, ARRAY[l.place], 2, ts, ts);
+            PERFORM _mq_log_to_msgs(l.channel_key, ARRAY[l.place], 2, ts, '{}', NULL, ts);
         END IF;
     END IF;
 END;

@@ -189,8 +189,21 @@ BEGIN
                WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
         PERFORM _mq_log_reap(ts);
     END IF;
+    -- Round 1 of the log (a quarter of the batch a channel), then mq_rows'
+    -- pick, then round 2 of the log: each channel's share, wherever its
+    -- messages are.
+    n := 0;
+    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, lane, 1)
+    LOOP
+        n := n + 1;
+        RETURN NEXT j;
+    END LOOP;
+    IF n >= batch_size THEN
+        PERFORM _mq_log_upkeep(ts);
+        RETURN;
+    END IF;
     SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
-    FROM _mq_pick_set(channel_names, batch_size, ts, lane) p;
+    FROM _mq_pick_set(channel_names, batch_size - n, ts, lane) p;
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
     -- Looked for first, as mq_reap_dead looks: a call of it that finds
@@ -266,25 +279,21 @@ BEGIN
         ORDER BY c.ready_at, c.id;
     END IF;
 
-    -- The rest of the batch from the log.
-    n := cardinality(picked);
-    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, lane) LOOP
+    n := n + cardinality(picked);
+    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, lane, 2)
+    LOOP
         n := n + 1;
         RETURN NEXT j;
     END LOOP;
     IF n > 0 THEN
-        -- A busy session still looks for late producers' messages, once a
-        -- second (_mq_log_settle).
-        IF COALESCE(current_setting('pqmq.settled_at', true), '') < to_char(ts - interval '1 second', 'YYYYMMDDHH24MISS') THEN
-            PERFORM set_config('pqmq.settled_at', to_char(ts, 'YYYYMMDDHH24MISS'), false);
-            PERFORM _mq_log_settle(ts);
-        END IF;
+        PERFORM _mq_log_upkeep(ts);
         RETURN;
     END IF;
 
     -- Nothing claimed: the one row says when to poll again (the rest NULL),
     -- after a look for logged messages whose producers committed late.
     PERFORM _mq_log_settle(ts);
+    PERFORM _mq_log_reclaim();
     idle.wait_time := _mq_wait_time(channel_names, ts, chained);
     RETURN NEXT idle;
 END;
@@ -316,8 +325,16 @@ DECLARE
     n      int;
     j      mq_job_t;
 BEGIN
+    n := 0;
+    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, 1, 1) LOOP
+        n := n + 1;
+        RETURN NEXT j;
+    END LOOP;
+    IF n >= batch_size THEN
+        RETURN;
+    END IF;
     SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
-    FROM _mq_pick_set(channel_names, batch_size, ts, 1) p;
+    FROM _mq_pick_set(channel_names, batch_size - n, ts, 1) p;
     IF cardinality(picked) > 0 THEN
         RETURN QUERY
         SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
@@ -327,8 +344,8 @@ BEGIN
         WHERE m.ctid = ANY (tids) -- the locked row versions (_mq_pick_set)
         ORDER BY m.ready_at, m.id;
     END IF;
-    n := cardinality(picked);
-    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1) LOOP
+    n := n + cardinality(picked);
+    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1, 2) LOOP
         n := n + 1;
         RETURN NEXT j;
     END LOOP;

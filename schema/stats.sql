@@ -380,7 +380,8 @@ BEGIN
         JOIN mq_log l ON l.channel_key = x.channel_key AND l.place = p.place
         WHERE x.lease_until < 'infinity'::timestamptz AND x.lane = 0
           AND p.place <> ALL (x.moved)
-          AND x.claimed_at + _mq_log_lease(l.retry_backoff) > ts
+          AND _mq_log_lease_end(x.claimed_at, l.retry_backoff, p.place, x.kept,
+                                x.kept_until) > ts
           AND (channel_names IS NULL OR l.channel_name = ANY (channel_names))
           AND NOT EXISTS (SELECT 1 FROM mq_done d
                           WHERE d.channel_key = x.channel_key AND d.lo = x.lo

@@ -338,11 +338,16 @@ CREATE UNIQUE INDEX IF NOT EXISTS mq_log_id ON mq_log (id);
 -- handed out (everything of the channel's log after it is waiting);
 -- settled, the place up to which every message is known to have been
 -- handed out (a producer that commits late can put a message below the
--- cursor: _mq_log_settle finds it).
+-- cursor: _mq_log_settle finds it); reclaimed, up to where the channel's
+-- finished rows are deleted. Claims read only past place, so what lies
+-- below (finished rows, and their dead versions while vacuum waits) is
+-- never stepped over.
 CREATE TABLE IF NOT EXISTS mq_cursors (
     channel_key  bigint PRIMARY KEY,
     place        bigint NOT NULL DEFAULT 0,
     settled      bigint NOT NULL DEFAULT 0,
+    -- Every log row of the channel up to here is deleted (_mq_log_reclaim).
+    reclaimed    bigint NOT NULL DEFAULT 0,
     channel_name text NOT NULL,
     channel_args text NOT NULL
 ) WITH (fillfactor = 50);
@@ -365,6 +370,10 @@ CREATE TABLE IF NOT EXISTS mq_receipts (
     -- Members moved to mq_rows (_mq_log_move): written under the receipt's
     -- row lock, so that a completion waiting for that lock sees the move.
     moved       bigint[] NOT NULL DEFAULT '{}',
+    -- Members whose leases keep-alives extended, all to kept_until (the
+    -- latest asked for: a lease is never shortened).
+    kept        bigint[] NOT NULL DEFAULT '{}',
+    kept_until  timestamptz,
     PRIMARY KEY (channel_key, lo)
 );
 CREATE INDEX IF NOT EXISTS mq_receipts_open ON mq_receipts (lease_until)
@@ -403,10 +412,7 @@ CREATE OR REPLACE VIEW mq_msgs AS
     FROM mq_rows r
     UNION ALL
     SELECT l.id, l.created_at,
-           CASE WHEN l.lane = 0
-                THEN l.claimed_at + CASE WHEN l.retry_backoff > interval '0'
-                                         THEN l.retry_backoff ELSE interval '1 second' END
-                ELSE l.created_at END,
+           CASE WHEN l.lane = 0 THEN l.lease_end ELSE l.created_at END,
            CASE WHEN l.lane = 0 THEN l.attempts - 1 ELSE l.attempts END,
            CASE WHEN l.lane = 0 THEN l.retry_backoff * 2 ELSE l.retry_backoff END,
            l.channel_name, l.channel_args, NULL::interval, NULL::uuid,
@@ -421,7 +427,11 @@ CREATE OR REPLACE VIEW mq_msgs AS
         -- ranges: the one that may hold a place is the last that starts at
         -- or before it.
         SELECT m.*, CASE WHEN m.place = ANY (g.places) THEN g.lane END AS lane,
-               CASE WHEN m.place = ANY (g.places) THEN g.claimed_at END AS claimed_at,
+               CASE WHEN m.place = ANY (g.places) AND m.place = ANY (g.kept) THEN g.kept_until
+                    WHEN m.place = ANY (g.places)
+                    THEN g.claimed_at + CASE WHEN m.retry_backoff > interval '0'
+                                             THEN m.retry_backoff
+                                             ELSE interval '1 second' END END AS lease_end,
                m.place = ANY (g.places)
                    AND (m.place = ANY (g.moved)
                         OR EXISTS (SELECT 1 FROM mq_done d
@@ -429,7 +439,8 @@ CREATE OR REPLACE VIEW mq_msgs AS
                                      AND m.place = ANY (d.places))) AS finished
         FROM mq_log m
         LEFT JOIN LATERAL (
-            SELECT x.lane, x.claimed_at, x.moved, x.lo, x.places FROM mq_receipts x
+            SELECT x.lane, x.claimed_at, x.moved, x.lo, x.places, x.kept, x.kept_until
+            FROM mq_receipts x
             WHERE x.channel_key = m.channel_key AND x.lo <= m.place
             ORDER BY x.lo DESC LIMIT 1) g ON true
         WHERE NOT EXISTS (SELECT 1 FROM mq_log_gone o
