@@ -196,7 +196,7 @@ DECLARE
     att   int[];
 BEGIN
     -- A logged message moves to mq_rows first, in its delivery's state.
-    PERFORM _mq_log_move(msg_ids);
+    PERFORM _mq_log_move(msg_ids, ts);
     IF cardinality(msg_ids) IS DISTINCT FROM cardinality(msg_attempts)
        OR array_position(msg_attempts, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'mq_release: % ids but % attempt numbers (none may be NULL)',

@@ -109,6 +109,9 @@ BEGIN
            -- channel (byte order: no locale's rules), how many are ordered.
            pg_catalog.min(t.channel_name COLLATE "C") AS first_name,
            pg_catalog.max(t.channel_name COLLATE "C") AS last_name,
+           -- (and on one chain key: one cursor for the log)
+           pg_catalog.min(COALESCE(t.channel_args, '') COLLATE "C") AS first_args,
+           pg_catalog.max(COALESCE(t.channel_args, '') COLLATE "C") AS last_args,
            pg_catalog.count(*) FILTER (WHERE t.ordered) AS waiting,
            -- Whether every message needs only its first delivery: the log
            -- takes the batch (below).
@@ -216,7 +219,8 @@ BEGIN
                t.channel_name, COALESCE(t.channel_args, ''), COALESCE(t.name, ''),
                t.payload_json::jsonb, t.payload_bytes
         FROM unnest(new_messages) WITH ORDINALITY AS t;
-        IF pass.first_name = pass.last_name THEN
+        IF pass.first_name = pass.last_name
+           AND pass.first_args IS NOT DISTINCT FROM pass.last_args THEN
             INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
             SELECT (hashtext(t.channel_name)::bigint << 32)
                        | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),

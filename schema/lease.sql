@@ -147,7 +147,7 @@ DECLARE
     until timestamptz;
 BEGIN
     -- A logged message moves to mq_rows first, in its delivery's state.
-    PERFORM _mq_log_move(ARRAY[msg_id]);
+    PERFORM _mq_log_move(ARRAY[msg_id], ts);
     until := _mq_lease_end('mq_checkpoint', ts, duration);
     IF extra_retries < 0 THEN
         RAISE EXCEPTION 'mq_checkpoint: extra_retries % is negative', extra_retries
@@ -198,7 +198,7 @@ DECLARE
     mine xid;
 BEGIN
     -- A logged message moves to mq_rows first, in its delivery's state.
-    PERFORM _mq_log_move(ARRAY[msg_id]);
+    PERFORM _mq_log_move(ARRAY[msg_id], ts);
     -- (_mq_at: see schema/common.sql.)
     UPDATE mq_rows m SET
         attempt_at = CASE WHEN m.attempts > 0

@@ -209,10 +209,17 @@ BEGIN
         FOR rg IN SELECT * FROM (VALUES (1, start, hi), (2, lo, start - 1)) v(o, a, b)
                   WHERE v.a <= v.b ORDER BY v.o LOOP
             EXIT WHEN got >= want;
-            FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, rg.a, per_key, want - got, ts,
-                                                 lane, urgent) LOOP
-                got := got + 1;
-                RETURN NEXT j.job;
+            lo := rg.a;
+            LOOP
+                before := got;
+                FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, lo, per_key, want - got, ts,
+                                                     lane, urgent) LOOP
+                    got := got + 1;
+                    last_key := j.key;
+                    RETURN NEXT j.job;
+                END LOOP;
+                EXIT WHEN got >= want OR got = before OR last_key >= rg.b;
+                lo := last_key + 1;
             END LOOP;
         END LOOP;
     END LOOP;
@@ -427,15 +434,14 @@ $$;
 
 -- Moves the logged messages among msg_ids that a receipt holds to mq_rows,
 -- in their delivery's state (_mq_log_to_msgs), so that mq_rows' functions
--- (keep-alive, checkpoint, failure, release) act on them. Completed ones
--- stay completed.
-CREATE OR REPLACE FUNCTION _mq_log_move(msg_ids uuid[])
+-- (checkpoint, failure, release) act on them, as of ts (the caller's
+-- time). Completed ones stay completed.
+CREATE OR REPLACE FUNCTION _mq_log_move(msg_ids uuid[], ts timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    ts  timestamptz := clock_timestamp();
     r   record;
     k   record;
     mv  bigint[];

@@ -130,7 +130,7 @@ DECLARE
     ts timestamptz := clock_timestamp();
     l  record;
 BEGIN
-    PERFORM _mq_log_move(ARRAY[msg_id]);
+    PERFORM _mq_log_move(ARRAY[msg_id], ts);
     SELECT m.channel_key, m.place INTO l FROM mq_log m WHERE m.id = msg_id;
     IF NOT FOUND OR EXISTS (SELECT 1 FROM mq_rows r WHERE r.id = msg_id) THEN
         RETURN;

@@ -100,6 +100,30 @@ BEGIN
 END
 $$;
 
+-- A poll's arguments, checked before anything is claimed: a batch size in
+-- 1..max_batch and at most 1000 channel names.
+CREATE OR REPLACE FUNCTION _mq_poll_args(channel_names text[], batch_size int)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF batch_size IS NULL OR batch_size < 1 OR batch_size > (_mq_limits()).max_batch THEN
+        RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
+            batch_size, (_mq_limits()).max_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Each named channel is visited (and, when nothing is ready, probed for
+    -- its wait time): a bound, not a scan of a caller's list.
+    IF cardinality(channel_names) > 1000 THEN
+        RAISE EXCEPTION 'mq_poll: % channel names are over the limit of 1000',
+            cardinality(channel_names)
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Poll all channels (NULL), or put the channels in fewer names: a name''s channels differ by their args.';
+    END IF;
+END;
+$$;
+
 -- Picks up to batch_size ready messages fairly across channels and locks
 -- them (FOR NO KEY UPDATE SKIP LOCKED); returns their ids and, in the same
 -- order, the ctids of the row versions it locked: the caller finds the rows
@@ -159,19 +183,6 @@ DECLARE
     start   bigint;      -- where the visit of a key range begins
     last_key bigint;     -- the last channel an unfiltered visit took from
 BEGIN
-    IF batch_size IS NULL OR batch_size < 1 OR batch_size > (_mq_limits()).max_batch THEN
-        RAISE EXCEPTION 'mq_poll: batch_size % is outside 1..%',
-            batch_size, (_mq_limits()).max_batch
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- Each named channel is visited (and, when nothing is ready, probed for
-    -- its wait time): a bound, not a scan of a caller's list.
-    IF cardinality(channel_names) > 1000 THEN
-        RAISE EXCEPTION 'mq_poll: % channel names are over the limit of 1000',
-            cardinality(channel_names)
-            USING ERRCODE = 'program_limit_exceeded',
-                  HINT = 'Poll all channels (NULL), or put the channels in fewer names: a name''s channels differ by their args.';
-    END IF;
     per_key := GREATEST(1, (batch_size + 3) / 4);
     budget := 2 * batch_size + 16;
     mark := _mq_low_mark(ts, false);

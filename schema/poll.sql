@@ -184,6 +184,7 @@ DECLARE
     n       int;
     j       mq_job_t;
 BEGIN
+    PERFORM _mq_poll_args(channel_names, batch_size);
     -- Receipts whose leases ran out hand their messages back first.
     IF EXISTS (SELECT 1 FROM mq_receipts x
                WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
@@ -325,6 +326,7 @@ DECLARE
     n      int;
     j      mq_job_t;
 BEGIN
+    PERFORM _mq_poll_args(channel_names, batch_size);
     n := 0;
     FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, 1, 1) LOOP
         n := n + 1;
