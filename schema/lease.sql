@@ -236,7 +236,7 @@ BEGIN
           AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
           -- (held by its row lock, or moved from the log by this
           -- transaction: _mq_log_move)
-          AND (m.xmax = mine OR m.xmin = mine)
+          AND (m.xmax = mine OR (m.xmin = mine AND m.deliveries = 0))
         RETURNING m.attempts = 0 INTO dead;
     END IF;
     IF NOT FOUND THEN

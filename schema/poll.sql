@@ -327,6 +327,12 @@ DECLARE
     j      mq_job_t;
 BEGIN
     PERFORM _mq_poll_args(channel_names, batch_size);
+    -- Receipts whose leases ran out (and the locked lane's, committed
+    -- without completing all) hand their messages back first.
+    IF EXISTS (SELECT 1 FROM mq_receipts x
+               WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
+        PERFORM _mq_log_reap(ts);
+    END IF;
     n := 0;
     FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, 1, 1) LOOP
         n := n + 1;

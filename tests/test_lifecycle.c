@@ -444,28 +444,56 @@ static void test_complete_every_batch_size(void)
     }
 }
 
-/* Keep-alive skips a row locked by another transaction (a consumer
- * completing in its own transaction) instead of waiting for it. */
+/* Keep-alive never waits for a consumer that completes in its own open
+ * transaction: neither for the message's row (a message of mq_rows, locked
+ * by that transaction) nor for its claim's receipt (a logged message whose
+ * batch-mate that transaction completed), which it extends. */
 static void test_keep_alive_skips_locked_rows(void)
 {
     t_truncate();
     pqmq_client *c = t_client();
-    pqmq_msg *m = t_msg("locked", NULL, "n", "{}", 0);
-    pqmq_msg_set_backoff(m, 60000);
-    CHECK_OK(c, pqmq_insert(c, &m, 1));
-    pqmq_msg_free(m);
+    pqmq_msg *ms[2] = {t_msg("locked", NULL, "n", "{}", 0), t_msg("locked", NULL, "n", "{}", 0)};
+    for (int i = 0; i < 2; i++)
+        pqmq_msg_set_backoff(ms[i], 60000);
+    CHECK_OK(c, pqmq_insert(c, ms, 2));
+    for (int i = 0; i < 2; i++)
+        pqmq_msg_free(ms[i]);
     pqmq_batch *b = NULL;
-    CHECK_OK(c, pqmq_poll(c, NULL, 0, 1, &b));
-    CHECK_INT(pqmq_batch_count(b), 1);
-    uuid_t id;
+    CHECK_OK(c, pqmq_poll(c, NULL, 0, 2, &b));
+    CHECK_INT(pqmq_batch_count(b), 2);
+    uuid_t id, mate;
+    char mate_text[37];
     pqmq_job_id(pqmq_batch_job(b, 0), id);
+    pqmq_job_id(pqmq_batch_job(b, 1), mate);
+    uuid_unparse_lower(mate, mate_text);
     PGconn *holder = t_pg();
     t_exec(holder, "BEGIN");
-    t_exec(holder, "SELECT 1 FROM mq_msgs FOR UPDATE");
+    CHECK_INT(t_sql_int(holder, "SELECT mq_complete(ARRAY['%s']::uuid[], ARRAY[1])", mate_text),
+              1);
     /* A guard: were it to wait, the statement would fail after 3 s. */
     t_exec(pqmq_conn(c), "SET statement_timeout = '3s'");
     size_t extended = 99;
     int64_t t0 = t_now_ms();
+    CHECK_OK(c, pqmq_keep_alive(c, (const uuid_t *)id, 1, 120000, &extended));
+    CHECK(t_now_ms() - t0 < 2000);
+    CHECK_INT(extended, 1);
+    t_exec(holder, "ROLLBACK");
+
+    pqmq_batch_free(b);
+
+    /* A message mq_rows holds (an ordered one): a row lock is skipped. */
+    t_truncate();
+    pqmq_msg *m = t_msg("locked", NULL, "n", "{}", 1);
+    pqmq_msg_set_backoff(m, 60000);
+    CHECK_OK(c, pqmq_insert(c, &m, 1));
+    pqmq_msg_free(m);
+    b = NULL;
+    CHECK_OK(c, pqmq_poll(c, NULL, 0, 1, &b));
+    CHECK_INT(pqmq_batch_count(b), 1);
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    t_exec(holder, "BEGIN");
+    t_exec(holder, "SELECT 1 FROM mq_rows FOR UPDATE");
+    t0 = t_now_ms();
     CHECK_OK(c, pqmq_keep_alive(c, (const uuid_t *)id, 1, 120000, &extended));
     CHECK(t_now_ms() - t0 < 2000);
     CHECK_INT(extended, 0);

@@ -125,9 +125,15 @@ static void test_completion_commits_with_the_consumers_writes(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE deliveries = 0 "
                             "AND attempts = 4 AND attempt_at <= now()"),
               5);
-    CHECK_INT(
-        t_sql_int(pg, "SELECT count(*) FROM (SELECT 1 FROM mq_msgs FOR UPDATE SKIP LOCKED) s"),
-        0);
+    /* Held: no other session's poll, of either lane, takes them. */
+    t_exec(pg, "BEGIN");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_claim_locked(ARRAY['lk'], 10) "
+                            "WHERE id IS NOT NULL"),
+              0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_poll_jobs(ARRAY['lk'], 10) "
+                            "WHERE id IS NOT NULL"),
+              0);
+    t_exec(pg, "ROLLBACK");
     CHECK_OK(q, pqmq_complete_batch(q, b));
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM lk_results"), 0); /* not yet */
     t_exec(conn, "COMMIT");
