@@ -13,7 +13,7 @@
 # off), every statement its own transaction:
 #   base   SELECT 1                               (startup and statements)
 #   floor  INSERT INTO floor_msgs ... FROM src     (reads the source rows)
-#   table  the same rows INSERTed into mq_msgs     (reads the source rows)
+#   table  the same rows INSERTed into mq_log      (reads the source rows)
 #   array  builds the mq_new_t[] of each batch     (reads the source rows)
 #   pqmq   mq_insert of that array (a batch's messages on one channel)
 #   manyarray, many   the same with message k on channel name 'c' || k % 100
@@ -71,7 +71,7 @@ script() {
         # The same folds of the counters (one call in 250, at random) in
         # every run and version.
         printf 'SELECT setseed(0.25);\n\n'
-        printf 'TRUNCATE mq_msgs, mq_count_deltas, mq_count_batches, mq_counts, floor_msgs;\n\n'
+        printf 'TRUNCATE mq_rows, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone, mq_count_deltas, mq_count_batches, mq_counts, floor_msgs;\n\n'
         for ((i = 1; i <= batches; i++)); do
             case $form in
             base) printf 'SELECT 1;\n\n' ;;
@@ -89,7 +89,7 @@ script() {
                 fi
                 ;;
             floor) printf 'INSERT INTO floor_msgs (id, channel, payload) SELECT s.id, s.ch, s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n' "$i" ;;
-            table) printf "INSERT INTO mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key) SELECT s.id, 3, interval '1 second', s.ch, 'n', s.payload::jsonb, (hashtext(s.ch)::bigint << 32) | (hashtext('')::bigint & 4294967295) FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
+            table) printf "INSERT INTO mq_log (place, channel_key, id, created_at, attempts, retry_backoff, channel_name, channel_args, name, payload_json) SELECT s.k, (hashtext(s.ch)::bigint << 32) | (hashtext('')::bigint & 4294967295), s.id, now(), 3, interval '1 second', s.ch, '', 'n', s.payload::jsonb FROM src s WHERE s.batch = %d;\n\n" "$i" ;;
             array) printf "SELECT cardinality(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             pqmq | claim | process) printf "SELECT mq_insert(ARRAY(SELECT $msg FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
             manyarray) printf "SELECT cardinality(ARRAY(SELECT ROW(s.id, NULL, 3, interval '1 second', 'c' || s.k %% 100, '', NULL, false, 'n', s.payload, NULL)::mq_new_t FROM src s WHERE s.batch = %d));\n\n" "$i" ;;
@@ -146,7 +146,7 @@ process=$(per "$((n[process] - n[pqmq]))")
 ordprocess=$(per "$((n[ordprocess] - n[ordered]))")
 printf 'instructions per message (thousands), %d batches of 100:\n' "$batches"
 printf '  floor INSERT (with reading the source rows)          %s\n' "$floor"
-printf '  plain INSERT into mq_msgs (with reading the source)  %s  (%.2fx)\n' "$table" \
+printf '  plain INSERT into mq_log (with reading the source)   %s  (%.2fx)\n' "$table" \
     "$(echo "$table / $floor" | bc -l)"
 printf '  mq_insert alone (without reading or building)        %s  (%.2fx)\n' "$insert" \
     "$(echo "$insert / $floor" | bc -l)"
@@ -173,7 +173,7 @@ part() {
     callgrind_annotate --inclusive=yes "$work/cg.$1" 2>/dev/null |
         awk -v f="$2" '$0 ~ ("[?]:" f " ") { gsub(",", "", $1); print $1; exit }'
 }
-printf 'of which (thousands per message)            floor   mq_msgs\n'
+printf 'of which (thousands per message)            floor   mq_log\n'
 for fn in btinsert ExecBRInsertTriggers; do
     printf '  %-40s %6s %8s\n' "$fn" "$(per "0$(part floor "$fn")")" \
         "$(per "0$(part table "$fn")")"

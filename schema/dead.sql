@@ -14,6 +14,12 @@ DECLARE
     ts timestamptz := clock_timestamp();
     n  int;
 BEGIN
+    -- Logged messages whose leases ran out move to mq_rows first (a final
+    -- attempt at 'infinity').
+    IF EXISTS (SELECT 1 FROM mq_receipts x
+               WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
+        PERFORM _mq_log_reap(ts);
+    END IF;
     -- Final attempts in flight wait at ready_at 'infinity' (mq_claim),
     -- chain heads' too: one range of mq_msgs_ready_by_time.
     UPDATE mq_rows m SET dead_since = m.attempt_at

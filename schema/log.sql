@@ -139,11 +139,12 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     per_key  int := CASE WHEN round = 1 THEN GREATEST(1, (batch_size + 3) / 4) ELSE want END;
-    turn     text := 'pqmq.log_next_' || 'mq_log'::regclass::oid;
+    turn     text := 'pqmq.next_' || 'mq_msgs'::regclass::oid; -- (shared with _mq_pick_set)
     began    text := 'pqmq.log_began_' || 'mq_log'::regclass::oid;
     kept     text;
     start    bigint;
     last_key bigint;
+    top      bigint; -- the greatest key a range's visit took from
     rg       record;
     j        record;
     nm       text;
@@ -152,6 +153,7 @@ DECLARE
     got      int := 0;
     before   int;
     urgent   boolean;
+    keys     bigint[] := '{}'; -- the channels taken from
 BEGIN
     IF want < 1 THEN
         RETURN;
@@ -166,7 +168,17 @@ BEGIN
         IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
             start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
         ELSE
+            -- No turn (a new session, or one a pooler reset): a random key of
+            -- the range of the name of the first channel at or after a random
+            -- key (as _mq_random_start: a random key of the whole space
+            -- would almost always start at a name's first channel).
             start := (floor(random() * 4294967296)::bigint - 2147483648) << 32;
+            start := COALESCE((SELECT c.channel_key FROM mq_cursors c
+                               WHERE c.channel_key >= start
+                               ORDER BY c.channel_key LIMIT 1),
+                              (SELECT c.channel_key FROM mq_cursors c
+                               ORDER BY c.channel_key LIMIT 1), start);
+            start := ((start >> 32) << 32) + floor(random() * 4294967296)::bigint;
         END IF;
         IF round = 1 THEN
             PERFORM set_config(began, to_hex(start), false);
@@ -181,21 +193,31 @@ BEGIN
             lo := rg.a;
             LOOP
                 before := got;
+                -- (the jobs come in place order: the visit's last channel is
+                -- the greatest key of the range taken from)
                 FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, lo, per_key, want - got, ts,
                                                      lane, urgent) LOOP
                     got := got + 1;
-                    last_key := j.key;
+                    IF top IS DISTINCT FROM j.key THEN
+                        keys := keys || j.key;
+                    END IF;
+                    top := GREATEST(top, j.key);
                     RETURN NEXT j.job;
                 END LOOP;
-                EXIT WHEN got >= want OR got = before OR last_key >= rg.b;
-                lo := last_key + 1;
+                EXIT WHEN got >= want OR got = before OR top >= rg.b;
+                lo := top + 1;
             END LOOP;
+            last_key := COALESCE(top, last_key);
+            top := NULL;
             EXIT WHEN got >= want;
         END LOOP;
         IF round = 1 AND last_key IS NOT NULL THEN
             PERFORM set_config(turn, to_hex(CASE WHEN last_key = 9223372036854775807
                                                  THEN -9223372036854775808
                                                  ELSE last_key + 1 END), false);
+        END IF;
+        IF cardinality(keys) > 0 THEN
+            PERFORM _mq_log_upkeep(ts, keys);
         END IF;
         RETURN;
     END IF;
@@ -210,19 +232,26 @@ BEGIN
                   WHERE v.a <= v.b ORDER BY v.o LOOP
             EXIT WHEN got >= want;
             lo := rg.a;
+            top := NULL;
             LOOP
                 before := got;
                 FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, lo, per_key, want - got, ts,
                                                      lane, urgent) LOOP
                     got := got + 1;
-                    last_key := j.key;
+                    IF top IS DISTINCT FROM j.key THEN
+                        keys := keys || j.key;
+                    END IF;
+                    top := GREATEST(top, j.key);
                     RETURN NEXT j.job;
                 END LOOP;
-                EXIT WHEN got >= want OR got = before OR last_key >= rg.b;
-                lo := last_key + 1;
+                EXIT WHEN got >= want OR got = before OR top >= rg.b;
+                lo := top + 1;
             END LOOP;
         END LOOP;
     END LOOP;
+    IF cardinality(keys) > 0 THEN
+        PERFORM _mq_log_upkeep(ts, keys);
+    END IF;
 END;
 $$;
 
@@ -298,10 +327,12 @@ DECLARE
     ts timestamptz := clock_timestamp();
     r  record;
 BEGIN
-    FOR r IN SELECT u.n, count(*)::int AS k, array_agg(u.c) AS c
+    -- One count row for the statement, as mq_rows' delete trigger writes.
+    INSERT INTO mq_count_batches (sign, names, totals, waits)
+    SELECT -1, array_agg(g.n), array_agg(g.k), array_agg(0)
+    FROM (SELECT u.n, count(*)::int AS k FROM unnest(names) AS u(n) GROUP BY u.n) g;
+    FOR r IN SELECT u.n, array_agg(u.c) AS c
              FROM unnest(names, created) AS u(n, c) GROUP BY u.n LOOP
-        INSERT INTO mq_count_batches (sign, names, totals, waits)
-        VALUES (-1, ARRAY[r.n], ARRAY[r.k], ARRAY[0]);
         INSERT INTO mq_event_deltas (channel_name, failed, retried, dead, completed_at, created)
         VALUES (r.n, 0, 0, 0, ts, r.c);
     END LOOP;
@@ -525,9 +556,10 @@ $$;
 -- a channel's places is final once every transaction that was running when
 -- the claims over it were made has ended (their receipts' horizons are
 -- below the oldest running transaction): its places are then checked once,
--- by count, and only a short count looks for the missing ones. Visits at
--- most 256 cursors a call, from the session's turn.
-CREATE OR REPLACE FUNCTION _mq_log_settle(ts timestamptz)
+-- by count, and only a short count looks for the missing ones. Visits the
+-- cursors of keys (a poll's, which holds them), or with keys NULL (a poll
+-- that found nothing) at most 256 of all.
+CREATE OR REPLACE FUNCTION _mq_log_settle(ts timestamptz, keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -541,7 +573,8 @@ DECLARE
     late   bigint[];
 BEGIN
     FOR c IN SELECT x.channel_key, x.settled FROM mq_cursors x
-             WHERE x.settled < x.place
+             WHERE (keys IS NULL OR x.channel_key = ANY (keys))
+               AND x.settled < x.place
              ORDER BY x.channel_key
              LIMIT 256
              FOR NO KEY UPDATE SKIP LOCKED LOOP
@@ -666,9 +699,10 @@ $$;
 -- rows, receipts, completions and marks up to its settled place, short of
 -- the first receipt still open (a member in flight). Off the hot path: a
 -- claim reads a channel's log only past its cursor, so the deleted rows
--- (dead until vacuum takes them) are never stepped over. Visits at most
--- 256 cursors a call, those that another session holds passed.
-CREATE OR REPLACE FUNCTION _mq_log_reclaim()
+-- (dead until vacuum takes them) are never stepped over. Visits the
+-- cursors of keys, or with keys NULL at most 256 of all; those another
+-- session holds are passed.
+CREATE OR REPLACE FUNCTION _mq_log_reclaim(keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -678,7 +712,8 @@ DECLARE
     top bigint;
 BEGIN
     FOR c IN SELECT x.channel_key, x.settled, x.reclaimed FROM mq_cursors x
-             WHERE x.reclaimed < x.settled
+             WHERE (keys IS NULL OR x.channel_key = ANY (keys))
+               AND x.reclaimed < x.settled
              ORDER BY x.channel_key
              LIMIT 256
              FOR NO KEY UPDATE SKIP LOCKED LOOP
@@ -752,11 +787,12 @@ BEGIN
 END;
 $$;
 
--- What a busy session does for the log once a second (a setting keeps the
--- time): look for late producers' messages (_mq_log_settle) and delete
--- finished rows (_mq_log_reclaim). A session that finds nothing to claim
--- does both at every poll.
-CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz)
+-- What a session does for the log once a second (a setting keeps the
+-- time) for the channels its poll took from (keys, whose cursors it holds):
+-- look for late producers' messages (_mq_log_settle) and delete finished
+-- rows (_mq_log_reclaim). A poll that finds nothing (keys NULL) does both,
+-- for any channel, every time.
+CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz, keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -764,10 +800,10 @@ AS $$
 DECLARE
     sec text := (floor(extract(epoch FROM ts)))::bigint::text;
 BEGIN
-    IF current_setting('pqmq.log_upkeep', true) IS DISTINCT FROM sec THEN
+    IF keys IS NULL OR current_setting('pqmq.log_upkeep', true) IS DISTINCT FROM sec THEN
         PERFORM set_config('pqmq.log_upkeep', sec, false);
-        PERFORM _mq_log_settle(ts);
-        PERFORM _mq_log_reclaim();
+        PERFORM _mq_log_settle(ts, keys);
+        PERFORM _mq_log_reclaim(keys);
     END IF;
 END;
 $$;

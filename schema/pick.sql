@@ -190,7 +190,7 @@ BEGIN
         -- A key in hex (to_hex: two's complement); anything else (unset,
         -- or set by hand) counts as unset. (No regular expression and no
         -- numeric: they cost more than the rest of this.)
-        turn := 'pqmq.next_' || 'mq_rows'::regclass::oid;
+        turn := 'pqmq.next_' || 'mq_msgs'::regclass::oid;
         kept := current_setting(turn, true);
         IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
             start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
@@ -402,7 +402,7 @@ SET search_path FROM CURRENT
 -- once a poll, and each setting a call changes is saved and restored.
 AS $$
 DECLARE
-    setting text := 'pqmq.low_' || 'mq_rows'::regclass::oid;
+    setting text := 'pqmq.low_' || 'mq_msgs'::regclass::oid;
     -- "mark,moved on,found afresh" in microseconds since 1970 (exact, and
     -- whatever DateStyle says): anything else (unset, or set by hand)
     -- counts as unset.

@@ -200,7 +200,6 @@ BEGIN
         RETURN NEXT j;
     END LOOP;
     IF n >= batch_size THEN
-        PERFORM _mq_log_upkeep(ts);
         RETURN;
     END IF;
     SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
@@ -287,14 +286,12 @@ BEGIN
         RETURN NEXT j;
     END LOOP;
     IF n > 0 THEN
-        PERFORM _mq_log_upkeep(ts);
         RETURN;
     END IF;
 
     -- Nothing claimed: the one row says when to poll again (the rest NULL),
     -- after a look for logged messages whose producers committed late.
-    PERFORM _mq_log_settle(ts);
-    PERFORM _mq_log_reclaim();
+    PERFORM _mq_log_upkeep(ts, NULL);
     idle.wait_time := _mq_wait_time(channel_names, ts, chained);
     RETURN NEXT idle;
 END;
@@ -360,7 +357,7 @@ BEGIN
     IF n > 0 THEN
         RETURN;
     END IF;
-    PERFORM _mq_log_settle(ts);
+    PERFORM _mq_log_upkeep(ts, NULL);
     idle.wait_time := _mq_wait_time(channel_names, ts, chained); -- as in mq_claim_lane
     RETURN NEXT idle;
 END;

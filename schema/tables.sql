@@ -417,7 +417,10 @@ CREATE OR REPLACE VIEW mq_msgs AS
            CASE WHEN l.lane = 0 THEN l.retry_backoff * 2 ELSE l.retry_backoff END,
            l.channel_name, l.channel_args, NULL::interval, NULL::uuid,
            CASE WHEN l.lane = 0 THEN 1 ELSE 0 END, NULL::timestamptz, l.channel_key,
+           -- (as a claim leaves a row of mq_rows: a final attempt at
+           -- 'infinity', one kept alive just before its lease's end)
            CASE WHEN l.lane = 0 AND l.attempts <= 1 THEN 'infinity'::timestamptz
+                WHEN l.lane = 0 AND l.kept THEN l.lease_end - interval '1 microsecond'
                 ELSE l.created_at END,
            l.name, l.payload_json, l.payload_bytes, NULL::text, NULL::text, NULL::interval,
            0::smallint, NULL::bigint
@@ -432,6 +435,7 @@ CREATE OR REPLACE VIEW mq_msgs AS
                     THEN g.claimed_at + CASE WHEN m.retry_backoff > interval '0'
                                              THEN m.retry_backoff
                                              ELSE interval '1 second' END END AS lease_end,
+               m.place = ANY (g.places) AND m.place = ANY (g.kept) AS kept,
                m.place = ANY (g.places)
                    AND (m.place = ANY (g.moved)
                         OR EXISTS (SELECT 1 FROM mq_done d

@@ -236,7 +236,7 @@ static void test_delayed_urgent_message_waits(void)
 static void test_no_priorities_no_urgent_entries(void)
 {
     t_truncate();
-    t_exec(pg, "VACUUM mq_msgs");
+    t_exec(pg, "VACUUM mq_rows");
     long long pages = t_sql_int(pg, "SELECT pg_relation_size('mq_msgs_ready_urgent') / 8192");
     insert_sql("np", 2000, "0", "");
     pqmq_msg *m = t_msg("np", NULL, "c", "{}", 0);
@@ -253,7 +253,7 @@ static void test_urgent_messages_one_index_entry(void)
     if (t_citus_skip("index sizes are the worker's"))
         return;
     t_truncate();
-    t_exec(pg, "VACUUM mq_msgs");
+    t_exec(pg, "VACUUM mq_rows");
     const char *size = "SELECT pg_relation_size('%s') / 8192";
     long long plain = t_sql_int(pg, size, "mq_msgs_ready_plain");
     long long urgent = t_sql_int(pg, size, "mq_msgs_ready_urgent");
@@ -273,13 +273,14 @@ static void test_poll_cost_over_priorities(void)
         snprintf(ch, sizeof ch, "pc%d", c);
         insert_sql(ch, 1000, "g % 10", "");
     }
-    t_exec(pg, "ANALYZE mq_msgs");
+    t_exec(pg, "ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts");
     t_exec(pg, "SET stats_fetch_consistency = none");
     t_exec(pqmq_conn(q), "SELECT pg_stat_force_next_flush()");
     t_exec(pg, "SELECT pg_stat_force_next_flush()");
     const char *sql =
         "SELECT COALESCE(sum(COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0)), 0) "
-        "FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname = 'mq_msgs'";
+        "FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname IN "
+        "('mq_rows', 'mq_log', 'mq_cursors', 'mq_receipts', 'mq_done', 'mq_log_gone')";
     long long before = t_sql_int(pg, "%s", sql);
     PQclear(t_sql(pg, "SELECT count(*) FROM mq_poll_jobs(NULL, 100)"));
     t_exec(pg, "SELECT pg_stat_force_next_flush()");
