@@ -196,6 +196,10 @@ DECLARE
     ts   timestamptz := clock_timestamp();
     dead boolean;
     mine xid;
+    -- Held by a locked-lane receipt: the move below writes it into mq_rows
+    -- under the current subtransaction's xid (a savepoint's), not mine.
+    held boolean := EXISTS (SELECT 1 FROM _mq_log_held(ARRAY[msg_id], false) h
+                            WHERE h.lane = 1);
 BEGIN
     -- A logged message moves to mq_rows first, in its delivery's state.
     PERFORM _mq_log_move(ARRAY[msg_id], ts);
@@ -234,9 +238,9 @@ BEGIN
           AND m.dead_since IS NULL
           AND m.attempts > 0
           AND (msg_attempt IS NULL OR m.deliveries = msg_attempt)
-          -- (held by its row lock, or moved from the log by this
-          -- transaction: _mq_log_move)
-          AND (m.xmax = mine OR (m.xmin = mine AND m.deliveries = 0))
+          -- (held by its row lock, or moved from the log's locked lane
+          -- by this call: _mq_log_move)
+          AND (m.xmax = mine OR (held AND m.deliveries = 0))
         RETURNING m.attempts = 0 INTO dead;
     END IF;
     IF NOT FOUND THEN

@@ -437,19 +437,27 @@ static long long msg_exists(const uuid_t id)
 
 static void test_transactional_completion(void)
 {
-    if (t_citus_skip("it records deletions with a trigger of its own on mq_msgs, which would "
-                     "run on the worker"))
+    if (t_citus_skip("it records completions with triggers of its own on mq_rows and mq_done, "
+                     "which would run on the worker"))
         return;
     t_truncate();
     t_exec(pg, "CREATE TABLE rt_effects (msg_id uuid PRIMARY KEY, "
                "tx bigint NOT NULL DEFAULT txid_current())");
     /* Which transaction deleted each message: to prove "the same commit". */
     t_exec(pg, "CREATE TABLE rt_deleted (msg_id uuid, tx bigint)");
+    /* A completion deletes a message of mq_rows, or adds an mq_done row
+     * naming the places of logged ones: both note the transaction. */
     t_exec(pg,
            "CREATE FUNCTION rt_log_delete() RETURNS trigger LANGUAGE plpgsql AS $$ "
            "BEGIN INSERT INTO rt_deleted VALUES (OLD.id, txid_current()); RETURN OLD; END $$");
-    t_exec(pg, "CREATE TRIGGER rt_log_delete AFTER DELETE ON mq_msgs "
+    t_exec(pg, "CREATE TRIGGER rt_log_delete AFTER DELETE ON mq_rows "
                "FOR EACH ROW EXECUTE FUNCTION rt_log_delete()");
+    t_exec(pg, "CREATE FUNCTION rt_log_done() RETURNS trigger LANGUAGE plpgsql AS $$ "
+               "BEGIN INSERT INTO rt_deleted SELECT l.id, txid_current() FROM mq_log l "
+               "WHERE l.channel_key = NEW.channel_key AND l.place = ANY (NEW.places); "
+               "RETURN NEW; END $$");
+    t_exec(pg, "CREATE TRIGGER rt_log_done AFTER INSERT ON mq_done "
+               "FOR EACH ROW EXECUTE FUNCTION rt_log_done()");
 
     pqmq_runner *r = t_runner();
     CHECK_INT(pqmq_runner_handle(r, NULL, h_tx, NULL), 0);
@@ -515,8 +523,9 @@ static void test_transactional_completion(void)
 
     t_runner_stop(&b);
     pqmq_runner_free(r);
-    t_exec(pg, "DROP TRIGGER rt_log_delete ON mq_msgs");
-    t_exec(pg, "DROP FUNCTION rt_log_delete()");
+    t_exec(pg, "DROP TRIGGER rt_log_delete ON mq_rows");
+    t_exec(pg, "DROP TRIGGER rt_log_done ON mq_done");
+    t_exec(pg, "DROP FUNCTION rt_log_delete(), rt_log_done()");
     t_exec(pg, "DROP TABLE rt_effects, rt_deleted");
 }
 

@@ -198,26 +198,36 @@ static pqmq_runner_stats_t run_all(int threads, int jobs, uint64_t n)
     return s;
 }
 
-/* Every effect commits in the transaction that deleted its message (a
- * trigger notes the deleting transaction), and a transaction carries a
+/* Every effect commits in the transaction that completed its message
+ * (triggers note the completing transaction), and a transaction carries a
  * batch: far fewer transactions than messages, none over the limit. */
 static void test_effects_and_completions_commit_together(void)
 {
     reset();
-    int triggered = !t_citus_skip("a trigger of the test's own on mq_msgs");
+    int triggered = !t_citus_skip("triggers of the test's own on mq_rows and mq_done");
     if (triggered) {
         t_exec(pg, "CREATE TABLE IF NOT EXISTS rc_deleted (id uuid PRIMARY KEY, tx bigint)");
         t_exec(pg, "TRUNCATE rc_deleted");
         t_exec(pg, "CREATE OR REPLACE FUNCTION rc_note() RETURNS trigger LANGUAGE plpgsql AS"
                    " $$BEGIN INSERT INTO rc_deleted VALUES (OLD.id, txid_current());"
                    " RETURN OLD; END$$");
-        t_exec(pg, "CREATE TRIGGER rc_note AFTER DELETE ON mq_msgs"
+        t_exec(pg, "CREATE TRIGGER rc_note AFTER DELETE ON mq_rows"
                    " FOR EACH ROW EXECUTE FUNCTION rc_note()");
+        /* A logged message's completion is an mq_done row naming its place. */
+        t_exec(pg,
+               "CREATE OR REPLACE FUNCTION rc_note_done() RETURNS trigger LANGUAGE plpgsql"
+               " AS $$BEGIN INSERT INTO rc_deleted SELECT l.id, txid_current() FROM mq_log l"
+               " WHERE l.channel_key = NEW.channel_key AND l.place = ANY (NEW.places);"
+               " RETURN NEW; END$$");
+        t_exec(pg, "CREATE TRIGGER rc_note_done AFTER INSERT ON mq_done"
+                   " FOR EACH ROW EXECUTE FUNCTION rc_note_done()");
     }
     insert_n(400, "{\"x\": 1}", 60000);
     pqmq_runner_stats_t s = run_all(4, 16, 400);
-    if (triggered)
-        t_exec(pg, "DROP TRIGGER rc_note ON mq_msgs");
+    if (triggered) {
+        t_exec(pg, "DROP TRIGGER rc_note ON mq_rows");
+        t_exec(pg, "DROP TRIGGER rc_note_done ON mq_done");
+    }
     CHECK_INT(s.processed, 400);
     CHECK_INT(s.failed, 0);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM rc_ledger WHERE attempt = 1"), 400);
