@@ -306,11 +306,12 @@ $$;
 
 -- Whether a claim delivered the logged message at place of channel key
 -- (a channel's receipts cover disjoint ranges: the one that may hold it is
--- the last that starts at or before it).
+-- the last that starts at or before it). No settings: the standard SQL
+-- body resolved its names when it was created, and a SET would cost each
+-- call (one per place a scan tests) a change of settings, as _mq_at.
 CREATE OR REPLACE FUNCTION _mq_log_given(key bigint, at bigint)
 RETURNS boolean
 LANGUAGE sql STABLE
-SET search_path FROM CURRENT
 RETURN COALESCE((SELECT at = ANY (r.places) FROM mq_receipts r
                  WHERE r.channel_key = key AND r.lo <= at
                  ORDER BY r.lo DESC LIMIT 1), false);

@@ -204,7 +204,11 @@ static void test_strange_channel_name_round_trips(void)
         PQfreemem(lit);
         PQfinish(l);
     }
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_tables WHERE tablename = 'mq_msgs'"
+    /* The names dropped nothing: the queue's table and view are still there. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_tables WHERE tablename = 'mq_rows'"
+                            " AND schemaname = current_schema()"),
+              1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM pg_views WHERE viewname = 'mq_msgs'"
                             " AND schemaname = current_schema()"),
               1);
 }

@@ -1,6 +1,6 @@
 /*
- * test_plans.c: no plan of a hot statement reads a queue table (mq_msgs,
- * mq_chains) or one of their indexes in full, whatever the last
+ * test_plans.c: no plan of a hot statement reads a queue table (mq_rows,
+ * mq_chains, the log's tables) or one of their indexes in full, whatever the last
  * ANALYZE saw. A queue's tables swing between empty and huge, so a generic
  * plan made after an ANALYZE of a nearly empty table must still probe by id
  * (issue 15: the claim and the completion became nested loops over a full
@@ -146,13 +146,15 @@ static PGresult *sql_call(PGconn *pg, const char *label, const char *sql, int n,
 
 /* ---- analysis: the plans in temporary tables, walked node by node ------- */
 
-/* Tables of the queue: by name, so that partitions (mq_msgs_...) count too. */
+/* Tables of the queue (mq_msgs is a view over mq_rows and the log): by
+ * name, so that partitions (mq_rows_...) count too. */
 #define QUEUE_RELS_SQL                                                                         \
     "CREATE TEMP TABLE queue_rels AS"                                                          \
     " SELECT c.oid, c.relname::text AS name FROM pg_class c"                                   \
     " WHERE c.relnamespace = (SELECT n.oid FROM pg_namespace n"                                \
     "                         WHERE n.nspname = current_schema())"                             \
-    "   AND c.relkind IN ('r', 'p') AND c.relname ~ '^mq_(msgs|payloads|chains)'"
+    "   AND c.relkind IN ('r', 'p') AND c.relname ~ "                                          \
+    "'^mq_(rows|payloads|chains|log|cursors|receipts|done)'"
 #define QUEUE_IDX_SQL                                                                          \
     "CREATE TEMP TABLE queue_idx AS"                                                           \
     " SELECT ci.relname::text AS name, r.name AS tab FROM pg_index i"                          \
@@ -219,7 +221,7 @@ typedef struct {
     PGresult *uncovered; /* calls that ran no plan on a queue table */
     long long plans;     /* plans captured */
     long long on_queue;  /* plans with a node on a queue table */
-    long long on_msgs;   /* plans with a node on mq_msgs (or its partitions) */
+    long long on_msgs;   /* plans with a node on mq_rows or mq_log (messages' tables) */
 } verdict_t;
 
 static void load_plans(PGconn *a)
@@ -262,7 +264,8 @@ static verdict_t judge(PGconn *a)
                      " WHERE x.node ->> 'Relation Name' IN (SELECT name FROM queue_rels)");
     v.on_msgs = t_sql_int(a, "SELECT count(DISTINCT x.i) FROM plan_nodes x"
                              " WHERE x.node ->> 'Relation Name' IN"
-                             "   (SELECT name FROM queue_rels WHERE name ~ '^mq_msgs')");
+                             "   (SELECT name FROM queue_rels WHERE name ~ '^mq_(rows|log)'"
+                             "    AND name <> 'mq_log_gone')");
     v.uncovered = t_sql(a, "SELECT c.call FROM plan_calls c WHERE NOT EXISTS ("
                            " SELECT 1 FROM plans p JOIN plan_nodes x USING (i)"
                            " WHERE p.call = c.call"
@@ -368,12 +371,15 @@ static void collect(const pqmq_batch *b, uuid_t *ids, size_t *n, size_t max)
         pqmq_job_id(pqmq_batch_job(b, i), ids[(*n)++]);
 }
 
-/* Holds a row lock on every message in another transaction, so that a poll
- * finds nothing it may claim and takes its idle path. */
+/* Holds a row lock on every message of mq_rows and on every channel's log
+ * cursor in another transaction (a claim skips locked cursors, and mq_msgs
+ * is a view, which cannot be locked), so that a poll of either lane finds
+ * nothing it may claim and takes its idle path. */
 static void lock_everything(PGconn *locker)
 {
     t_exec(locker, "BEGIN");
-    t_exec(locker, "SELECT count(*) FROM (SELECT m.id FROM mq_msgs m FOR NO KEY UPDATE) s");
+    t_exec(locker, "SELECT count(*) FROM (SELECT m.id FROM mq_rows m FOR NO KEY UPDATE) s");
+    t_exec(locker, "SELECT count(*) FROM (SELECT 1 FROM mq_cursors c FOR NO KEY UPDATE) s");
 }
 
 static void api_workload(pqmq_client *q, PGconn *locker)
@@ -659,27 +665,28 @@ static void run_state(const char *state)
 }
 
 /* The detector flags a full table scan, a full index scan and a bitmap scan
- * without an index condition, and passes a probe by id. */
+ * without an index condition, and passes a probe by id (on the table
+ * mq_rows: one node each). */
 static void test_detector_flags_bad_plans(void)
 {
     t_truncate();
     forget_plans();
     pqmq_client *q = explained_client();
     PGconn *pg = pqmq_conn(q);
-    t_exec(pg, "PREPARE by_text(text) AS SELECT * FROM mq_msgs WHERE id::text = $1");
+    t_exec(pg, "PREPARE by_text(text) AS SELECT * FROM mq_rows WHERE id::text = $1");
     PQclear(sql_call(pg, "self-check: seq scan", "EXECUTE by_text('x')", 0, NULL));
     t_exec(pg, "SET enable_seqscan = off");
     t_exec(pg, "SET enable_bitmapscan = off");
-    t_exec(pg, "PREPARE id_by_text(text) AS SELECT id FROM mq_msgs WHERE id::text = $1");
+    t_exec(pg, "PREPARE id_by_text(text) AS SELECT id FROM mq_rows WHERE id::text = $1");
     PQclear(sql_call(pg, "self-check: full index scan", "EXECUTE id_by_text('x')", 0, NULL));
     t_exec(pg, "SET enable_bitmapscan = on");
     t_exec(pg, "SET enable_indexscan = off");
     PQclear(sql_call(pg, "self-check: bitmap scan without a condition",
-                     "SELECT count(*) FROM mq_msgs WHERE dead_since IS NOT NULL", 0, NULL));
+                     "SELECT count(*) FROM mq_rows WHERE dead_since IS NOT NULL", 0, NULL));
     t_exec(pg, "RESET enable_seqscan");
     t_exec(pg, "RESET enable_bitmapscan");
     t_exec(pg, "RESET enable_indexscan");
-    t_exec(pg, "PREPARE by_id(uuid) AS SELECT * FROM mq_msgs WHERE id = $1");
+    t_exec(pg, "PREPARE by_id(uuid) AS SELECT * FROM mq_rows WHERE id = $1");
     PQclear(sql_call(pg, "self-check: probe by id",
                      "EXECUTE by_id('00000000-0000-0000-0000-000000000001')", 0, NULL));
     current_call = NULL;
@@ -735,9 +742,12 @@ static void test_plans_after_drain(void)
     t_exec(pg, "DELETE FROM mq_msgs WHERE id <> (SELECT m.id FROM mq_msgs m ORDER BY m.id DESC "
                "LIMIT 1)");
     t_exec(pg, "DELETE FROM mq_chains WHERE tail_id NOT IN (SELECT id FROM mq_msgs)");
-    t_exec(pg, "VACUUM mq_msgs, mq_chains");
+    t_exec(pg, "VACUUM mq_rows, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone, "
+               "mq_chains");
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 1);
-    CHECK(t_sql_int(pg, "SELECT pg_relation_size('mq_msgs')") > 1000000);
+    /* The pages of the 100,000 are kept (the log's are never deleted). */
+    CHECK(t_sql_int(pg, "SELECT pg_relation_size('mq_rows') + pg_relation_size('mq_log')") >
+          1000000);
     PQfinish(pg);
     run_state("drained");
 }
@@ -747,8 +757,8 @@ static void test_plans_after_drain(void)
 static void test_plans_with_chains_queued(void)
 {
     PGconn *pg = t_pg();
-    /* A table of just these rows (no pages left by the states before). */
-    t_exec(pg, "TRUNCATE mq_msgs");
+    /* Tables of just these rows (no pages left by the states before). */
+    t_truncate();
     for (int i = 0; i < 2; i++)
         t_exec(pg,
                "SELECT mq_insert(ARRAY(SELECT ROW("
