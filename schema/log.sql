@@ -55,7 +55,9 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    gone    boolean := EXISTS (SELECT 1 FROM mq_log_gone);
+    -- (always true: an index condition, so that the plan is a probe)
+    gone    boolean := EXISTS (SELECT 1 FROM mq_log_gone g
+                               WHERE g.channel_key >= '-9223372036854775808'::bigint);
     horizon xid8 := pg_snapshot_xmax(pg_current_snapshot());
     visits  int := GREATEST(1, (want + per_key - 1) / per_key);
     me      bigint := CASE WHEN lane <> 0 THEN _mq_xact_id() END;
@@ -89,18 +91,28 @@ BEGIN
         SELECT t.* FROM cur, LATERAL (
             SELECT l.place, l.channel_key, l.id, l.created_at, l.attempts, l.retry_backoff,
                    l.channel_name, l.channel_args, l.name, l.payload_json, l.payload_bytes,
-                   (gone AND EXISTS (SELECT 1 FROM mq_log_gone g
-                                     WHERE g.channel_key = l.channel_key
-                                       AND g.place = l.place)) AS skip
+                   false AS skip
             FROM mq_log l
             WHERE l.channel_key = cur.channel_key AND l.place > cur.place
+              -- (deleted before delivery: passed, not counted)
+              AND (NOT gone OR NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                           WHERE g.channel_key = l.channel_key
+                                             AND g.place = l.place))
             ORDER BY l.place
             LIMIT per_key) t
         ORDER BY t.channel_key, t.place
         LIMIT want),
+    -- A cursor with nothing but deleted messages past it moves past them.
+    passed AS (
+        SELECT cur.channel_key, e.top FROM cur, LATERAL (
+            SELECT max(l.place) AS top FROM mq_log l
+            WHERE l.channel_key = cur.channel_key AND l.place > cur.place) e
+        WHERE gone AND NOT EXISTS (SELECT 1 FROM took t WHERE t.channel_key = cur.channel_key)),
     moved AS (
         UPDATE mq_cursors c SET place = r.top
-        FROM (SELECT t.channel_key, max(t.place) AS top FROM took t GROUP BY t.channel_key) r
+        FROM (SELECT t.channel_key, max(t.place) AS top FROM took t GROUP BY t.channel_key
+              UNION ALL
+              SELECT p.channel_key, p.top FROM passed p WHERE p.top IS NOT NULL) r
         WHERE c.channel_key = r.channel_key
         RETURNING c.channel_key),
     receipts AS (
@@ -273,32 +285,36 @@ AS $$
 BEGIN
     IF exclusive THEN
         RETURN QUERY
+        WITH l AS MATERIALIZED ( -- (by id: mq_log_id, whatever the statistics)
+            SELECT m.channel_key, m.place, m.id, m.channel_name, m.created_at
+            FROM mq_log m WHERE m.id = ANY (msg_ids))
         SELECT l.channel_key, l.place, r.lo, r.lane::int, r.claimed_at, l.id, l.channel_name,
                l.created_at
-        FROM mq_log l
+        FROM l
         CROSS JOIN LATERAL (
             SELECT r.lo, r.lane, r.claimed_at, r.places, r.moved, r.lease_until
             FROM mq_receipts r
             WHERE r.channel_key = l.channel_key AND r.lo <= l.place
             ORDER BY r.lo DESC LIMIT 1
             FOR UPDATE) r
-        WHERE l.id = ANY (msg_ids)
-          AND r.lease_until < 'infinity'::timestamptz
+        WHERE r.lease_until < 'infinity'::timestamptz
           AND l.place = ANY (r.places) AND l.place <> ALL (r.moved)
         ORDER BY l.channel_key, r.lo;
     ELSE
         RETURN QUERY
+        WITH l AS MATERIALIZED ( -- (by id: mq_log_id, whatever the statistics)
+            SELECT m.channel_key, m.place, m.id, m.channel_name, m.created_at
+            FROM mq_log m WHERE m.id = ANY (msg_ids))
         SELECT l.channel_key, l.place, r.lo, r.lane::int, r.claimed_at, l.id, l.channel_name,
                l.created_at
-        FROM mq_log l
+        FROM l
         CROSS JOIN LATERAL (
             SELECT r.lo, r.lane, r.claimed_at, r.places, r.moved, r.lease_until
             FROM mq_receipts r
             WHERE r.channel_key = l.channel_key AND r.lo <= l.place
             ORDER BY r.lo DESC LIMIT 1
             FOR KEY SHARE) r
-        WHERE l.id = ANY (msg_ids)
-          AND r.lease_until < 'infinity'::timestamptz
+        WHERE r.lease_until < 'infinity'::timestamptz
           AND l.place = ANY (r.places) AND l.place <> ALL (r.moved);
     END IF;
 END;
@@ -394,18 +410,25 @@ DECLARE
     n       int;
     names   text[];
     created timestamptz[];
+    keys    bigint[];
 BEGIN
+    SELECT array_agg(DISTINCT l.channel_key) INTO keys
+    FROM mq_log l WHERE l.id = ANY (msg_ids);
+    IF keys IS NULL THEN
+        RETURN 0;
+    END IF;
     PERFORM 1 FROM mq_cursors c
-    WHERE c.channel_key IN (SELECT l.channel_key FROM mq_log l WHERE l.id = ANY (msg_ids))
+    WHERE c.channel_key = ANY (keys)
     ORDER BY c.channel_key
     FOR NO KEY UPDATE;
     -- (A new statement: it sees every claim that held those cursors.)
     WITH g AS (
+        WITH l AS MATERIALIZED ( -- (by id: mq_log_id, whatever the statistics)
+            SELECT m.channel_key, m.place FROM mq_log m WHERE m.id = ANY (msg_ids))
         INSERT INTO mq_log_gone (channel_key, place)
-        SELECT l.channel_key, l.place FROM mq_log l
+        SELECT l.channel_key, l.place FROM l
         JOIN mq_cursors c ON c.channel_key = l.channel_key
-        WHERE l.id = ANY (msg_ids)
-          AND (l.place > c.place
+        WHERE (l.place > c.place
                OR (l.place > c.settled AND NOT _mq_log_given(l.channel_key, l.place)))
         ON CONFLICT DO NOTHING
         RETURNING channel_key, place)
@@ -573,8 +596,14 @@ DECLARE
     seen   bigint;
     late   bigint[];
 BEGIN
+    IF keys IS NULL THEN
+        keys := ARRAY(SELECT x.channel_key FROM mq_cursors x
+                      WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
+                        AND x.settled < x.place
+                      ORDER BY x.channel_key LIMIT 256);
+    END IF;
     FOR c IN SELECT x.channel_key, x.settled FROM mq_cursors x
-             WHERE (keys IS NULL OR x.channel_key = ANY (keys))
+             WHERE x.channel_key = ANY (keys)
                AND x.settled < x.place
              ORDER BY x.channel_key
              LIMIT 256
@@ -712,8 +741,14 @@ DECLARE
     c   record;
     top bigint;
 BEGIN
+    IF keys IS NULL THEN
+        keys := ARRAY(SELECT x.channel_key FROM mq_cursors x
+                      WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
+                        AND x.reclaimed < x.settled
+                      ORDER BY x.channel_key LIMIT 256);
+    END IF;
     FOR c IN SELECT x.channel_key, x.settled, x.reclaimed FROM mq_cursors x
-             WHERE (keys IS NULL OR x.channel_key = ANY (keys))
+             WHERE x.channel_key = ANY (keys)
                AND x.reclaimed < x.settled
              ORDER BY x.channel_key
              LIMIT 256
@@ -755,16 +790,18 @@ DECLARE
     n int := 0;
     r record;
 BEGIN
-    FOR r IN SELECT l.channel_key, g.lo, array_agg(l.place) AS places
-             FROM mq_log l
+    FOR r IN WITH l AS MATERIALIZED ( -- (by id: mq_log_id, whatever the statistics)
+                 SELECT m.channel_key, m.place, m.retry_backoff FROM mq_log m
+                 WHERE m.id = ANY (msg_ids))
+             SELECT l.channel_key, g.lo, array_agg(l.place) AS places
+             FROM l
              CROSS JOIN LATERAL (
                  SELECT x.lo, x.places, x.moved, x.lane, x.claimed_at, x.kept, x.kept_until,
                         x.lease_until
                  FROM mq_receipts x
                  WHERE x.channel_key = l.channel_key AND x.lo <= l.place
                  ORDER BY x.lo DESC LIMIT 1) g
-             WHERE l.id = ANY (msg_ids)
-               AND g.lane = 0 AND g.lease_until < 'infinity'::timestamptz
+             WHERE g.lane = 0 AND g.lease_until < 'infinity'::timestamptz
                AND l.place = ANY (g.places) AND l.place <> ALL (g.moved)
                AND _mq_log_lease_end(g.claimed_at, l.retry_backoff, l.place, g.kept,
                                      g.kept_until) > ts

@@ -46,12 +46,17 @@ BEGIN
                    '_mq_insert_rows', 'mq_commit', '_mq_insert_keyed', '_mq_lock_keys',
                    'mq_keep_alive_count', 'mq_checkpoint_found', 'mq_fail', '_mq_pick_set',
                    '_mq_random_start', '_mq_wait_time', 'mq_claim_lane', 'mq_claim_locked',
-                   '_mq_pick_keys', '_mq_pick_chains', '_mq_pick_urgent']) AS hot,
+                   '_mq_pick_keys', '_mq_pick_chains', '_mq_pick_urgent', '_mq_log_claim',
+                   '_mq_log_pick', '_mq_log_held', '_mq_log_complete', '_mq_log_forget',
+                   '_mq_log_to_msgs', '_mq_log_move', '_mq_log_reap', '_mq_log_settle',
+                   '_mq_log_reclaim', '_mq_log_keep_alive', '_mq_log_clear']) AS hot,
                p.proname = ANY (ARRAY['mq_complete', '_mq_insert_rows', '_mq_insert_keyed',
-                                      '_mq_pick_set', 'mq_claim_lane', 'mq_claim_locked'])
+                                      '_mq_pick_set', 'mq_claim_lane', 'mq_claim_locked',
+                                      '_mq_log_held', '_mq_log_complete', '_mq_log_forget',
+                                      '_mq_log_move', '_mq_log_keep_alive', '_mq_log_to_msgs'])
                    AS generic,
                p.proname = ANY (ARRAY['_mq_random_start', '_mq_pick_keys', '_mq_pick_chains',
-                                      '_mq_pick_urgent']) AS no_bitmap,
+                                      '_mq_pick_urgent', '_mq_log_claim']) AS no_bitmap,
                p.prosqlbody IS NOT NULL AS parsed
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace = nsp AND p.proname ~ '^_?mq_'
