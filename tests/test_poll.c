@@ -364,8 +364,10 @@ static void test_in_flight_are_stepped_over_once(void)
     long long read = tuples_read_by_poll_of(100);
     printf("    tuples read by a poll of 100 behind 800 in flight on its channel: %lld\n",
            read);
-    CHECK(read >= 900);
-    CHECK(read < 1200);
+    /* A logged message in flight is below its channel's cursor: a poll never
+     * reads it (layout a's poll stepped over the 800 once: about 1,000). */
+    CHECK(read >= 100);
+    CHECK(read < 300);
 }
 
 /* What the queue's tables counted so far: [0] rows inserted into the log
