@@ -117,10 +117,11 @@ BEGIN
         RETURNING c.channel_key),
     receipts AS (
         INSERT INTO mq_receipts (channel_key, lo, hi, places, claimed_at, lease_until,
-                                 horizon, lane)
+                                 horizon, lane, holder)
         SELECT t.channel_key, min(t.place), max(t.place), array_agg(t.place ORDER BY t.place),
                ts, CASE WHEN lane = 1 THEN ts ELSE ts + min(_mq_log_lease(t.retry_backoff)) END,
-               horizon, CASE WHEN lane = 1 THEN 1 ELSE 0 END
+               horizon, CASE WHEN lane = 1 THEN 1 ELSE 0 END,
+               CASE WHEN lane = 1 THEN pg_current_xact_id() END
         FROM took t
         WHERE NOT t.skip
         GROUP BY t.channel_key
@@ -547,6 +548,8 @@ BEGIN
                     x.kept_until
              FROM mq_receipts x
              WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts
+               -- (not this transaction's own locked-lane claims, still held)
+               AND (x.holder IS NULL OR x.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
              ORDER BY x.lease_until
              LIMIT 64
              FOR UPDATE SKIP LOCKED LOOP

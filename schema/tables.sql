@@ -374,6 +374,9 @@ CREATE TABLE IF NOT EXISTS mq_receipts (
     -- latest asked for: a lease is never shortened).
     kept        bigint[] NOT NULL DEFAULT '{}',
     kept_until  timestamptz,
+    -- The locked lane's claimer (its transaction's id): its receipt is not
+    -- handed back while that transaction runs.
+    holder      xid8,
     PRIMARY KEY (channel_key, lo)
 );
 CREATE INDEX IF NOT EXISTS mq_receipts_open ON mq_receipts (lease_until)

@@ -91,7 +91,7 @@ run 0 migrate --status
 has out "no queue: pending install of version 100"
 run 0 migrate --sql
 has out "-- migrations/0.1.0_to_1.0.0" "-- schema/tables" "-- schema/roles" \
-    "CREATE TABLE IF NOT EXISTS mq_msgs"
+    "CREATE TABLE IF NOT EXISTS mq_rows"
 # The printed SQL, applied by psql in another schema, makes a whole queue
 # (not on a Citus coordinator, which psql cannot install to: docs/citus.md).
 if [[ ${PQMQ_TEST_CITUS:-} == 1 ]]; then
