@@ -23,6 +23,14 @@ RETURN CASE WHEN place = ANY (kept) THEN kept_until
             ELSE claimed_at + CASE WHEN backoff > interval '0' THEN backoff
                                    ELSE interval '1 second' END END;
 
+-- Whether x is in sorted (ascending, as receipts and mq_done keep their
+-- places): a binary search (width_bucket), where = ANY reads the whole
+-- array for each place tested. Inlined: no settings.
+CREATE OR REPLACE FUNCTION _mq_in(x bigint, sorted bigint[])
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN COALESCE(sorted[width_bucket(x, sorted)] = x, false);
+
 -- Whether a row's locker (xmax) ended without committing: a locked
 -- delivery that died (me: this transaction's id, me_lo its low 32 bits;
 -- this transaction counts as alive). Inlined, as _mq_lane_admits.
@@ -38,19 +46,25 @@ RETURN CASE
     END;
 
 -- Claims up to want logged messages of the channels whose keys are in
--- [lo, hi], visiting cursors from start up to hi (the caller visits the
--- rest of the range with a second call), at most per_key from each, and
--- leases them (lane 0) or holds them for the caller's transaction (lane 1:
--- the cursor's row lock holds them; the receipt, committed with that
--- transaction, hands back whatever it did not complete: _mq_log_reap). A
--- channel whose cursor another claim holds is passed (SKIP LOCKED); so is
--- one whose last locked delivery died (its cursor's locker aborted), in
--- lane 1 only: lane 2 takes those, with leases; and one with an urgent
--- message ready in mq_rows (urgent: whether any may be).
--- Returns the jobs (mq_job_t), and last_key, the last channel taken from.
-CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, per_key int,
-                                         want int, ts timestamptz, lane int, urgent boolean)
-RETURNS TABLE(job mq_job_t, key bigint, place bigint)
+-- [lo, hi], visiting cursors in key order from start up to hi and then from
+-- lo up to fence - 1 (start < fence: only from start up to fence - 1; a walk
+-- that continues after the caller's first call), at most per_key from each
+-- (or, when the walk finds fewer channels with messages than it may visit,
+-- an equal share of want each), and leases them (lane 0) or holds them for
+-- the caller's transaction (lane 1: the cursor's row lock holds them; the
+-- receipt, committed with that transaction, hands back whatever it did not
+-- complete: _mq_log_reap). A channel whose cursor another claim holds is
+-- passed (SKIP LOCKED); so is one whose last locked delivery died (its
+-- cursor's locker aborted), in lane 1 only: lane 2 takes those, with
+-- leases; and one with an urgent message ready in mq_rows (urgent: whether
+-- any may be).
+-- Returns the jobs (mq_job_t), each with its channel's key, its place, o
+-- (0: found from start up, 1: after the wrap) and spent (the walk found
+-- every channel with messages it could reach: another call finds none).
+CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, fence bigint,
+                                         per_key int, want int, ts timestamptz, lane int,
+                                         urgent boolean)
+RETURNS TABLE(job mq_job_t, key bigint, place bigint, o int, spent boolean)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -62,36 +76,62 @@ DECLARE
     visits  int := GREATEST(1, (want + per_key - 1) / per_key);
     me      bigint := CASE WHEN lane <> 0 THEN _mq_xact_id() END;
     me_lo   bigint := me & 4294967295;
+    wrap    boolean := start >= fence;
 BEGIN
     IF want < 1 THEN
         RETURN;
     END IF;
     RETURN QUERY
     WITH cur AS (
-        SELECT c.channel_key, c.place FROM mq_cursors c
-        WHERE c.channel_key >= start AND c.channel_key <= hi
-          AND c.channel_key >= lo
-          AND EXISTS (SELECT 1 FROM mq_log l
-                      WHERE l.channel_key = c.channel_key AND l.place > c.place)
-          -- A cursor whose last locker died: not for the locked lane, and
-          -- the only cursors lane 2 takes.
-          AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
-          -- None of a channel's messages while an urgent one of it could be
-          -- claimed (mq_rows holds every message of priority above 0).
-          AND (NOT urgent OR NOT EXISTS (
-                   SELECT 1 FROM mq_rows m
-                   WHERE m.channel_key = c.channel_key
-                     AND m.dead_since IS NULL AND m.after_message_id IS NULL
-                     AND m.priority > 0 -- mq_msgs_ready_urgent
-                     AND m.ready_at <= ts AND m.attempt_at <= ts AND m.attempts > 0))
-        ORDER BY c.channel_key
-        LIMIT visits
-        FOR NO KEY UPDATE SKIP LOCKED),
+        SELECT v.channel_key, v.place, v.o FROM (
+            SELECT * FROM (
+                SELECT c.channel_key, c.place, 0 AS o FROM mq_cursors c
+                WHERE c.channel_key >= start AND c.channel_key <= hi
+                  AND (wrap OR c.channel_key < fence)
+                  AND EXISTS (SELECT 1 FROM mq_log l
+                              WHERE l.channel_key = c.channel_key AND l.place > c.place)
+                  -- A cursor whose last locker died: not for the locked
+                  -- lane, and the only cursors lane 2 takes.
+                  AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
+                  -- None of a channel's messages while an urgent one of it
+                  -- could be claimed (mq_rows holds every message of
+                  -- priority above 0).
+                  AND (NOT urgent OR NOT EXISTS (
+                           SELECT 1 FROM mq_rows m
+                           WHERE m.channel_key = c.channel_key
+                             AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                             AND m.priority > 0 -- mq_msgs_ready_urgent
+                             AND m.ready_at <= ts AND m.attempt_at <= ts
+                             AND m.attempts > 0))
+                ORDER BY c.channel_key
+                FOR NO KEY UPDATE SKIP LOCKED) a
+            UNION ALL
+            SELECT * FROM (
+                SELECT c.channel_key, c.place, 1 AS o FROM mq_cursors c
+                WHERE wrap AND c.channel_key >= lo AND c.channel_key < fence
+                  AND EXISTS (SELECT 1 FROM mq_log l
+                              WHERE l.channel_key = c.channel_key AND l.place > c.place)
+                  AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
+                  AND (NOT urgent OR NOT EXISTS (
+                           SELECT 1 FROM mq_rows m
+                           WHERE m.channel_key = c.channel_key
+                             AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                             AND m.priority > 0 -- mq_msgs_ready_urgent
+                             AND m.ready_at <= ts AND m.attempt_at <= ts
+                             AND m.attempts > 0))
+                ORDER BY c.channel_key
+                FOR NO KEY UPDATE SKIP LOCKED) b) v
+        LIMIT visits),
+    share AS (
+        SELECT count(*) < visits AS spent,
+               CASE WHEN count(*) < visits
+                    THEN GREATEST(per_key, (want + count(*)::int - 1) / GREATEST(count(*)::int, 1))
+                    ELSE per_key END AS n
+        FROM cur),
     took AS MATERIALIZED (
-        SELECT t.* FROM cur, LATERAL (
+        SELECT t.*, cur.o FROM cur, LATERAL (
             SELECT l.place, l.channel_key, l.id, l.created_at, l.attempts, l.retry_backoff,
-                   l.channel_name, l.channel_args, l.name, l.payload_json, l.payload_bytes,
-                   false AS skip
+                   l.channel_name, l.channel_args, l.name, l.payload_json, l.payload_bytes
             FROM mq_log l
             WHERE l.channel_key = cur.channel_key AND l.place > cur.place
               -- (deleted before delivery: passed, not counted)
@@ -99,8 +139,8 @@ BEGIN
                                            WHERE g.channel_key = l.channel_key
                                              AND g.place = l.place))
             ORDER BY l.place
-            LIMIT per_key) t
-        ORDER BY t.channel_key, t.place
+            LIMIT (SELECT share.n FROM share)) t
+        ORDER BY cur.o, t.channel_key, t.place
         LIMIT want),
     -- A cursor with nothing but deleted messages past it moves past them.
     passed AS (
@@ -123,16 +163,14 @@ BEGIN
                horizon, CASE WHEN lane = 1 THEN 1 ELSE 0 END,
                CASE WHEN lane = 1 THEN pg_current_xact_id() END
         FROM took t
-        WHERE NOT t.skip
         GROUP BY t.channel_key
         RETURNING 1)
     SELECT ROW(t.id, true, t.name, t.payload_json::text, t.payload_bytes,
                CASE WHEN lane = 1 THEN interval '0' ELSE _mq_log_lease(t.retry_backoff) END,
                interval '0', t.channel_name, t.channel_args, 1, t.attempts - 1,
                NULL::text, false)::mq_job_t,
-           t.channel_key, t.place
+           t.channel_key, t.place, t.o, (SELECT share.spent FROM share)
     FROM took t
-    WHERE NOT t.skip
     ORDER BY t.place;
 END;
 $$;
@@ -140,10 +178,10 @@ $$;
 -- The log's part of a poll: up to want messages of channel_names (NULL:
 -- every channel), visited in turn as _mq_pick_set visits mq_rows: an
 -- unfiltered poll from after the channel this session's previous one took
--- from last, a named one from a random point of each name's range. Round 1
--- takes at most a quarter of the batch from each channel; round 2 (a later
--- call, after mq_rows' pick) visits the same channels again, from the same
--- start, for the rest.
+-- from last, a named one from a random point of each name's range, each
+-- walk around its range once. Round 1 takes at most a quarter of the batch
+-- from each channel; round 2 (a later call, after mq_rows' pick) visits the
+-- same channels again, from the same start, for the rest.
 CREATE OR REPLACE FUNCTION _mq_log_pick(channel_names text[], batch_size int, want int,
                                         ts timestamptz, lane int, round int)
 RETURNS SETOF mq_job_t
@@ -155,18 +193,19 @@ DECLARE
     turn     text := 'pqmq.next_' || 'mq_msgs'::regclass::oid; -- (shared with _mq_pick_set)
     began    text := 'pqmq.log_began_' || 'mq_log'::regclass::oid;
     kept     text;
+    s0       bigint;
     start    bigint;
-    last_key bigint;
-    top      bigint; -- the greatest key a range's visit took from
+    nxt      bigint;
     rg       record;
-    j        record;
-    nm       text;
-    lo       bigint;
-    hi       bigint;
     got      int := 0;
-    before   int;
-    urgent   boolean;
+    n        int;
+    spent    boolean;
+    last     bigint;
+    last_key bigint;
+    taken    mq_job_t[];
+    ks       bigint[];
     keys     bigint[] := '{}'; -- the channels taken from
+    urgent   boolean;
 BEGIN
     IF want < 1 THEN
         RETURN;
@@ -179,89 +218,60 @@ BEGIN
     IF channel_names IS NULL THEN
         kept := current_setting(CASE WHEN round = 1 THEN turn ELSE began END, true);
         IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
-            start := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
+            s0 := ('x' || lpad(kept, 16, '0'))::bit(64)::bigint;
         ELSE
             -- No turn (a new session, or one a pooler reset): a random key of
             -- the range of the name of the first channel at or after a random
             -- key (as _mq_random_start: a random key of the whole space
             -- would almost always start at a name's first channel).
-            start := (floor(random() * 4294967296)::bigint - 2147483648) << 32;
-            start := COALESCE((SELECT c.channel_key FROM mq_cursors c
-                               WHERE c.channel_key >= start
-                               ORDER BY c.channel_key LIMIT 1),
-                              (SELECT c.channel_key FROM mq_cursors c
-                               ORDER BY c.channel_key LIMIT 1), start);
-            start := ((start >> 32) << 32) + floor(random() * 4294967296)::bigint;
+            s0 := (floor(random() * 4294967296)::bigint - 2147483648) << 32;
+            s0 := COALESCE((SELECT c.channel_key FROM mq_cursors c
+                            WHERE c.channel_key >= s0
+                            ORDER BY c.channel_key LIMIT 1),
+                           (SELECT c.channel_key FROM mq_cursors c
+                            ORDER BY c.channel_key LIMIT 1), s0);
+            s0 := ((s0 >> 32) << 32) + floor(random() * 4294967296)::bigint;
         END IF;
         IF round = 1 THEN
-            PERFORM set_config(began, to_hex(start), false);
+            PERFORM set_config(began, to_hex(s0), false);
         END IF;
-        -- From the start up, then from the start of the space up to it; each
-        -- range in steps (a step locks only the cursors it can fill from).
-        FOR rg IN SELECT * FROM (VALUES (1, start, 9223372036854775807::bigint),
-                                        (2, (-9223372036854775808)::bigint,
-                                         CASE WHEN start > -9223372036854775808
-                                              THEN start - 1 END)) v(o, a, b)
-                  WHERE v.a <= v.b ORDER BY v.o LOOP
-            lo := rg.a;
-            LOOP
-                before := got;
-                -- (the jobs come in place order: the visit's last channel is
-                -- the greatest key of the range taken from)
-                FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, lo, per_key, want - got, ts,
-                                                     lane, urgent) LOOP
-                    got := got + 1;
-                    IF top IS DISTINCT FROM j.key THEN
-                        keys := keys || j.key;
-                    END IF;
-                    top := GREATEST(top, j.key);
-                    RETURN NEXT j.job;
-                END LOOP;
-                EXIT WHEN got >= want OR got = before OR top >= rg.b;
-                lo := top + 1;
-            END LOOP;
-            last_key := COALESCE(top, last_key);
-            top := NULL;
-            EXIT WHEN got >= want;
-        END LOOP;
-        IF round = 1 AND last_key IS NOT NULL THEN
-            PERFORM set_config(turn, to_hex(CASE WHEN last_key = 9223372036854775807
-                                                 THEN -9223372036854775808
-                                                 ELSE last_key + 1 END), false);
-        END IF;
-        IF cardinality(keys) > 0 THEN
-            PERFORM _mq_log_upkeep(ts, keys);
-        END IF;
-        RETURN;
     END IF;
-    FOR nm IN SELECT d.n FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n
-                              WHERE n IS NOT NULL) d
-              ORDER BY random() LOOP
+    -- The whole space from the turn, or each name's range from a random key.
+    FOR rg IN SELECT (-9223372036854775808)::bigint AS lo, 9223372036854775807::bigint AS hi,
+                     s0 AS s, 0::float8 AS o
+              WHERE channel_names IS NULL
+              UNION ALL
+              SELECT r.lo, r.lo | 4294967295, r.lo + floor(random() * 4294967296)::bigint,
+                     random()
+              FROM (SELECT DISTINCT hashtext(u.n)::bigint << 32 AS lo
+                    FROM unnest(channel_names) AS u(n) WHERE u.n IS NOT NULL) r
+              ORDER BY o LOOP
         EXIT WHEN got >= want;
-        lo := hashtext(nm)::bigint << 32;
-        hi := lo | 4294967295;
-        start := lo + floor(random() * 4294967296)::bigint;
-        FOR rg IN SELECT * FROM (VALUES (1, start, hi), (2, lo, start - 1)) v(o, a, b)
-                  WHERE v.a <= v.b ORDER BY v.o LOOP
-            EXIT WHEN got >= want;
-            lo := rg.a;
-            top := NULL;
-            LOOP
-                before := got;
-                FOR j IN SELECT * FROM _mq_log_claim(rg.a, rg.b, lo, per_key, want - got, ts,
-                                                     lane, urgent) LOOP
-                    got := got + 1;
-                    IF top IS DISTINCT FROM j.key THEN
-                        keys := keys || j.key;
-                    END IF;
-                    top := GREATEST(top, j.key);
-                    RETURN NEXT j.job;
-                END LOOP;
-                EXIT WHEN got >= want OR got = before OR top >= rg.b;
-                lo := top + 1;
-            END LOOP;
+        start := rg.s;
+        -- Around the range in steps: a step locks only the cursors it can
+        -- fill from, and the next starts after the last it took from.
+        LOOP
+            SELECT array_agg(c.job ORDER BY c.place), count(*), bool_and(c.spent),
+                   (array_agg(c.key ORDER BY c.o DESC, c.key DESC))[1],
+                   array_agg(DISTINCT c.key)
+            INTO taken, n, spent, last, ks
+            FROM _mq_log_claim(rg.lo, rg.hi, start, rg.s, per_key, want - got, ts, lane,
+                               urgent) c;
+            EXIT WHEN n = 0;
+            RETURN QUERY SELECT * FROM unnest(taken);
+            got := got + n;
+            keys := keys || ks;
+            last_key := last;
+            nxt := CASE WHEN last = rg.hi THEN rg.lo ELSE last + 1 END;
+            EXIT WHEN got >= want OR spent OR nxt = rg.s;
+            start := nxt;
         END LOOP;
     END LOOP;
+    IF channel_names IS NULL AND round = 1 AND last_key IS NOT NULL THEN
+        PERFORM set_config(turn, to_hex(CASE WHEN last_key = 9223372036854775807
+                                             THEN -9223372036854775808
+                                             ELSE last_key + 1 END), false);
+    END IF;
     IF cardinality(keys) > 0 THEN
         PERFORM _mq_log_upkeep(ts, keys);
     END IF;
@@ -299,24 +309,29 @@ BEGIN
             ORDER BY r.lo DESC LIMIT 1
             FOR UPDATE) r
         WHERE r.lease_until < 'infinity'::timestamptz
-          AND l.place = ANY (r.places) AND l.place <> ALL (r.moved)
+          AND _mq_in(l.place, r.places) AND (cardinality(r.moved) = 0 OR l.place <> ALL (r.moved))
         ORDER BY l.channel_key, r.lo;
     ELSE
+        -- Each channel's receipts over its places, locked once each.
         RETURN QUERY
         WITH l AS MATERIALIZED ( -- (by id: mq_log_id, whatever the statistics)
             SELECT m.channel_key, m.place, m.id, m.channel_name, m.created_at
-            FROM mq_log m WHERE m.id = ANY (msg_ids))
+            FROM mq_log m WHERE m.id = ANY (msg_ids)),
+        k AS MATERIALIZED (
+            SELECT l.channel_key, min(l.place) AS a, max(l.place) AS b
+            FROM l GROUP BY l.channel_key),
+        r AS MATERIALIZED (
+            SELECT r.channel_key, r.lo, r.hi, r.lane, r.claimed_at, r.places, r.moved
+            FROM k JOIN mq_receipts r
+              ON r.channel_key = k.channel_key AND r.lo <= k.b
+             AND r.lo >= COALESCE((SELECT max(x.lo) FROM mq_receipts x
+                                   WHERE x.channel_key = k.channel_key AND x.lo <= k.a), k.a)
+            WHERE r.lease_until < 'infinity'::timestamptz
+            FOR KEY SHARE OF r)
         SELECT l.channel_key, l.place, r.lo, r.lane::int, r.claimed_at, l.id, l.channel_name,
                l.created_at
-        FROM l
-        CROSS JOIN LATERAL (
-            SELECT r.lo, r.lane, r.claimed_at, r.places, r.moved, r.lease_until
-            FROM mq_receipts r
-            WHERE r.channel_key = l.channel_key AND r.lo <= l.place
-            ORDER BY r.lo DESC LIMIT 1
-            FOR KEY SHARE) r
-        WHERE r.lease_until < 'infinity'::timestamptz
-          AND l.place = ANY (r.places) AND l.place <> ALL (r.moved);
+        FROM l JOIN r ON r.channel_key = l.channel_key AND l.place BETWEEN r.lo AND r.hi
+        WHERE _mq_in(l.place, r.places) AND (cardinality(r.moved) = 0 OR l.place <> ALL (r.moved));
     END IF;
 END;
 $$;
@@ -329,7 +344,7 @@ $$;
 CREATE OR REPLACE FUNCTION _mq_log_given(key bigint, at bigint)
 RETURNS boolean
 LANGUAGE sql STABLE
-RETURN COALESCE((SELECT at = ANY (r.places) FROM mq_receipts r
+RETURN COALESCE((SELECT _mq_in(at, r.places) FROM mq_receipts r
                  WHERE r.channel_key = key AND r.lo <= at
                  ORDER BY r.lo DESC LIMIT 1), false);
 
@@ -383,10 +398,10 @@ BEGIN
                OR att[width_bucket(h.id, by_id)] = CASE WHEN h.lane = 1 THEN 0 ELSE 1 END)
           AND NOT EXISTS (SELECT 1 FROM mq_done d
                           WHERE d.channel_key = h.channel_key AND d.lo = h.lo
-                            AND h.place = ANY (d.places))),
+                            AND _mq_in(h.place, d.places))),
     ins AS (
         INSERT INTO mq_done (channel_key, lo, places)
-        SELECT h.channel_key, h.lo, array_agg(h.place) FROM h GROUP BY h.channel_key, h.lo
+        SELECT h.channel_key, h.lo, array_agg(h.place ORDER BY h.place) FROM h GROUP BY h.channel_key, h.lo
         RETURNING 1)
     SELECT count(*), array_agg(h.channel_name), array_agg(h.created_at)
     INTO n, names, created
@@ -516,7 +531,7 @@ BEGIN
         SELECT array_agg(p) INTO mv FROM unnest(r.places) AS p
         WHERE NOT EXISTS (SELECT 1 FROM mq_done d
                           WHERE d.channel_key = r.channel_key AND d.lo = r.lo
-                            AND p = ANY (d.places));
+                            AND _mq_in(p, d.places));
         CONTINUE WHEN mv IS NULL;
         PERFORM _mq_log_to_msgs(r.channel_key, mv, r.lane, r.claimed_at, k.kept, k.kept_until,
                                 ts);
@@ -554,6 +569,13 @@ BEGIN
              LIMIT 64
              FOR UPDATE SKIP LOCKED LOOP
         -- (Statements after the lock: they see every completion that held it.)
+        -- Usually every member was completed or moved: counted, not read.
+        IF (SELECT count(DISTINCT p) FROM mq_done d, unnest(d.places || r.moved) AS p
+            WHERE d.channel_key = r.channel_key AND d.lo = r.lo) >= cardinality(r.places) THEN
+            UPDATE mq_receipts x SET lease_until = 'infinity'::timestamptz
+            WHERE x.channel_key = r.channel_key AND x.lo = r.lo;
+            CONTINUE;
+        END IF;
         SELECT array_agg(l.place) FILTER (WHERE r.lane <> 0 OR e.at <= ts),
                min(e.at) FILTER (WHERE r.lane = 0 AND e.at > ts)
         INTO due, next
@@ -561,10 +583,10 @@ BEGIN
         CROSS JOIN LATERAL (SELECT _mq_log_lease_end(r.claimed_at, l.retry_backoff, l.place,
                                                      r.kept, r.kept_until) AS at) e
         WHERE l.channel_key = r.channel_key
-          AND l.place = ANY (r.places) AND l.place <> ALL (r.moved)
+          AND _mq_in(l.place, r.places) AND (cardinality(r.moved) = 0 OR l.place <> ALL (r.moved))
           AND NOT EXISTS (SELECT 1 FROM mq_done d
                           WHERE d.channel_key = r.channel_key AND d.lo = r.lo
-                            AND l.place = ANY (d.places));
+                            AND _mq_in(l.place, d.places));
         IF due IS NOT NULL THEN
             PERFORM _mq_log_to_msgs(r.channel_key, due, r.lane, r.claimed_at, r.kept,
                                     r.kept_until, ts);
@@ -597,6 +619,7 @@ DECLARE
     top    bigint;
     given  bigint;
     seen   bigint;
+    gone   boolean;
     late   bigint[];
 BEGIN
     IF keys IS NULL THEN
@@ -620,10 +643,15 @@ BEGIN
                                WHERE q.channel_key = c.channel_key AND q.lo > c.settled
                                  AND q.horizon > oldest), 9223372036854775807);
         CONTINUE WHEN top IS NULL;
+        -- (tombstones are rare: one probe, then none a place)
+        gone := EXISTS (SELECT 1 FROM mq_log_gone g
+                        WHERE g.channel_key = c.channel_key
+                          AND g.place > c.settled AND g.place <= top);
         SELECT count(*) INTO seen FROM mq_log l
         WHERE l.channel_key = c.channel_key AND l.place > c.settled AND l.place <= top
-          AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
-                          WHERE g.channel_key = l.channel_key AND g.place = l.place);
+          AND (NOT gone OR NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                       WHERE g.channel_key = l.channel_key
+                                         AND g.place = l.place));
         IF seen > given THEN
             SELECT array_agg(l.place ORDER BY l.place) INTO late
             FROM mq_log l
@@ -683,7 +711,7 @@ BEGIN
             WHERE p <> ALL (r.moved)
               AND NOT EXISTS (SELECT 1 FROM mq_done d
                               WHERE d.channel_key = c.channel_key AND d.lo = r.lo
-                                AND p = ANY (d.places));
+                                AND _mq_in(p, d.places));
             UPDATE mq_receipts x SET moved = x.moved || COALESCE(undone, '{}'),
                                      lease_until = 'infinity'::timestamptz
             WHERE x.channel_key = c.channel_key AND x.lo = r.lo;
@@ -725,7 +753,7 @@ AS $$
            OR (m.place <> ALL (g.moved)
                AND NOT EXISTS (SELECT 1 FROM mq_done d
                                WHERE d.channel_key = m.channel_key AND d.lo = g.lo
-                                 AND m.place = ANY (d.places))))
+                                 AND _mq_in(m.place, d.places))))
 $$;
 
 -- Deletes what the log keeps of finished messages: for each channel, the
@@ -769,11 +797,10 @@ BEGIN
         WHERE r.channel_key = c.channel_key AND r.lo > c.reclaimed AND r.hi <= top;
         DELETE FROM mq_log_gone g
         WHERE g.channel_key = c.channel_key AND g.place > c.reclaimed AND g.place <= top;
+        -- Every place up to top is final (settled), and every receipt over
+        -- one is finished (top is below each live receipt's first place).
         DELETE FROM mq_log l
-        WHERE l.channel_key = c.channel_key AND l.place > c.reclaimed AND l.place <= top
-          AND NOT EXISTS (SELECT 1 FROM mq_receipts r
-                          WHERE r.channel_key = l.channel_key AND r.lo <= l.place
-                            AND r.hi >= l.place AND r.lo <= top);
+        WHERE l.channel_key = c.channel_key AND l.place > c.reclaimed AND l.place <= top;
         UPDATE mq_cursors x SET reclaimed = top WHERE x.channel_key = c.channel_key;
     END LOOP;
 END;
@@ -805,14 +832,14 @@ BEGIN
                  WHERE x.channel_key = l.channel_key AND x.lo <= l.place
                  ORDER BY x.lo DESC LIMIT 1) g
              WHERE g.lane = 0 AND g.lease_until < 'infinity'::timestamptz
-               AND l.place = ANY (g.places) AND l.place <> ALL (g.moved)
+               AND _mq_in(l.place, g.places) AND l.place <> ALL (g.moved)
                AND _mq_log_lease_end(g.claimed_at, l.retry_backoff, l.place, g.kept,
                                      g.kept_until) > ts
                AND _mq_log_lease_end(g.claimed_at, l.retry_backoff, l.place, g.kept,
                                      g.kept_until) < until
                AND NOT EXISTS (SELECT 1 FROM mq_done d
                                WHERE d.channel_key = l.channel_key AND d.lo = g.lo
-                                 AND l.place = ANY (d.places))
+                                 AND _mq_in(l.place, d.places))
              GROUP BY l.channel_key, g.lo
              ORDER BY l.channel_key, g.lo LOOP
         UPDATE mq_receipts x

@@ -202,8 +202,20 @@ BEGIN
     IF n >= batch_size THEN
         RETURN;
     END IF;
-    SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
-    FROM _mq_pick_set(channel_names, batch_size - n, ts, lane) p;
+    -- mq_rows' pick, unless two probes find no chain there and nothing else
+    -- that may be ready.
+    chained := EXISTS (SELECT 1 FROM mq_rows m
+                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                         AND m.channel_key >= '-9223372036854775808'::bigint);
+    IF chained OR EXISTS (SELECT 1 FROM mq_rows m
+                          WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+                            AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                            AND m.ready_at <= ts) THEN
+        SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
+        FROM _mq_pick_set(channel_names, batch_size - n, ts, lane) p;
+    ELSE
+        picked := '{}';
+    END IF;
 
     -- Not busy: a good moment to notice messages whose last lease ran out.
     -- Looked for first, as mq_reap_dead looks: a call of it that finds

@@ -385,7 +385,7 @@ BEGIN
           AND (channel_names IS NULL OR l.channel_name = ANY (channel_names))
           AND NOT EXISTS (SELECT 1 FROM mq_done d
                           WHERE d.channel_key = x.channel_key AND d.lo = x.lo
-                            AND p.place = ANY (d.places))
+                            AND _mq_in(p.place, d.places))
         UNION ALL
         -- Chain heads: every one counts once as 'h' (counts.waiting has all
         -- ordered messages); those neither ready, dead nor on a final

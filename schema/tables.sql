@@ -405,7 +405,7 @@ CREATE TABLE IF NOT EXISTS mq_log_gone (
 -- the columns their delivery gives them (waiting: as inserted; leased: one
 -- attempt spent, in flight until the lease ends; held by the locked lane:
 -- as waiting). Writes through it go to the message wherever it is
--- (schema/views.sql). For tools and people: the queue's functions read the
+-- (schema/payloads.sql). For tools and people: the queue's functions read the
 -- tables.
 CREATE OR REPLACE VIEW mq_msgs AS
     SELECT r.id, r.created_at, r.attempt_at, r.attempts, r.retry_backoff, r.channel_name,
@@ -432,26 +432,38 @@ CREATE OR REPLACE VIEW mq_msgs AS
         -- claimed_at NULL: none did). A channel's receipts cover disjoint
         -- ranges: the one that may hold a place is the last that starts at
         -- or before it.
-        SELECT m.*, CASE WHEN m.place = ANY (g.places) THEN g.lane END AS lane,
-               CASE WHEN m.place = ANY (g.places) AND m.place = ANY (g.kept) THEN g.kept_until
-                    WHEN m.place = ANY (g.places)
-                    THEN g.claimed_at + CASE WHEN m.retry_backoff > interval '0'
-                                             THEN m.retry_backoff
-                                             ELSE interval '1 second' END END AS lease_end,
-               m.place = ANY (g.places) AND m.place = ANY (g.kept) AS kept,
-               m.place = ANY (g.places)
-                   AND (m.place = ANY (g.moved)
+        -- (given: a binary search of the receipt's sorted places; the view
+        -- calls no function of the queue, which its readers may not run)
+        SELECT m.id, m.created_at, m.attempts, m.retry_backoff, m.channel_name,
+               m.channel_args, m.channel_key, m.name, m.payload_json, m.payload_bytes,
+               CASE WHEN m.given THEN m.g_lane END AS lane,
+               CASE WHEN m.given AND m.place = ANY (m.g_kept) THEN m.g_kept_until
+                    WHEN m.given
+                    THEN m.g_claimed_at + CASE WHEN m.retry_backoff > interval '0'
+                                               THEN m.retry_backoff
+                                               ELSE interval '1 second' END END AS lease_end,
+               m.given AND m.place = ANY (m.g_kept) AS kept,
+               m.given
+                   AND (m.place = ANY (m.g_moved)
                         OR EXISTS (SELECT 1 FROM mq_done d
-                                   WHERE d.channel_key = m.channel_key AND d.lo = g.lo
-                                     AND m.place = ANY (d.places))) AS finished
-        FROM mq_log m
-        LEFT JOIN LATERAL (
-            SELECT x.lane, x.claimed_at, x.moved, x.lo, x.places, x.kept, x.kept_until
-            FROM mq_receipts x
-            WHERE x.channel_key = m.channel_key AND x.lo <= m.place
-            ORDER BY x.lo DESC LIMIT 1) g ON true
-        WHERE NOT EXISTS (SELECT 1 FROM mq_log_gone o
-                          WHERE o.channel_key = m.channel_key AND o.place = m.place)) l
+                                   WHERE d.channel_key = m.channel_key AND d.lo = m.g_lo
+                                     AND d.places[width_bucket(m.place, d.places)]
+                                         = m.place)) AS finished
+        FROM (
+            SELECT m.id, m.created_at, m.attempts, m.retry_backoff, m.channel_name,
+                   m.channel_args, m.channel_key, m.name, m.payload_json, m.payload_bytes,
+                   m.place, g.lane AS g_lane, g.claimed_at AS g_claimed_at,
+                   g.moved AS g_moved, g.lo AS g_lo, g.kept AS g_kept,
+                   g.kept_until AS g_kept_until,
+                   COALESCE(g.places[width_bucket(m.place, g.places)] = m.place, false) AS given
+            FROM mq_log m
+            LEFT JOIN LATERAL (
+                SELECT x.lane, x.claimed_at, x.moved, x.lo, x.places, x.kept, x.kept_until
+                FROM mq_receipts x
+                WHERE x.channel_key = m.channel_key AND x.lo <= m.place
+                ORDER BY x.lo DESC LIMIT 1) g ON true
+            WHERE NOT EXISTS (SELECT 1 FROM mq_log_gone o
+                              WHERE o.channel_key = m.channel_key AND o.place = m.place)) m) l
     WHERE l.finished IS NOT TRUE;
 
 -- The seed's payload table, as a view of mq_msgs: readable by id as

@@ -747,8 +747,9 @@ static void test_every_function_pins_search_path(void)
                         "AND p.prosqlbody IS NOT NULL",
                         t_schema());
     CHECK_STR(PQgetvalue(r, 0, 0),
-              "_mq_at (none) false; _mq_claimable (none) false; _mq_in_channel (none) false; "
-              "_mq_lane_admits (none) false; _mq_locker_died (none) false; "
+              "_mq_at (none) false; _mq_claimable (none) false; _mq_in (none) false; "
+              "_mq_in_channel (none) false; _mq_lane_admits (none) false; "
+              "_mq_locker_died (none) false; "
               "_mq_log_given (none) false; _mq_log_lease (none) false; "
               "_mq_log_lease_end (none) false; _mq_walk_next (none) false");
     PQclear(r);
