@@ -392,16 +392,25 @@ DECLARE
     names   text[];
     created timestamptz[];
 BEGIN
-    WITH h AS MATERIALIZED (
+    WITH held AS MATERIALIZED (
         SELECT h.* FROM _mq_log_held(msg_ids, false) h
-        WHERE (by_id IS NULL
-               OR att[width_bucket(h.id, by_id)] = CASE WHEN h.lane = 1 THEN 0 ELSE 1 END)
-          AND NOT EXISTS (SELECT 1 FROM mq_done d
-                          WHERE d.channel_key = h.channel_key AND d.lo = h.lo
-                            AND _mq_in(h.place, d.places))),
+        WHERE by_id IS NULL
+           OR att[width_bucket(h.id, by_id)] = CASE WHEN h.lane = 1 THEN 0 ELSE 1 END),
+    -- What each receipt's earlier completions took, read once a receipt.
+    done AS MATERIALIZED (
+        SELECT r.channel_key, r.lo, array_agg(p ORDER BY p) AS places
+        FROM (SELECT DISTINCT x.channel_key, x.lo FROM held x) r
+        JOIN mq_done d ON d.channel_key = r.channel_key AND d.lo = r.lo
+        CROSS JOIN LATERAL unnest(d.places) AS p
+        GROUP BY r.channel_key, r.lo),
+    h AS MATERIALIZED (
+        SELECT held.* FROM held
+        LEFT JOIN done ON done.channel_key = held.channel_key AND done.lo = held.lo
+        WHERE done.places IS NULL OR NOT _mq_in(held.place, done.places)),
     ins AS (
         INSERT INTO mq_done (channel_key, lo, places)
-        SELECT h.channel_key, h.lo, array_agg(h.place ORDER BY h.place) FROM h GROUP BY h.channel_key, h.lo
+        SELECT h.channel_key, h.lo, array_agg(h.place ORDER BY h.place)
+        FROM h GROUP BY h.channel_key, h.lo
         RETURNING 1)
     SELECT count(*), array_agg(h.channel_name), array_agg(h.created_at)
     INTO n, names, created
