@@ -58,13 +58,14 @@ RETURN CASE
 -- cursor's locker aborted), in lane 1 only: lane 2 takes those, with
 -- leases; and one with an urgent message ready in mq_rows (urgent: whether
 -- any may be).
--- Returns the jobs (mq_job_t), each with its channel's key, its place, o
--- (0: found from start up, 1: after the wrap) and spent (the walk found
--- every channel with messages it could reach: another call finds none).
+-- Returns one row: the jobs (mq_job_t, in place order) and how many, spent
+-- (the walk found every channel with messages it could reach: another call
+-- finds none), the key of the last channel the walk took from, and the keys
+-- of all it took from.
 CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, fence bigint,
                                          per_key int, want int, ts timestamptz, lane int,
                                          urgent boolean)
-RETURNS TABLE(job mq_job_t, key bigint, place bigint, o int, spent boolean)
+RETURNS TABLE(jobs mq_job_t[], n int, spent boolean, last_key bigint, keys bigint[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -165,13 +166,16 @@ BEGIN
         FROM took t
         GROUP BY t.channel_key
         RETURNING 1)
-    SELECT ROW(t.id, true, t.name, t.payload_json::text, t.payload_bytes,
-               CASE WHEN lane = 1 THEN interval '0' ELSE _mq_log_lease(t.retry_backoff) END,
-               interval '0', t.channel_name, t.channel_args, 1, t.attempts - 1,
-               NULL::text, false)::mq_job_t,
-           t.channel_key, t.place, t.o, (SELECT share.spent FROM share)
-    FROM took t
-    ORDER BY t.place;
+    SELECT array_agg(ROW(t.id, true, t.name, t.payload_json::text, t.payload_bytes,
+                         CASE WHEN lane = 1 THEN interval '0'
+                              ELSE _mq_log_lease(t.retry_backoff) END,
+                         interval '0', t.channel_name, t.channel_args, 1, t.attempts - 1,
+                         NULL::text, false)::mq_job_t ORDER BY t.place),
+           count(*)::int, (SELECT share.spent FROM share),
+           -- (the walk's last channel: the greatest after the wrap, if any)
+           COALESCE(max(t.channel_key) FILTER (WHERE t.o = 1), max(t.channel_key)),
+           array_agg(DISTINCT t.channel_key)
+    FROM took t;
 END;
 $$;
 
@@ -251,13 +255,11 @@ BEGIN
         -- Around the range in steps: a step locks only the cursors it can
         -- fill from, and the next starts after the last it took from.
         LOOP
-            SELECT array_agg(c.job ORDER BY c.place), count(*), bool_and(c.spent),
-                   (array_agg(c.key ORDER BY c.o DESC, c.key DESC))[1],
-                   array_agg(DISTINCT c.key)
+            SELECT c.jobs, c.n, c.spent, c.last_key, c.keys
             INTO taken, n, spent, last, ks
             FROM _mq_log_claim(rg.lo, rg.hi, start, rg.s, per_key, want - got, ts, lane,
                                urgent) c;
-            EXIT WHEN n = 0;
+            EXIT WHEN COALESCE(n, 0) = 0;
             RETURN QUERY SELECT * FROM unnest(taken);
             got := got + n;
             keys := keys || ks;

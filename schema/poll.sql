@@ -182,7 +182,7 @@ DECLARE
     chained boolean;
     idle    mq_job_t;
     n       int;
-    j       mq_job_t;
+    got     int;
 BEGIN
     PERFORM _mq_poll_args(channel_names, batch_size);
     -- Receipts whose leases ran out hand their messages back first.
@@ -194,11 +194,8 @@ BEGIN
     -- pick, then round 2 of the log: each channel's share, wherever its
     -- messages are.
     n := 0;
-    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, lane, 1)
-    LOOP
-        n := n + 1;
-        RETURN NEXT j;
-    END LOOP;
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, lane, 1);
+    GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
     END IF;
@@ -292,11 +289,10 @@ BEGIN
     END IF;
 
     n := n + cardinality(picked);
-    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, lane, 2)
-    LOOP
-        n := n + 1;
-        RETURN NEXT j;
-    END LOOP;
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, lane,
+                                            2);
+    GET DIAGNOSTICS got = ROW_COUNT;
+    n := n + got;
     IF n > 0 THEN
         RETURN;
     END IF;
@@ -333,7 +329,7 @@ DECLARE
     chained boolean;
     idle   mq_job_t;
     n      int;
-    j      mq_job_t;
+    got    int;
 BEGIN
     PERFORM _mq_poll_args(channel_names, batch_size);
     -- Receipts whose leases ran out (and the locked lane's, committed
@@ -343,15 +339,25 @@ BEGIN
         PERFORM _mq_log_reap(ts);
     END IF;
     n := 0;
-    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, 1, 1) LOOP
-        n := n + 1;
-        RETURN NEXT j;
-    END LOOP;
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, 1, 1);
+    GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
     END IF;
-    SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
-    FROM _mq_pick_set(channel_names, batch_size - n, ts, 1) p;
+    -- mq_rows' pick, unless two probes find no chain there and nothing else
+    -- that may be ready (as mq_claim_lane).
+    chained := EXISTS (SELECT 1 FROM mq_rows m
+                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                         AND m.channel_key >= '-9223372036854775808'::bigint);
+    IF chained OR EXISTS (SELECT 1 FROM mq_rows m
+                          WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+                            AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                            AND m.ready_at <= ts) THEN
+        SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
+        FROM _mq_pick_set(channel_names, batch_size - n, ts, 1) p;
+    ELSE
+        picked := '{}';
+    END IF;
     IF cardinality(picked) > 0 THEN
         RETURN QUERY
         SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
@@ -362,10 +368,9 @@ BEGIN
         ORDER BY m.ready_at, m.id;
     END IF;
     n := n + cardinality(picked);
-    FOR j IN SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1, 2) LOOP
-        n := n + 1;
-        RETURN NEXT j;
-    END LOOP;
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1, 2);
+    GET DIAGNOSTICS got = ROW_COUNT;
+    n := n + got;
     IF n > 0 THEN
         RETURN;
     END IF;
