@@ -360,17 +360,15 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     ts timestamptz := clock_timestamp();
-    r  record;
 BEGIN
-    -- One count row for the statement, as mq_rows' delete trigger writes.
+    -- One count row for the statement, as mq_rows' delete trigger writes,
+    -- and one event row a channel.
     INSERT INTO mq_count_batches (sign, names, totals, waits)
     SELECT -1, array_agg(g.n), array_agg(g.k), array_agg(0)
     FROM (SELECT u.n, count(*)::int AS k FROM unnest(names) AS u(n) GROUP BY u.n) g;
-    FOR r IN SELECT u.n, array_agg(u.c) AS c
-             FROM unnest(names, created) AS u(n, c) GROUP BY u.n LOOP
-        INSERT INTO mq_event_deltas (channel_name, failed, retried, dead, completed_at, created)
-        VALUES (r.n, 0, 0, 0, ts, r.c);
-    END LOOP;
+    INSERT INTO mq_event_deltas (channel_name, failed, retried, dead, completed_at, created)
+    SELECT u.n, 0, 0, 0, ts, array_agg(u.c)
+    FROM unnest(names, created) AS u(n, c) GROUP BY u.n;
     IF pg_catalog.random() < 0.004 THEN
         PERFORM _mq_count_fold();
     END IF;
@@ -390,9 +388,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    n       int;
-    names   text[];
-    created timestamptz[];
+    n  int;
+    ts timestamptz := clock_timestamp();
 BEGIN
     WITH held AS MATERIALIZED (
         SELECT h.* FROM _mq_log_held(msg_ids, false) h
@@ -413,12 +410,26 @@ BEGIN
         INSERT INTO mq_done (channel_key, lo, places)
         SELECT h.channel_key, h.lo, array_agg(h.place ORDER BY h.place)
         FROM h GROUP BY h.channel_key, h.lo
+        RETURNING 1),
+    -- The counters, as _mq_log_count_gone writes them, in this statement.
+    counted AS (
+        INSERT INTO mq_count_batches (sign, names, totals, waits)
+        SELECT -1, array_agg(g.n), array_agg(g.k), array_agg(0)
+        FROM (SELECT h.channel_name AS n, count(*)::int AS k FROM h
+              GROUP BY h.channel_name) g
+        HAVING count(*) > 0
+        RETURNING 1),
+    events AS (
+        INSERT INTO mq_event_deltas (channel_name, failed, retried, dead, completed_at, created)
+        SELECT h.channel_name, 0, 0, 0, ts, array_agg(h.created_at)
+        FROM h GROUP BY h.channel_name
         RETURNING 1)
-    SELECT count(*), array_agg(h.channel_name), array_agg(h.created_at)
-    INTO n, names, created
-    FROM h;
-    IF n > 0 THEN
-        PERFORM _mq_log_count_gone(names, created);
+    SELECT count(*) INTO n FROM h;
+    IF n > 0 AND pg_catalog.random() < 0.004 THEN
+        PERFORM _mq_count_fold();
+    END IF;
+    IF n > 0 AND pg_catalog.random() < 0.004 THEN
+        PERFORM _mq_event_fold();
     END IF;
     RETURN n;
 END;
