@@ -881,19 +881,29 @@ $$;
 -- time) for the channels its poll took from (keys, whose cursors it holds):
 -- look for late producers' messages (_mq_log_settle) and delete finished
 -- rows (_mq_log_reclaim). A poll that finds nothing (keys NULL) does both,
--- for any channel, every time.
+-- for any channel, every time; a busy session does so every ten seconds
+-- too, so that a late message of a channel no poll takes from again is
+-- found within that bound (semantic 21).
 CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz, keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    sec text := (floor(extract(epoch FROM ts)))::bigint::text;
+    sec   bigint := floor(extract(epoch FROM ts))::bigint;
+    last  text := current_setting('pqmq.log_upkeep', true);
+    swept text;
 BEGIN
-    IF keys IS NULL OR current_setting('pqmq.log_upkeep', true) IS DISTINCT FROM sec THEN
-        PERFORM set_config('pqmq.log_upkeep', sec, false);
-        PERFORM _mq_log_settle(ts, keys);
-        PERFORM _mq_log_reclaim(keys);
+    IF keys IS NOT NULL AND last IS NOT DISTINCT FROM sec::text THEN
+        RETURN;
     END IF;
+    PERFORM set_config('pqmq.log_upkeep', sec::text, false);
+    swept := current_setting('pqmq.log_swept', true);
+    IF keys IS NULL OR swept IS NULL OR swept !~ '^[0-9]{1,12}$' OR sec - swept::bigint >= 10 THEN
+        keys := NULL; -- (the sweep of every channel)
+        PERFORM set_config('pqmq.log_swept', sec::text, false);
+    END IF;
+    PERFORM _mq_log_settle(ts, keys);
+    PERFORM _mq_log_reclaim(keys);
 END;
 $$;

@@ -230,8 +230,8 @@ $$;
 -- _mq_*, the API and its helpers):
 -- a pinned path (pg_catalog, the queue's schema, pg_temp), no EXECUTE for
 -- PUBLIC, and the duty functions run as the owner, as do the functions of
--- the mq_payloads view's triggers (schema/payloads.sql), which stand for the
--- view's own access to mq_rows. CREATE OR REPLACE FUNCTION
+-- the mq_msgs and mq_payloads views' triggers (schema/payloads.sql), which
+-- stand for the views' own access to mq_rows and the log. CREATE OR REPLACE FUNCTION
 -- resets the first and the last (not the grants), so a migration that
 -- replaces or adds functions ends with SELECT _mq_secure().
 CREATE OR REPLACE FUNCTION _mq_secure()
@@ -249,8 +249,9 @@ BEGIN
                        WHERE d.function_name OPERATOR(pg_catalog.=) p.proname::text)
                OR EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
                           WHERE t.tgfoid OPERATOR(pg_catalog.=) p.oid
-                            AND t.tgrelid OPERATOR(pg_catalog.=)
-                                pg_catalog.to_regclass('mq_payloads')) AS definer,
+                            AND t.tgrelid OPERATOR(pg_catalog.=) ANY (ARRAY[
+                                    pg_catalog.to_regclass('mq_payloads'),
+                                    pg_catalog.to_regclass('mq_msgs')])) AS definer,
                p.prosqlbody IS NOT NULL AS parsed
         FROM pg_catalog.pg_proc p
         WHERE p.pronamespace OPERATOR(pg_catalog.=) pg_catalog.quote_ident(q)::regnamespace

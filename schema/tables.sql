@@ -473,6 +473,33 @@ CREATE OR REPLACE VIEW mq_payloads AS
     SELECT m.id, m.name, m.payload_json, m.payload_bytes, m.last_error
     FROM mq_msgs m;
 
+-- A view mq_msgs that was never granted takes the rights the grantees of
+-- mq_rows have on it (a queue upgraded from 0.1.0, whose table mq_msgs
+-- became mq_rows with its grants): what they could read or write, they
+-- still can under the seed's name.
+DO $$
+DECLARE
+    g record;
+BEGIN
+    IF (SELECT c.relacl IS NULL FROM pg_catalog.pg_class c
+        WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_msgs')) THEN
+        FOR g IN
+            SELECT a.grantee, a.privilege_type
+            FROM pg_catalog.pg_class c, pg_catalog.aclexplode(c.relacl) a
+            WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('mq_rows')
+              AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+              AND a.privilege_type OPERATOR(pg_catalog.=) ANY (ARRAY['SELECT', 'INSERT',
+                                                                     'UPDATE', 'DELETE'])
+        LOOP
+            EXECUTE pg_catalog.format('GRANT %s ON mq_msgs TO %s', g.privilege_type,
+                                      CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0
+                                           THEN 'PUBLIC'
+                                           ELSE g.grantee::regrole::text END);
+        END LOOP;
+    END IF;
+END
+$$;
+
 -- Unique keys (mq_insert_unique, schema/keys.sql): who holds each key of a
 -- channel. A row is written when a message with a key is inserted, and its
 -- primary key is what decides between racing producers. While expires_at is

@@ -676,6 +676,39 @@ static void test_upgrade_from_0_1_0_with_psql(void)
     drop_schema(s);
 }
 
+/* A role that read 0.1.0's table mq_msgs reads the view of that name
+ * after the upgrade (and mq_rows, the table, keeps its grant). */
+static void test_upgrade_keeps_readers_of_mq_msgs(void)
+{
+    char s[96];
+    const char *psql = schema_0_1_0(s, sizeof s, "v010g");
+    if (!psql)
+        return;
+    fill_live_queue(s);
+    t_exec(pg, "DO $$ BEGIN CREATE ROLE pqmq_t_rd NOLOGIN; "
+               "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+    t_exec(pg, "GRANT USAGE ON SCHEMA %s TO pqmq_t_rd", s);
+    t_exec(pg, "GRANT SELECT ON %s.mq_msgs TO pqmq_t_rd", s);
+    int live = t_sql_int(pg, "SELECT count(*) FROM %s.mq_msgs", s);
+    CHECK(live > 0);
+    CHECK_INT(psql_apply(psql, s), 0);
+    CHECK_INT(
+        t_sql_int(
+            pg, "SELECT (relkind = 'v')::int FROM pg_class WHERE oid = '%s.mq_msgs'::regclass",
+            s),
+        1);
+    t_exec(pg, "SET ROLE pqmq_t_rd");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM %s.mq_msgs", s), live);
+    t_exec(pg, "RESET ROLE");
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT has_table_privilege('pqmq_t_rd', '%s.mq_rows', 'SELECT')::int",
+                        s),
+              1);
+    drop_schema(s);
+    t_exec(pg, "DROP OWNED BY pqmq_t_rd");
+    t_exec(pg, "DROP ROLE pqmq_t_rd");
+}
+
 /* Versions 1 to 16 were never released and a newer version is not this
  * release's to touch: each is refused, naming the version, and nothing
  * changes. */
@@ -1014,6 +1047,7 @@ int main(void)
     T_RUN(test_psql_applies_the_same_schema);
     T_RUN(test_upgrade_from_0_1_0_loses_nothing);
     T_RUN(test_upgrade_from_0_1_0_with_psql);
+    T_RUN(test_upgrade_keeps_readers_of_mq_msgs);
     T_RUN(test_other_versions_refused);
     T_RUN(test_every_function_pins_search_path);
     T_RUN(test_pin_is_only_the_queue_schema);
