@@ -898,8 +898,11 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('pqmq.log_upkeep', sec::text, false);
+    -- (a session's first upkeep starts its ten seconds)
     swept := current_setting('pqmq.log_swept', true);
-    IF keys IS NULL OR swept IS NULL OR swept !~ '^[0-9]{1,12}$' OR sec - swept::bigint >= 10 THEN
+    IF swept IS NULL OR swept !~ '^[0-9]{1,12}$' THEN
+        PERFORM set_config('pqmq.log_swept', sec::text, false);
+    ELSIF keys IS NULL OR sec - swept::bigint >= 10 THEN
         keys := NULL; -- (the sweep of every channel)
         PERFORM set_config('pqmq.log_swept', sec::text, false);
     END IF;
