@@ -66,17 +66,22 @@ BEGIN
     SELECT count(*) INTO n FROM moved;
     PERFORM pg_catalog.setval('mq_chain_seq', base + n + 1);
 
+    -- The original mq_msgs' rights go to mq_rows and to the mq_msgs view
+    -- (those a view takes), mq_payloads' to the mq_payloads view.
     FOR g IN
-        SELECT CASE WHEN c.relname = 'mq_sqlxmq_msgs' THEN 'mq_rows' ELSE 'mq_payloads' END
-                   AS target,
-               a.privilege_type,
+        SELECT t.target, a.privilege_type,
                CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
                    AS grantee
         FROM pg_catalog.pg_class c
         CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a
+        JOIN (VALUES ('mq_sqlxmq_msgs', 'mq_rows'), ('mq_sqlxmq_msgs', 'mq_msgs'),
+                     ('mq_sqlxmq_payloads', 'mq_payloads')) AS t(source, target)
+          ON t.source = c.relname
         WHERE c.oid IN (pg_catalog.to_regclass('mq_sqlxmq_msgs'),
                         pg_catalog.to_regclass('mq_sqlxmq_payloads'))
           AND a.grantee <> c.relowner
+          AND (t.target <> 'mq_msgs'
+               OR a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE'))
     LOOP
         EXECUTE pg_catalog.format('GRANT %s ON %I TO %s', g.privilege_type, g.target, g.grantee);
     END LOOP;

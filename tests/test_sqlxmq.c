@@ -1451,9 +1451,19 @@ static void test_adopt_original_database(void)
     t_exec(orig, "INSERT INTO mq_payloads (id, name, payload_json) "
                  "VALUES ('f0000000-0000-4000-8000-000000000001', 'f1', '{}')");
 
+    /* A reader of the original's table reads the view of that name. */
+    t_exec(pg, "DO $$ BEGIN CREATE ROLE pqmq_t_sxr NOLOGIN; "
+               "EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+    t_exec(orig, "GRANT SELECT ON mq_msgs TO pqmq_t_sxr");
+
     pqmq_client *mc = NULL;
     CHECK_INT(pqmq_wrap(orig, &mc), 0);
     CHECK_OK(mc, pqmq_migrate(mc));
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT (c.relkind = 'v' AND has_table_privilege('pqmq_t_sxr', c.oid, "
+                        "'SELECT'))::int FROM pg_class c WHERE c.oid = '%s.mq_msgs'::regclass",
+                        schema),
+              1);
     CHECK_INT(t_sql_int(pg, "SELECT max(version) FROM %s.mq_schema_migrations", schema),
               pqmq_schema_version());
     /* The sentinel row is gone; the last-attempt message is a dead letter;
@@ -1510,6 +1520,8 @@ static void test_adopt_original_database(void)
     pqmq_client_free(mc);
     PQfinish(orig);
     t_exec(pg, "DROP SCHEMA %s CASCADE", schema);
+    t_exec(pg, "DROP OWNED BY pqmq_t_sxr");
+    t_exec(pg, "DROP ROLE pqmq_t_sxr");
 }
 
 int main(void)
