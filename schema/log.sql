@@ -87,10 +87,16 @@ BEGIN
         SELECT v.channel_key, v.place, v.o FROM (
             SELECT * FROM (
                 SELECT c.channel_key, c.place, 0 AS o FROM mq_cursors c
+                -- The first place past the cursor: a probe a cursor, never
+                -- a join that reads the log's index whole (tested again
+                -- below, so that a cursor another claim moved past it
+                -- meanwhile is passed).
+                CROSS JOIN LATERAL (SELECT l.place FROM mq_log l
+                                    WHERE l.channel_key = c.channel_key AND l.place > c.place
+                                    ORDER BY l.place LIMIT 1) e
                 WHERE c.channel_key >= start AND c.channel_key <= hi
+                  AND e.place > c.place
                   AND (wrap OR c.channel_key < fence)
-                  AND EXISTS (SELECT 1 FROM mq_log l
-                              WHERE l.channel_key = c.channel_key AND l.place > c.place)
                   -- A cursor whose last locker died: not for the locked
                   -- lane, and the only cursors lane 2 takes.
                   AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
@@ -105,13 +111,15 @@ BEGIN
                              AND m.ready_at <= ts AND m.attempt_at <= ts
                              AND m.attempts > 0))
                 ORDER BY c.channel_key
-                FOR NO KEY UPDATE SKIP LOCKED) a
+                FOR NO KEY UPDATE OF c SKIP LOCKED) a
             UNION ALL
             SELECT * FROM (
                 SELECT c.channel_key, c.place, 1 AS o FROM mq_cursors c
+                CROSS JOIN LATERAL (SELECT l.place FROM mq_log l
+                                    WHERE l.channel_key = c.channel_key AND l.place > c.place
+                                    ORDER BY l.place LIMIT 1) e
                 WHERE wrap AND c.channel_key >= lo AND c.channel_key < fence
-                  AND EXISTS (SELECT 1 FROM mq_log l
-                              WHERE l.channel_key = c.channel_key AND l.place > c.place)
+                  AND e.place > c.place
                   AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
                   AND (NOT urgent OR NOT EXISTS (
                            SELECT 1 FROM mq_rows m
@@ -121,7 +129,7 @@ BEGIN
                              AND m.ready_at <= ts AND m.attempt_at <= ts
                              AND m.attempts > 0))
                 ORDER BY c.channel_key
-                FOR NO KEY UPDATE SKIP LOCKED) b) v
+                FOR NO KEY UPDATE OF c SKIP LOCKED) b) v
         LIMIT visits),
     share AS (
         SELECT count(*) < visits AS spent,
@@ -135,10 +143,13 @@ BEGIN
                    l.channel_name, l.channel_args, l.name, l.payload_json, l.payload_bytes
             FROM mq_log l
             WHERE l.channel_key = cur.channel_key AND l.place > cur.place
-              -- (deleted before delivery: passed, not counted)
+              -- (deleted before delivery: passed, not counted; the marks of
+              -- the channel past its cursor: a hashed plan reads only those)
               AND (NOT gone OR NOT EXISTS (SELECT 1 FROM mq_log_gone g
                                            WHERE g.channel_key = l.channel_key
-                                             AND g.place = l.place))
+                                             AND g.place = l.place
+                                             AND g.channel_key = cur.channel_key
+                                             AND g.place > cur.place))
             ORDER BY l.place
             LIMIT (SELECT share.n FROM share)) t
         ORDER BY cur.o, t.channel_key, t.place
@@ -233,6 +244,7 @@ BEGIN
                             WHERE c.channel_key >= s0
                             ORDER BY c.channel_key LIMIT 1),
                            (SELECT c.channel_key FROM mq_cursors c
+                            WHERE c.channel_key >= '-9223372036854775808'::bigint -- (a probe)
                             ORDER BY c.channel_key LIMIT 1), s0);
             s0 := ((s0 >> 32) << 32) + floor(random() * 4294967296)::bigint;
         END IF;
@@ -671,9 +683,12 @@ BEGIN
                           AND g.place > c.settled AND g.place <= top);
         SELECT count(*) INTO seen FROM mq_log l
         WHERE l.channel_key = c.channel_key AND l.place > c.settled AND l.place <= top
+          -- (the channel's marks in the range: a hashed plan reads only those)
           AND (NOT gone OR NOT EXISTS (SELECT 1 FROM mq_log_gone g
                                        WHERE g.channel_key = l.channel_key
-                                         AND g.place = l.place));
+                                         AND g.place = l.place
+                                         AND g.channel_key = c.channel_key
+                                         AND g.place > c.settled AND g.place <= top));
         IF seen > given THEN
             SELECT array_agg(l.place ORDER BY l.place) INTO late
             FROM mq_log l
