@@ -409,11 +409,13 @@ BEGIN
            OR att[width_bucket(h.id, by_id)] = CASE WHEN h.lane = 1 THEN 0 ELSE 1 END),
     -- What each receipt's earlier completions took, read once a receipt.
     done AS MATERIALIZED (
-        SELECT r.channel_key, r.lo, array_agg(p ORDER BY p) AS places
+        SELECT r.channel_key, r.lo, e.places
         FROM (SELECT DISTINCT x.channel_key, x.lo FROM held x) r
-        JOIN mq_done d ON d.channel_key = r.channel_key AND d.lo = r.lo
-        CROSS JOIN LATERAL unnest(d.places) AS p
-        GROUP BY r.channel_key, r.lo),
+        CROSS JOIN LATERAL ( -- (a probe a receipt, whatever ANALYZE saw)
+            SELECT array_agg(p ORDER BY p) AS places
+            FROM mq_done d CROSS JOIN LATERAL unnest(d.places) AS p
+            WHERE d.channel_key = r.channel_key AND d.lo = r.lo) e
+        WHERE e.places IS NOT NULL),
     h AS MATERIALIZED (
         SELECT held.* FROM held
         LEFT JOIN done ON done.channel_key = held.channel_key AND done.lo = held.lo
