@@ -70,9 +70,11 @@ $$;
 -- How long until the earliest candidate of these channels (NULL: all)
 -- becomes ready: a message that is not ready yet (one probe), a lease
 -- that runs out (the messages in flight, which the poll just stepped over;
--- in the log, a receipt's that still holds a member) or a chain's head that
--- comes due (_mq_next_head_at: only when chained, _mq_pick_set's answer).
--- NULL when there is none.
+-- in the log, a receipt's that still holds a member), a chain's head that
+-- comes due (_mq_next_head_at: only when chained, _mq_pick_set's answer),
+-- or now for a logged message past its cursor (the poll passed it: another
+-- transaction holds the cursor, or its lane is not the caller's). NULL when
+-- there is none.
 CREATE OR REPLACE FUNCTION _mq_wait_time(channel_names text[], ts timestamptz,
                                          chained boolean)
 RETURNS interval
@@ -153,6 +155,20 @@ BEGIN
               SELECT hashtext(u.n)::bigint << 32, (hashtext(u.n)::bigint << 32) | 4294967295
               FROM unnest(channel_names) AS u(n) WHERE u.n IS NOT NULL LOOP
         EXIT WHEN next_at <= ts;
+        -- A message past its cursor that this poll passed is ready now, for
+        -- a poll made once the cursor's holder ends (no notification says
+        -- when): a locked-lane worker's cursor, or one whose locked delivery
+        -- died, which the lease lane takes before the locked lane goes on.
+        IF EXISTS (SELECT 1 FROM mq_cursors c
+                   WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
+                     AND EXISTS (SELECT 1 FROM mq_log l
+                                 WHERE l.channel_key = c.channel_key AND l.place > c.place
+                                   AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                                   WHERE g.channel_key = l.channel_key
+                                                     AND g.place = l.place))) THEN
+            next_at := ts;
+            EXIT;
+        END IF;
         -- A receipt's lease: the earliest of those that still hold a member
         -- (neither completed nor moved; a finished one is only marked at
         -- its reap), at most 64 looked at (past them: the last one's, when
