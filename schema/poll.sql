@@ -69,9 +69,12 @@ $$;
 
 -- How long until the earliest candidate of these channels (NULL: all)
 -- becomes ready: a message that is not ready yet (one probe), a lease
--- that runs out (the messages in flight, which the poll just stepped over)
--- or a chain's head that comes due (_mq_next_head_at: only when chained,
--- _mq_pick_set's answer). NULL when there is none.
+-- that runs out (the messages in flight, which the poll just stepped over;
+-- in the log, a receipt's that still holds a member), a chain's head that
+-- comes due (_mq_next_head_at: only when chained, _mq_pick_set's answer),
+-- or now for a logged message past its cursor (the poll passed it: another
+-- transaction holds the cursor, or its lane is not the caller's). NULL when
+-- there is none.
 CREATE OR REPLACE FUNCTION _mq_wait_time(channel_names text[], ts timestamptz,
                                          chained boolean)
 RETURNS interval
@@ -82,6 +85,9 @@ DECLARE
     next_at timestamptz;
     -- Leases of the messages in flight, from where live rows start.
     mark    timestamptz := _mq_low_mark(ts, false);
+    rg      record;
+    x       record;
+    seen    int;
 BEGIN
     -- chained is _mq_pick_set's probe, made once a poll: a queue without
     -- chains has no head to come due, and skips their walk
@@ -142,6 +148,53 @@ BEGIN
                 FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
         END IF;
     END IF;
+    -- The log, over the whole key space or each name's range.
+    FOR rg IN SELECT (-9223372036854775808)::bigint AS lo, 9223372036854775807::bigint AS hi
+              WHERE channel_names IS NULL
+              UNION
+              SELECT hashtext(u.n)::bigint << 32, (hashtext(u.n)::bigint << 32) | 4294967295
+              FROM unnest(channel_names) AS u(n) WHERE u.n IS NOT NULL LOOP
+        EXIT WHEN next_at <= ts;
+        -- A message past its cursor that this poll passed is ready now, for
+        -- a poll made once the cursor's holder ends (no notification says
+        -- when): a locked-lane worker's cursor, or one whose locked delivery
+        -- died, which the lease lane takes before the locked lane goes on.
+        IF EXISTS (SELECT 1 FROM mq_cursors c
+                   WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
+                     AND EXISTS (SELECT 1 FROM mq_log l
+                                 WHERE l.channel_key = c.channel_key AND l.place > c.place
+                                   AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                                   WHERE g.channel_key = l.channel_key
+                                                     AND g.place = l.place))) THEN
+            next_at := ts;
+            EXIT;
+        END IF;
+        -- A receipt's lease: the earliest of those that still hold a member
+        -- (neither completed nor moved; a finished one is only marked at
+        -- its reap), at most 64 looked at (past them: the last one's, when
+        -- a poll reaps them). Not this transaction's own locked-lane ones.
+        seen := 0;
+        FOR x IN SELECT r.channel_key, r.lo, r.places, r.moved, r.lease_until
+                 FROM mq_receipts r
+                 WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
+                   AND r.channel_key >= rg.lo AND r.channel_key <= rg.hi
+                   AND (r.holder IS NULL
+                        OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
+                 ORDER BY r.lease_until
+                 LIMIT 64 LOOP
+            EXIT WHEN x.lease_until >= next_at;
+            seen := seen + 1;
+            IF seen = 64 OR (SELECT count(DISTINCT p)
+                             FROM (SELECT unnest(d.places) FROM mq_done d
+                                   WHERE d.channel_key = x.channel_key AND d.lo = x.lo
+                                   UNION ALL
+                                   SELECT unnest(x.moved)) AS u(p))
+                            < cardinality(x.places) THEN
+                next_at := LEAST(next_at, x.lease_until);
+                EXIT;
+            END IF;
+        END LOOP;
+    END LOOP;
     RETURN CASE WHEN next_at IS NOT NULL
                 THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
 END;

@@ -1238,11 +1238,15 @@ static void test_notification_behind_a_result_is_not_slept_on(void)
     CHECK_INT(pqmq_runner_set_stop_channel(r, stop), 0);
     PGconn *locker = t_pg();
     t_exec(locker, "BEGIN");
-    t_exec(locker, "LOCK TABLE mq_msgs IN ACCESS EXCLUSIVE MODE");
+    /* Checks that the poll is held on a lock: the tables a poll reads (mq_msgs
+     * is a view over them) are locked, and its first statement waits. */
+    t_exec(locker, "LOCK TABLE mq_rows, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone "
+                   "IN ACCESS EXCLUSIVE MODE");
     t_bg b;
     t_runner_start(&b, r);
     const char *waiting = "SELECT count(*) FROM pg_locks "
-                          "WHERE NOT granted AND relation = 'mq_msgs'::regclass";
+                          "WHERE NOT granted AND relation = ANY (ARRAY['mq_rows', 'mq_log', "
+                          "'mq_cursors', 'mq_receipts', 'mq_done', 'mq_log_gone']::regclass[])";
     WAIT_UNTIL(t_sql_int(pg, "%s", waiting) > 0, 10000);
     CHECK(t_sql_int(pg, "%s", waiting) > 0); /* its poll waits for the lock */
     t_exec(pg, "SELECT pg_notify('%s', '')", stop);
