@@ -78,15 +78,19 @@ DECLARE
     me      bigint := CASE WHEN lane <> 0 THEN _mq_xact_id() END;
     me_lo   bigint := me & 4294967295;
     wrap    boolean := start >= fence;
+    locked  bigint[];
 BEGIN
     IF want < 1 THEN
         RETURN;
     END IF;
-    RETURN QUERY
-    WITH cur AS (
-        SELECT v.channel_key, v.place, v.o FROM (
+    -- The cursors, locked in a statement of their own: the claim below then
+    -- reads them under a snapshot that sees what they hold (a cursor moved
+    -- by a claim that committed meanwhile is locked at its new place, and
+    -- an UPDATE in the claim's own statement would have to follow it).
+    locked := ARRAY(
+        SELECT v.channel_key FROM (
             SELECT * FROM (
-                SELECT c.channel_key, c.place, 0 AS o FROM mq_cursors c
+                SELECT c.channel_key FROM mq_cursors c
                 -- The first place past the cursor: a probe a cursor, never
                 -- a join that reads the log's index whole (tested again
                 -- below, so that a cursor another claim moved past it
@@ -114,7 +118,7 @@ BEGIN
                 FOR NO KEY UPDATE OF c SKIP LOCKED) a
             UNION ALL
             SELECT * FROM (
-                SELECT c.channel_key, c.place, 1 AS o FROM mq_cursors c
+                SELECT c.channel_key FROM mq_cursors c
                 CROSS JOIN LATERAL (SELECT l.place FROM mq_log l
                                     WHERE l.channel_key = c.channel_key AND l.place > c.place
                                     ORDER BY l.place LIMIT 1) e
@@ -130,13 +134,21 @@ BEGIN
                              AND m.attempts > 0))
                 ORDER BY c.channel_key
                 FOR NO KEY UPDATE OF c SKIP LOCKED) b) v
-        LIMIT visits),
+        LIMIT visits);
+    IF cardinality(locked) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH cur AS (
+        SELECT c.channel_key, c.place,
+               CASE WHEN c.channel_key >= start THEN 0 ELSE 1 END AS o -- (after the wrap: 1)
+        FROM mq_cursors c
+        WHERE c.channel_key = ANY (locked)),
     share AS (
-        SELECT count(*) < visits AS spent,
-               CASE WHEN count(*) < visits
-                    THEN GREATEST(per_key, (want + count(*)::int - 1) / GREATEST(count(*)::int, 1))
-                    ELSE per_key END AS n
-        FROM cur),
+        SELECT cardinality(locked) < visits AS spent,
+               CASE WHEN cardinality(locked) < visits
+                    THEN GREATEST(per_key, (want + cardinality(locked) - 1) / cardinality(locked))
+                    ELSE per_key END AS n),
     took AS MATERIALIZED (
         SELECT t.*, cur.o FROM cur, LATERAL (
             SELECT l.place, l.channel_key, l.id, l.created_at, l.attempts, l.retry_backoff,
