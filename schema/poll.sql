@@ -69,8 +69,8 @@ $$;
 
 -- How long until the earliest candidate of these channels (NULL: all)
 -- becomes ready: a message that is not ready yet (one probe), a lease
--- that runs out (the messages in flight, which the poll just stepped over)
--- or a chain's head that comes due (_mq_next_head_at: only when chained,
+-- that runs out (the messages in flight, which the poll just stepped over,
+-- in mq_rows or the log's receipts) or a chain's head that comes due (_mq_next_head_at: only when chained,
 -- _mq_pick_set's answer). NULL when there is none.
 CREATE OR REPLACE FUNCTION _mq_wait_time(channel_names text[], ts timestamptz,
                                          chained boolean)
@@ -107,6 +107,21 @@ BEGIN
             next_at := LEAST(next_at, _mq_next_head_at(-9223372036854775808,
                                                       9223372036854775807, NULL));
         END IF;
+        -- Logged messages in flight: the earliest lease of the lease lane's
+        -- receipts with a member neither completed nor moved (a finished
+        -- receipt keeps its lease until a poll reaps it).
+        next_at := LEAST(next_at, (SELECT x.lease_until FROM mq_receipts x
+                                   WHERE x.lease_until > '-infinity'::timestamptz -- (a probe)
+                                     AND x.lease_until < 'infinity'::timestamptz
+                                     AND x.lane = 0
+                                     AND (SELECT count(DISTINCT f.p)
+                                          FROM (SELECT unnest(d.places) AS p FROM mq_done d
+                                                WHERE d.channel_key = x.channel_key
+                                                  AND d.lo = x.lo
+                                                UNION ALL
+                                                SELECT unnest(x.moved)) f)
+                                         < cardinality(x.places)
+                                   ORDER BY x.lease_until LIMIT 1));
     ELSE
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
@@ -141,6 +156,22 @@ BEGIN
                                            (hashtext(c.n)::bigint << 32) | 4294967295, c.n))
                 FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
         END IF;
+        -- Logged messages in flight: the receipts of each name's range of
+        -- keys (one range of mq_receipts' primary key a name; another
+        -- name's key in the range only wakes the poll early).
+        next_at := LEAST(next_at, (
+            SELECT min(e.at)
+            FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c
+            CROSS JOIN LATERAL (
+                SELECT min(x.lease_until) AS at FROM mq_receipts x
+                WHERE x.channel_key >= (hashtext(c.n)::bigint << 32)
+                  AND x.channel_key <= ((hashtext(c.n)::bigint << 32) | 4294967295)
+                  AND x.lease_until < 'infinity'::timestamptz AND x.lane = 0
+                  AND (SELECT count(DISTINCT f.p)
+                       FROM (SELECT unnest(d.places) AS p FROM mq_done d
+                             WHERE d.channel_key = x.channel_key AND d.lo = x.lo
+                             UNION ALL
+                             SELECT unnest(x.moved)) f) < cardinality(x.places)) e));
     END IF;
     RETURN CASE WHEN next_at IS NOT NULL
                 THEN GREATEST(next_at - clock_timestamp(), interval '0') END;
