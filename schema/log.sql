@@ -855,23 +855,31 @@ BEGIN
 END;
 $$;
 
--- What a session does for the log once a second (a setting keeps the
--- time) for the channels its poll took from (keys, whose cursors it holds):
--- look for late producers' messages (_mq_log_settle) and delete finished
--- rows (_mq_log_reclaim). A poll that finds nothing (keys NULL) does both,
--- for any channel, every time.
+-- What a poll does for the log for the channels it took from (keys, whose
+-- cursors it holds): look for late producers' messages (_mq_log_settle)
+-- and delete finished rows (_mq_log_reclaim), for each channel whose first
+-- receipt past its settled place is a second old, so about once a second
+-- a busy channel, whichever sessions poll it (the queue's tables keep the
+-- time: no session state, which a pooler resets). A poll that finds nothing
+-- (keys NULL) does both, for any channel, every time.
 CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz, keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    sec text := (floor(extract(epoch FROM ts)))::bigint::text;
 BEGIN
-    IF keys IS NULL OR current_setting('pqmq.log_upkeep', true) IS DISTINCT FROM sec THEN
-        PERFORM set_config('pqmq.log_upkeep', sec, false);
-        PERFORM _mq_log_settle(ts, keys);
-        PERFORM _mq_log_reclaim(keys);
+    IF keys IS NOT NULL THEN
+        -- (one probe of mq_receipts' primary key a channel)
+        keys := ARRAY(SELECT c.channel_key FROM mq_cursors c
+                      WHERE c.channel_key = ANY (keys)
+                        AND (SELECT r.claimed_at FROM mq_receipts r
+                             WHERE r.channel_key = c.channel_key AND r.lo > c.settled
+                             ORDER BY r.lo LIMIT 1) <= ts - interval '1 second');
+        IF cardinality(keys) = 0 THEN
+            RETURN;
+        END IF;
     END IF;
+    PERFORM _mq_log_settle(ts, keys);
+    PERFORM _mq_log_reclaim(keys);
 END;
 $$;
