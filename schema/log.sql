@@ -233,7 +233,9 @@ BEGIN
             s0 := ((s0 >> 32) << 32) + floor(random() * 4294967296)::bigint;
         END IF;
         IF round = 1 THEN
-            PERFORM set_config(began, to_hex(s0), false);
+            -- (round 2 runs in the same transaction: nothing of it stays in
+            -- the session)
+            PERFORM set_config(began, to_hex(s0), true);
         END IF;
     END IF;
     -- The whole space from the turn, or each name's range from a random key.
