@@ -261,7 +261,9 @@ BEGIN
             s0 := ((s0 >> 32) << 32) + floor(random() * 4294967296)::bigint;
         END IF;
         IF round = 1 THEN
-            PERFORM set_config(began, to_hex(s0), false);
+            -- (round 2 runs in the same transaction: nothing of it stays in
+            -- the session)
+            PERFORM set_config(began, to_hex(s0), true);
         END IF;
     END IF;
     -- The whole space from the turn, or each name's range from a random key.
@@ -906,13 +908,16 @@ BEGIN
 END;
 $$;
 
--- What a session does for the log once a second (a setting keeps the
--- time) for the channels its poll took from (keys, whose cursors it holds):
--- look for late producers' messages (_mq_log_settle) and delete finished
--- rows (_mq_log_reclaim). A poll that finds nothing (keys NULL) does both,
--- for any channel, every time; a busy session does so every ten seconds
--- too, so that a late message of a channel no poll takes from again is
--- found within that bound (semantic 21).
+-- What a poll does for the log for the channels it took from (keys, whose
+-- cursors it holds): look for late producers' messages (_mq_log_settle)
+-- and delete finished rows (_mq_log_reclaim), for each channel whose first
+-- receipt past its settled place is a second old, so about once a second
+-- a busy channel, whichever sessions poll it (the queue's tables keep the
+-- time). A poll that finds nothing (keys NULL) does both, for any channel,
+-- every time; a busy session does so every ten seconds too (from ten
+-- seconds after its first upkeep: a session setting, which a pooler that
+-- resets sessions clears, leaving the empty polls), so that a late message
+-- of a channel no poll takes from again is found (semantic 21).
 CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz, keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
@@ -920,20 +925,24 @@ SET search_path FROM CURRENT
 AS $$
 DECLARE
     sec   bigint := floor(extract(epoch FROM ts))::bigint;
-    last  text := current_setting('pqmq.log_upkeep', true);
-    swept text;
+    swept text := current_setting('pqmq.log_swept', true);
 BEGIN
-    IF keys IS NOT NULL AND last IS NOT DISTINCT FROM sec::text THEN
-        RETURN;
-    END IF;
-    PERFORM set_config('pqmq.log_upkeep', sec::text, false);
-    -- (a session's first upkeep starts its ten seconds)
-    swept := current_setting('pqmq.log_swept', true);
     IF swept IS NULL OR swept !~ '^[0-9]{1,12}$' THEN
         PERFORM set_config('pqmq.log_swept', sec::text, false);
     ELSIF keys IS NULL OR sec - swept::bigint >= 10 THEN
         keys := NULL; -- (the sweep of every channel)
         PERFORM set_config('pqmq.log_swept', sec::text, false);
+    END IF;
+    IF keys IS NOT NULL THEN
+        -- (one probe of mq_receipts' primary key a channel)
+        keys := ARRAY(SELECT c.channel_key FROM mq_cursors c
+                      WHERE c.channel_key = ANY (keys)
+                        AND (SELECT r.claimed_at FROM mq_receipts r
+                             WHERE r.channel_key = c.channel_key AND r.lo > c.settled
+                             ORDER BY r.lo LIMIT 1) <= ts - interval '1 second');
+        IF cardinality(keys) = 0 THEN
+            RETURN;
+        END IF;
     END IF;
     PERFORM _mq_log_settle(ts, keys);
     PERFORM _mq_log_reclaim(keys);

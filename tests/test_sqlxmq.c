@@ -1218,11 +1218,12 @@ static void test_payload_statements(void)
                         "AND chain_seq IS NOT NULL AND id <> '%s'",
                         chain[2]),
               0);
-    /* A row locked through the view is the message's row: a poll passes
-     * it until the lock goes. */
+    /* A locked message's row (a chain member is a row of mq_rows: the
+     * views, a UNION, lock no row) is passed by a poll until the lock
+     * goes. */
     t_exec(pg, "BEGIN");
     CHECK_INT(t_sql_int(pg,
-                        "SELECT count(*) FROM (SELECT name FROM mq_payloads WHERE id = '%s' "
+                        "SELECT count(*) FROM (SELECT name FROM mq_rows WHERE id = '%s' "
                         "FOR UPDATE) l",
                         chain[2]),
               1);
