@@ -613,9 +613,10 @@ static void test_held_snapshot_dead_entries_are_passed(void)
     /* Heap pages visited (buffer hits and reads): the statistics count
      * only the rows an index scan returns, not the dead ones it passes. */
     flush_stats(c);
-    const char *sql = "SELECT sum(heap_blks_hit + heap_blks_read) FROM pg_statio_user_tables "
-                      "WHERE schemaname = current_schema() AND relname IN ('mq_rows', 'mq_log', "
-                      "'mq_cursors', 'mq_receipts', 'mq_done', 'mq_log_gone')";
+    const char *sql =
+        "SELECT sum(heap_blks_hit + heap_blks_read) FROM pg_statio_user_tables "
+        "WHERE schemaname = current_schema() AND relname IN ('mq_rows', 'mq_log', "
+        "'mq_cursors', 'mq_receipts', 'mq_done', 'mq_log_gone')";
     long long before = t_sql_int(pg, "%s", sql);
     CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 100)"), 99);
     flush_stats(c);
