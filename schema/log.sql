@@ -391,7 +391,43 @@ DECLARE
     n       int;
     names   text[];
     created timestamptz[];
+    h_keys  bigint[];
+    h_los   bigint[];
+    h_place bigint[];
 BEGIN
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        -- Citus ships a statement that reads the queue's tables whole to
+        -- the worker, function calls and all, where _mq_log_held's own
+        -- statements may not run: what it holds is read in a statement of
+        -- its own first.
+        SELECT array_agg(h.channel_key), array_agg(h.lo), array_agg(h.place),
+               array_agg(h.channel_name), array_agg(h.created_at)
+        INTO h_keys, h_los, h_place, names, created
+        FROM _mq_log_held(msg_ids, false) h
+        WHERE by_id IS NULL
+           OR att[width_bucket(h.id, by_id)] = CASE WHEN h.lane = 1 THEN 0 ELSE 1 END;
+        IF h_keys IS NULL THEN
+            RETURN 0;
+        END IF;
+        WITH h AS MATERIALIZED (
+            SELECT h.* FROM unnest(h_keys, h_los, h_place, names, created)
+                AS h(channel_key, lo, place, channel_name, created_at)
+            WHERE NOT EXISTS (SELECT 1 FROM mq_done d
+                              WHERE d.channel_key = h.channel_key AND d.lo = h.lo
+                                AND _mq_in(h.place, d.places))),
+        ins AS (
+            INSERT INTO mq_done (channel_key, lo, places)
+            SELECT h.channel_key, h.lo, array_agg(h.place ORDER BY h.place) FROM h
+            GROUP BY h.channel_key, h.lo
+            RETURNING 1)
+        SELECT count(*), array_agg(h.channel_name), array_agg(h.created_at)
+        INTO n, names, created
+        FROM h;
+        IF n > 0 THEN
+            PERFORM _mq_log_count_gone(names, created);
+        END IF;
+        RETURN n;
+    END IF;
     WITH h AS MATERIALIZED (
         SELECT h.* FROM _mq_log_held(msg_ids, false) h
         WHERE (by_id IS NULL
