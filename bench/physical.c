@@ -20,12 +20,15 @@ static void snap(PGconn *admin, struct phys_snap *s)
     bench_sql(admin, "SELECT pg_stat_force_next_flush()");
     sleep_s(0.5);
     bench_sql(admin, "SELECT pg_stat_clear_snapshot()");
-    PGresult *r = PQexec(admin, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn,"
-                                " (SELECT wal_records FROM pg_stat_wal),"
-                                " COALESCE((SELECT sum(n_tup_upd) FROM pg_stat_user_tables"
-                                "           WHERE relname IN ('mq_rows', 'mq_log', 'mq_cursors', 'mq_receipts', 'mq_done')), 0),"
-                                " COALESCE((SELECT sum(n_tup_hot_upd) FROM pg_stat_user_tables"
-                                "           WHERE relname IN ('mq_rows', 'mq_log', 'mq_cursors', 'mq_receipts', 'mq_done')), 0)");
+    PGresult *r =
+        PQexec(admin, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn,"
+                      " (SELECT wal_records FROM pg_stat_wal),"
+                      " COALESCE((SELECT sum(n_tup_upd) FROM pg_stat_user_tables"
+                      "           WHERE relname IN ('mq_rows', 'mq_log', 'mq_cursors',"
+                      "                             'mq_receipts', 'mq_done')), 0),"
+                      " COALESCE((SELECT sum(n_tup_hot_upd) FROM pg_stat_user_tables"
+                      "           WHERE relname IN ('mq_rows', 'mq_log', 'mq_cursors',"
+                      "                             'mq_receipts', 'mq_done')), 0)");
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
         die("physical: %s", PQerrorMessage(admin));
     s->wal_bytes = strtod(PQgetvalue(r, 0, 0), NULL);

@@ -71,7 +71,8 @@ static void physical_rows(const struct opts *o, const struct results *r)
 {
     if (r->main.poll_cost.wal_records <= 0)
         return;
-    printf("\nper processed message (poll API: WAL bytes, records, updates of the queue tables):\n");
+    printf("\nper processed message (poll API: WAL bytes, records, updates of the queue "
+           "tables):\n");
     physical_row("  main scenario", &r->main.poll_cost);
     if (r->ordered.poll_cost.wal_records > 0) {
         char f[64];

@@ -202,15 +202,30 @@ CREATE OR REPLACE TRIGGER _mq_msgs_update INSTEAD OF UPDATE ON mq_msgs
 CREATE OR REPLACE TRIGGER _mq_msgs_delete INSTEAD OF DELETE ON mq_msgs
     FOR EACH ROW EXECUTE FUNCTION _mq_msgs_delete();
 
--- The defaults of mq_rows' columns, for an INSERT through the view.
-ALTER VIEW mq_msgs ALTER COLUMN created_at SET DEFAULT pg_catalog.now();
-ALTER VIEW mq_msgs ALTER COLUMN attempt_at SET DEFAULT pg_catalog.now();
-ALTER VIEW mq_msgs ALTER COLUMN attempts SET DEFAULT 5;
-ALTER VIEW mq_msgs ALTER COLUMN retry_backoff SET DEFAULT interval '1 second';
-ALTER VIEW mq_msgs ALTER COLUMN channel_args SET DEFAULT '';
-ALTER VIEW mq_msgs ALTER COLUMN deliveries SET DEFAULT 0;
-ALTER VIEW mq_msgs ALTER COLUMN ready_at SET DEFAULT pg_catalog.now();
-ALTER VIEW mq_msgs ALTER COLUMN priority SET DEFAULT 0;
+-- The defaults of mq_rows' columns, for an INSERT through the view. On a
+-- Citus coordinator they are set there only: Citus forwards no view's
+-- column defaults to the workers (it refuses the statement), and an INSERT
+-- through the view is rewritten, and its trigger run, on the coordinator.
+DO $$
+DECLARE
+    propagate text := current_setting('citus.enable_ddl_propagation', true);
+BEGIN
+    IF propagate IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
+    END IF;
+    ALTER VIEW mq_msgs ALTER COLUMN created_at SET DEFAULT pg_catalog.now();
+    ALTER VIEW mq_msgs ALTER COLUMN attempt_at SET DEFAULT pg_catalog.now();
+    ALTER VIEW mq_msgs ALTER COLUMN attempts SET DEFAULT 5;
+    ALTER VIEW mq_msgs ALTER COLUMN retry_backoff SET DEFAULT interval '1 second';
+    ALTER VIEW mq_msgs ALTER COLUMN channel_args SET DEFAULT '';
+    ALTER VIEW mq_msgs ALTER COLUMN deliveries SET DEFAULT 0;
+    ALTER VIEW mq_msgs ALTER COLUMN ready_at SET DEFAULT pg_catalog.now();
+    ALTER VIEW mq_msgs ALTER COLUMN priority SET DEFAULT 0;
+    IF propagate IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', propagate, true);
+    END IF;
+END;
+$$;
 
 -- An UPDATE through mq_payloads is one through mq_msgs.
 CREATE OR REPLACE FUNCTION _mq_payloads_update()

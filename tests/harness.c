@@ -241,11 +241,33 @@ pqmq_client *t_client(void)
     return c;
 }
 
+/* On Citus a test's UPDATE or DELETE through mq_msgs goes to mq_rows:
+ * Citus refuses to modify a view over its tables (docs/citus.md), and there
+ * mq_rows holds every message (no batch is logged on Citus). */
+static void t_citus_view_write(char *sql)
+{
+    static const char *const views[][2] = {
+        {"UPDATE mq_msgs ", "UPDATE mq_rows "},
+        {"DELETE FROM mq_msgs", "DELETE FROM mq_rows"},
+    };
+    if (!t_citus())
+        return;
+    char *p = sql + strspn(sql, " \t\n");
+    for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) {
+        size_t n = strlen(views[i][0]);
+        if (!strncmp(p, views[i][0], n)) {
+            memcpy(p, views[i][1], n); /* (names of one length) */
+            return;
+        }
+    }
+}
+
 static PGresult *t_vsql(PGconn *conn, const char *fmt, va_list ap)
 {
     char *sql = NULL;
     if (vasprintf(&sql, fmt, ap) < 0)
         abort();
+    t_citus_view_write(sql);
     PGresult *r = PQexec(conn, sql);
     ExecStatusType st = PQresultStatus(r);
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {

@@ -452,7 +452,8 @@ static void test_keep_alive_skips_locked_rows(void)
 {
     t_truncate();
     pqmq_client *c = t_client();
-    pqmq_msg *ms[2] = {t_msg("locked", NULL, "n", "{}", 0), t_msg("locked", NULL, "n", "{}", 0)};
+    pqmq_msg *ms[2] = {t_msg("locked", NULL, "n", "{}", 0),
+                       t_msg("locked", NULL, "n", "{}", 0)};
     for (int i = 0; i < 2; i++)
         pqmq_msg_set_backoff(ms[i], 60000);
     CHECK_OK(c, pqmq_insert(c, ms, 2));

@@ -661,7 +661,8 @@ static void test_named_channels_read_only_their_messages(void)
     pqmq_batch *b = poll_ch("mine", 1);
     CHECK_INT(pqmq_batch_count(b), 1);
     pqmq_batch_free(b);
-    t_exec(pg, "ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts"); /* else the dead letters are found by a seq scan */
+    /* else the dead letters are found by a seq scan */
+    t_exec(pg, "ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts");
     long long before = rows_fetched();
     CHECK_INT(metric("mine", "in_flight"), 1);
     CHECK_INT(metric("mine", "ready"), 2);

@@ -22,12 +22,13 @@
 
 static const char *worker_port;
 
-/* The port of the node that holds a queue's messages (-1: not found). */
+/* The port of the node that holds a queue's messages (-1: not found): its
+ * table mq_rows (mq_msgs is a view, with no shard). */
 static long long node_of(PGconn *pg, const char *schema)
 {
     return t_sql_int(pg,
                      "SELECT min(nodeport) FROM citus_shards "
-                     "WHERE table_name = '%s.mq_msgs'::regclass",
+                     "WHERE table_name = '%s.mq_rows'::regclass",
                      schema);
 }
 

@@ -260,12 +260,26 @@ new_schema() {
                                   why text NOT NULL)" \
         || { note "cannot create fault_sent"; return 1; }
     # An observer (test schema only): the attempt on which each message was
-    # completed, to show that the faults hit messages in flight.
+    # completed, to show that the faults hit messages in flight. A
+    # completion deletes a message of mq_rows, or adds an mq_done row naming
+    # the places of logged ones (their attempt: 1 when leased, 0 when held
+    # by the locked lane, as mq_msgs shows them).
     sql "CREATE TABLE fault_completed (id uuid NOT NULL, deliveries int NOT NULL);
          CREATE FUNCTION fault_observe() RETURNS trigger LANGUAGE plpgsql AS
            'BEGIN INSERT INTO fault_completed SELECT id, deliveries FROM gone; RETURN NULL; END';
-         CREATE TRIGGER fault_observe AFTER DELETE ON mq_msgs REFERENCING OLD TABLE AS gone
-           FOR EACH STATEMENT EXECUTE FUNCTION fault_observe()" \
+         CREATE TRIGGER fault_observe AFTER DELETE ON mq_rows REFERENCING OLD TABLE AS gone
+           FOR EACH STATEMENT EXECUTE FUNCTION fault_observe();
+         CREATE FUNCTION fault_observe_done() RETURNS trigger LANGUAGE plpgsql AS
+           'BEGIN
+              INSERT INTO fault_completed
+              SELECT l.id, CASE WHEN r.lane = 1 THEN 0 ELSE 1 END
+              FROM added d
+              JOIN mq_receipts r ON r.channel_key = d.channel_key AND r.lo = d.lo
+              JOIN mq_log l ON l.channel_key = d.channel_key AND l.place = ANY (d.places);
+              RETURN NULL;
+            END';
+         CREATE TRIGGER fault_observe_done AFTER INSERT ON mq_done REFERENCING NEW TABLE AS added
+           FOR EACH STATEMENT EXECUTE FUNCTION fault_observe_done()" \
         || { note "cannot create the observer trigger"; return 1; }
 }
 

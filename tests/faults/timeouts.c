@@ -224,7 +224,9 @@ int main(int argc, char **argv)
         char idt[37], sql[256];
         pqmq_job_id(pqmq_batch_job(b, 0), id);
         uuid_unparse_lower(id, idt);
-        snprintf(sql, sizeof sql, "BEGIN; SELECT 1 FROM mq_msgs WHERE id = '%s' FOR UPDATE",
+        /* The claimed message's row locked by another session: an ordered
+         * message is a row of mq_rows (mq_msgs is a view, not lockable). */
+        snprintf(sql, sizeof sql, "BEGIN; SELECT 1 FROM mq_rows WHERE id = '%s' FOR UPDATE",
                  idt);
         exec_or_die(holder, sql);
         t0 = now_ms();
