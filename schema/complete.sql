@@ -49,7 +49,8 @@ BEGIN
     -- Logged messages (one mq_done row a receipt) are looked for first when
     -- the batch's first message is one: a batch is usually all in one
     -- table, and each table's search costs a probe an id.
-    logged := EXISTS (SELECT 1 FROM mq_log l WHERE l.id = msg_ids[1]);
+    logged := current_setting('pqmq.citus', true) IS DISTINCT FROM 'on'
+              AND EXISTS (SELECT 1 FROM mq_log l WHERE l.id = msg_ids[1]);
     n := CASE WHEN logged THEN _mq_log_complete(msg_ids, by_id, att) ELSE 0 END;
     -- Rows of mq_rows are found by id = ANY (an index condition whatever
     -- the statistics say; a join with the array could become a scan of the

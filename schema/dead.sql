@@ -11,13 +11,15 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    citus   boolean := COALESCE(current_setting('pqmq.citus', true) = 'on', false); -- (no log)
     ts timestamptz := clock_timestamp();
     n  int;
 BEGIN
     -- Logged messages whose leases ran out move to mq_rows first (a final
     -- attempt at 'infinity').
-    IF EXISTS (SELECT 1 FROM mq_receipts x
-               WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
+    IF NOT citus AND EXISTS (SELECT 1 FROM mq_receipts x
+                             WHERE x.lease_until < 'infinity'::timestamptz
+                               AND x.lease_until <= ts) THEN
         PERFORM _mq_log_reap(ts);
     END IF;
     -- Final attempts in flight wait at ready_at 'infinity' (mq_claim),

@@ -20,6 +20,10 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN;
+    END IF;
     IF exclusive THEN
         RETURN QUERY
         WITH l AS MATERIALIZED ( -- (by id: mq_log_id, whatever the statistics)
@@ -115,6 +119,10 @@ DECLARE
     n  int;
     ts timestamptz := clock_timestamp();
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN 0;
+    END IF;
     WITH held AS MATERIALIZED (
         SELECT h.* FROM _mq_log_held(msg_ids, false) h
         WHERE by_id IS NULL
@@ -176,6 +184,10 @@ DECLARE
     created timestamptz[];
     keys    bigint[];
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN 0;
+    END IF;
     SELECT array_agg(DISTINCT l.channel_key) INTO keys
     FROM mq_log l WHERE l.id = ANY (msg_ids);
     IF keys IS NULL THEN
@@ -265,6 +277,10 @@ DECLARE
     k   record;
     mv  bigint[];
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN;
+    END IF;
     IF msg_ids IS NULL OR NOT EXISTS (SELECT 1 FROM mq_log l WHERE l.id = ANY (msg_ids)) THEN
         RETURN;
     END IF;
@@ -307,6 +323,10 @@ DECLARE
     due    bigint[];
     next   timestamptz;
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN;
+    END IF;
     FOR r IN SELECT x.channel_key, x.lo, x.places, x.moved, x.lane, x.claimed_at, x.kept,
                     x.kept_until
              FROM mq_receipts x
@@ -361,6 +381,10 @@ DECLARE
     n int := 0;
     r record;
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN 0;
+    END IF;
     FOR r IN WITH l AS MATERIALIZED ( -- (by id: mq_log_id, whatever the statistics)
                  SELECT m.channel_key, m.place, m.retry_backoff FROM mq_log m
                  WHERE m.id = ANY (msg_ids))

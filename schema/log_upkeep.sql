@@ -27,6 +27,10 @@ DECLARE
     gone   boolean;
     late   bigint[];
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN;
+    END IF;
     IF keys IS NULL THEN
         keys := ARRAY(SELECT x.channel_key FROM mq_cursors x
                       WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
@@ -95,6 +99,10 @@ DECLARE
     created timestamptz[] := '{}';
     undone  bigint[];
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN 0;
+    END IF;
     FOR c IN SELECT x.channel_key, x.settled FROM mq_cursors x
              WHERE all_channels OR x.channel_name = ANY (channel_names)
              ORDER BY x.channel_key
@@ -180,6 +188,10 @@ DECLARE
     c   record;
     top bigint;
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN;
+    END IF;
     IF keys IS NULL THEN
         keys := ARRAY(SELECT x.channel_key FROM mq_cursors x
                       WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
@@ -233,6 +245,10 @@ DECLARE
     sec   bigint := floor(extract(epoch FROM ts))::bigint;
     swept text := current_setting('pqmq.log_swept', true);
 BEGIN
+    -- (On Citus nothing is logged: every message is a row of mq_rows.)
+    IF current_setting('pqmq.citus', true) = 'on' THEN
+        RETURN;
+    END IF;
     IF swept IS NULL OR swept !~ '^[0-9]{1,12}$' THEN
         PERFORM set_config('pqmq.log_swept', sec::text, false);
     ELSIF keys IS NULL OR sec - swept::bigint >= 10 THEN

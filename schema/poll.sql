@@ -82,6 +82,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    citus   boolean := COALESCE(current_setting('pqmq.citus', true) = 'on', false); -- (no log)
     next_at timestamptz;
     -- Leases of the messages in flight, from where live rows start.
     mark    timestamptz := _mq_low_mark(ts, false);
@@ -150,10 +151,10 @@ BEGIN
     END IF;
     -- The log, over the whole key space or each name's range.
     FOR rg IN SELECT (-9223372036854775808)::bigint AS lo, 9223372036854775807::bigint AS hi
-              WHERE channel_names IS NULL
+              WHERE channel_names IS NULL AND NOT citus
               UNION
               SELECT hashtext(u.n)::bigint << 32, (hashtext(u.n)::bigint << 32) | 4294967295
-              FROM unnest(channel_names) AS u(n) WHERE u.n IS NOT NULL LOOP
+              FROM unnest(channel_names) AS u(n) WHERE u.n IS NOT NULL AND NOT citus LOOP
         EXIT WHEN next_at <= ts;
         -- A message past its cursor that this poll passed is ready now, for
         -- a poll made once the cursor's holder ends (no notification says
@@ -228,6 +229,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    citus   boolean := COALESCE(current_setting('pqmq.citus', true) = 'on', false); -- (no log)
     ts      timestamptz := clock_timestamp();
     picked  uuid[];
     tids    tid[];
@@ -239,8 +241,9 @@ DECLARE
 BEGIN
     PERFORM _mq_poll_args(channel_names, batch_size);
     -- Receipts whose leases ran out hand their messages back first.
-    IF EXISTS (SELECT 1 FROM mq_receipts x
-               WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
+    IF NOT citus AND EXISTS (SELECT 1 FROM mq_receipts x
+                             WHERE x.lease_until < 'infinity'::timestamptz
+                               AND x.lease_until <= ts) THEN
         PERFORM _mq_log_reap(ts);
     END IF;
     -- Round 1 of the log (a quarter of the batch a channel), then mq_rows'
@@ -257,7 +260,7 @@ BEGIN
     chained := EXISTS (SELECT 1 FROM mq_rows m
                        WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
                          AND m.channel_key >= '-9223372036854775808'::bigint);
-    IF chained OR EXISTS (SELECT 1 FROM mq_rows m
+    IF citus OR chained OR EXISTS (SELECT 1 FROM mq_rows m
                           WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
                             AND m.dead_since IS NULL AND m.after_message_id IS NULL
                             AND m.ready_at <= ts) THEN
@@ -376,6 +379,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
+    citus   boolean := COALESCE(current_setting('pqmq.citus', true) = 'on', false); -- (no log)
     ts     timestamptz := clock_timestamp();
     picked uuid[];
     tids   tid[];
@@ -387,8 +391,9 @@ BEGIN
     PERFORM _mq_poll_args(channel_names, batch_size);
     -- Receipts whose leases ran out (and the locked lane's, committed
     -- without completing all) hand their messages back first.
-    IF EXISTS (SELECT 1 FROM mq_receipts x
-               WHERE x.lease_until < 'infinity'::timestamptz AND x.lease_until <= ts) THEN
+    IF NOT citus AND EXISTS (SELECT 1 FROM mq_receipts x
+                             WHERE x.lease_until < 'infinity'::timestamptz
+                               AND x.lease_until <= ts) THEN
         PERFORM _mq_log_reap(ts);
     END IF;
     n := 0;
@@ -402,7 +407,7 @@ BEGIN
     chained := EXISTS (SELECT 1 FROM mq_rows m
                        WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
                          AND m.channel_key >= '-9223372036854775808'::bigint);
-    IF chained OR EXISTS (SELECT 1 FROM mq_rows m
+    IF citus OR chained OR EXISTS (SELECT 1 FROM mq_rows m
                           WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
                             AND m.dead_since IS NULL AND m.after_message_id IS NULL
                             AND m.ready_at <= ts) THEN
