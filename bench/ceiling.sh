@@ -15,25 +15,28 @@
 #             over the channels taking at most a quarter of the batch from
 #             each (_mq_pick_keys' shape, without a lease, lanes or
 #             priorities): what fairness costs on its own.
-#   table     the floor's DELETE on pqmq's mq_msgs (its row, its indexes,
-#             its readiness test): what the table costs.
-#   lease     the least SQL a lease needs, on pqmq's own table and indexes:
+#   table     the floor's DELETE on pqmq's mq_rows (layout a's row, which
+#             holds the queue's exceptions: its indexes, its readiness
+#             test): what that table costs.
+#   lease     the least SQL a lease needs, on mq_rows and its indexes:
 #             one statement a batch deletes the previous batch (by id, fenced
 #             by its delivery count) and leases the next (a HOT update by
 #             ctid) returning its payloads; no fairness, no counters, no
 #             PL/pgSQL. A lease must be written and committed before the
 #             handler runs, so it costs a row version more than the floor.
 #   lease-ctid  the same, deleting the previous batch by ctid.
-#   locked    the least SQL of the locked lane: BEGIN; lock a batch (FOR NO KEY
-#             UPDATE SKIP LOCKED) returning payloads; delete it by ctid;
-#             COMMIT. The floor's writes, in two statements.
+#   locked    the least SQL of the locked lane on mq_rows: BEGIN; lock a batch
+#             (FOR NO KEY UPDATE SKIP LOCKED) returning payloads; delete it
+#             by ctid; COMMIT. The floor's writes, in two statements.
 #   pqmq      mq_complete_claim (what pqmq_complete_and_poll sends), and
-#   pqmq-locked  mq_claim_locked + mq_complete_all (pqmq_poll_locked).
+#   pqmq-locked  mq_claim_locked + mq_complete_all (pqmq_poll_locked), over
+#             a backlog inserted by mq_insert (plain messages: the log).
 # Then the inserts, each for SECONDS into an empty table, 100 rows a
 # statement:
 #   insert-floor  a plain INSERT into the floor's table;
-#   insert-table  the same INSERT into pqmq's mq_msgs (its row, its indexes);
-#   insert-pqmq   mq_insert (what pqmq_insert sends).
+#   insert-table  the same INSERT into pqmq's mq_rows (its row, its indexes);
+#   insert-pqmq   mq_insert (what pqmq_insert sends: plain messages go to
+#                 the log).
 # Prints msg/s per form and round, and each form's ratio to the floor of
 # its round. FORMS and IFORMS choose the forms (space-separated; the first
 # is the one the others are divided by). Uses schemas "ceiling" (pqmq's migrations, applied here with
@@ -67,23 +70,44 @@ fill_floor() {
                  now() - interval '1 hour' + (g / 100) * interval '1 ms'
           FROM generate_series(1, $n) g" -c "VACUUM ANALYZE ceiling_floor.$t"
 }
-fill_pqmq() {
-    # The rows mq_insert writes for unordered messages, inserted directly:
-    # filling through mq_insert would take longer than the runs.
-    q -c "TRUNCATE ceiling.mq_msgs, ceiling.mq_count_deltas, ceiling.mq_count_batches, ceiling.mq_counts" \
-        -c "INSERT INTO ceiling.mq_msgs (id, attempts, retry_backoff, channel_name,
+# Every table of the queue's messages and their counters.
+queue_tables="ceiling.mq_rows, ceiling.mq_chains, ceiling.mq_log, ceiling.mq_cursors,
+    ceiling.mq_receipts, ceiling.mq_done, ceiling.mq_log_gone, ceiling.mq_count_deltas,
+    ceiling.mq_count_batches, ceiling.mq_counts"
+fill_rows() {
+    # The rows mq_insert would write to mq_rows for unordered messages,
+    # inserted directly: filling through mq_insert would take longer than
+    # the runs (and it puts plain messages in the log).
+    q -c "TRUNCATE $queue_tables" \
+        -c "INSERT INTO ceiling.mq_rows (id, attempts, retry_backoff, channel_name,
                 name, payload_json, attempt_at, ready_at)
             SELECT gen_random_uuid(), 3, interval '1 second', 'c' || (g % 100), 'n',
                    '{\"k\": 1}', t, t
             FROM generate_series(1, $n) g,
                  LATERAL (SELECT now() - interval '1 hour' + (g / 100) * interval '1 ms') s(t)" \
         -c "SELECT ceiling._mq_count_fold()" \
-        -c "VACUUM ANALYZE ceiling.mq_msgs, ceiling.mq_count_deltas, ceiling.mq_counts" >/dev/null
+        -c "VACUUM ANALYZE ceiling.mq_rows, ceiling.mq_count_deltas, ceiling.mq_counts" >/dev/null
     # (Rows written by hand are counted a delta row each (_mq_fill_row); the
     # fold and the vacuum leave none, dead or alive, for the runs' own folds
     # to step over: without them every fold of the first minute read the
     # fill's n dead delta rows, and the forms that delete drained at a
     # fifth of their rate.)
+}
+fill_pqmq() {
+    # What producers' plain batches leave: the log and its cursors, through
+    # mq_insert, 10,000 messages (its largest batch) a call.
+    q -c "TRUNCATE $queue_tables" \
+        -c "DO \$\$ BEGIN
+                FOR b IN 0 .. ($n - 1) / 10000 LOOP
+                    PERFORM ceiling.mq_insert(ARRAY(
+                        SELECT ROW(gen_random_uuid(), NULL, 3, interval '1 second',
+                                   'c' || (g % 100), '', NULL, false, 'n', '{\"k\": 1}',
+                                   NULL)::ceiling.mq_new_t
+                        FROM generate_series(b * 10000 + 1, LEAST($n, (b + 1) * 10000)) g));
+                END LOOP;
+            END \$\$" \
+        -c "SELECT ceiling._mq_count_fold()" \
+        -c "VACUUM ANALYZE $queue_tables" >/dev/null
 }
 
 cat >"$work/floor.sql" <<'EOF'
@@ -107,14 +131,14 @@ DELETE FROM ceiling_floor.fmsgs WHERE ctid = ANY (ARRAY(
         ORDER BY f.created_at LIMIT 25 FOR UPDATE SKIP LOCKED) r
     WHERE ch.c IS NOT NULL LIMIT 100)) RETURNING id, payload;
 EOF
-# The ready messages of pqmq's table, in its ready index's order.
-ready="FROM ceiling.mq_msgs
+# The ready messages of mq_rows, in its ready index's order.
+ready="FROM ceiling.mq_rows
         WHERE dead_since IS NULL
           AND after_message_id IS NULL
           AND ready_at > '-infinity' AND attempt_at <= now()
         ORDER BY ready_at LIMIT 100"
 cat >"$work/table.sql" <<EOF
-DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (ARRAY(
+DELETE FROM ceiling.mq_rows WHERE ctid = ANY (ARRAY(
     SELECT ctid $ready FOR UPDATE SKIP LOCKED)) RETURNING id, payload_json;
 EOF
 # The least lease: the previous batch deleted by COLUMN (id or ctid, kept in
@@ -123,10 +147,10 @@ lease_sql() {
     local column=$1 var=$2 type=$3
     cat <<EOF
 WITH done AS (
-    DELETE FROM ceiling.mq_msgs WHERE $column = ANY (:$var::${type}[]) AND deliveries = 1
+    DELETE FROM ceiling.mq_rows WHERE $column = ANY (:$var::${type}[]) AND deliveries = 1
     RETURNING 1),
 claimed AS (
-    UPDATE ceiling.mq_msgs SET attempt_at = now() + interval '5 minutes',
+    UPDATE ceiling.mq_rows SET attempt_at = now() + interval '5 minutes',
                                deliveries = deliveries + 1
     WHERE ctid = ANY (ARRAY(SELECT ctid $ready FOR NO KEY UPDATE SKIP LOCKED))
     RETURNING $column, payload_json)
@@ -143,7 +167,7 @@ BEGIN;
 SELECT COALESCE(array_agg(ctid), '{}')::text AS tids,
        sum(octet_length(payload_json::text)) AS bytes
 FROM (SELECT ctid, payload_json $ready FOR NO KEY UPDATE SKIP LOCKED) s \gset
-DELETE FROM ceiling.mq_msgs WHERE ctid = ANY (:tids::tid[]);
+DELETE FROM ceiling.mq_rows WHERE ctid = ANY (:tids::tid[]);
 COMMIT;
 EOF
 cat >"$work/pqmq.sql" <<'EOF'
@@ -166,9 +190,11 @@ EOF
 # Runs one form for $secs seconds; prints msg/s (messages gone from the
 # table over pgbench's duration; the table must not run dry).
 drain() {
-    local form=$1 left table=ceiling.mq_msgs
+    local form=$1 left table=ceiling.mq_rows
     [[ $form == floor ]] && table=ceiling_floor.msgs
     [[ $form == fair ]] && table=ceiling_floor.fmsgs
+    # (pqmq's forms: the live messages, wherever they are)
+    [[ $form == pqmq* ]] && table=ceiling.mq_msgs
     pgbench -n -M prepared -c 2 -j 2 -T "$secs" -D ids='{}' -D atts='{}' -D tids='{}' \
         -f "$work/$form.sql" "$dsn" >"$work/out" 2>&1 || {
         cat "$work/out" >&2
@@ -188,7 +214,7 @@ SELECT gen_random_uuid(), 'c' || :ch, '{"k": 1}' FROM generate_series(1, 100);
 EOF
 cat >"$work/insert-table.sql" <<'EOF'
 \set ch random(0, 99)
-INSERT INTO ceiling.mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json,
+INSERT INTO ceiling.mq_rows (id, attempts, retry_backoff, channel_name, name, payload_json,
                              channel_key)
 SELECT gen_random_uuid(), 3, interval '1 second', 'c' || :ch, 'n', '{"k": 1}',
        (hashtext('c' || :ch)::bigint << 32) | (hashtext('')::bigint & 4294967295)
@@ -204,10 +230,11 @@ EOF
 
 # Runs one insert form for $secs seconds into an empty table; prints msg/s.
 insert() {
-    local form=$1 table=ceiling.mq_msgs
+    local form=$1 table=ceiling.mq_rows
     [[ $form == insert-floor ]] && table=ceiling_floor.msgs
-    q -c "TRUNCATE $table" -c "TRUNCATE ceiling.mq_count_deltas, ceiling.mq_count_batches, ceiling.mq_counts" \
-        -c "VACUUM ANALYZE $table" -c CHECKPOINT
+    [[ $form == insert-pqmq ]] && table=ceiling.mq_msgs
+    q -c "TRUNCATE ceiling_floor.msgs, $queue_tables" \
+        -c "VACUUM ANALYZE ceiling_floor.msgs, $queue_tables" -c CHECKPOINT
     pgbench -n -M prepared -c 2 -j 2 -T "$secs" -f "$work/$form.sql" "$dsn" \
         >"$work/out" 2>&1 || {
         cat "$work/out" >&2
@@ -236,7 +263,8 @@ for r in $(seq 1 "$rounds"); do
         case $f in
         floor) fill_floor ;;
         fair) fill_floor fmsgs ;;
-        *) fill_pqmq ;;
+        pqmq*) fill_pqmq ;;
+        *) fill_rows ;;
         esac
         rate[$r,$f]=$(drain "$f")
     done

@@ -35,7 +35,7 @@ read -ra layouts <<<"${LAYOUTS:-floor a b c d}"
 q -c 'CREATE SCHEMA lay_floor' -c 'CREATE SCHEMA lay_a' -c 'CREATE SCHEMA lay_b' -c 'CREATE SCHEMA lay_c'
 layouts_ddl | q
 "$pqmq" -d "$PGTMP_DSN" --schema lay_a migrate >/dev/null
-q -c 'ALTER TABLE lay_a.mq_msgs DISABLE TRIGGER USER'
+q -c 'ALTER TABLE lay_a.mq_rows DISABLE TRIGGER USER'
 data=$PGTMP_DIR/data
 pgtmp_run "$PGTMP_BINDIR/pg_ctl" -D "$data" -m fast -w stop >/dev/null
 
@@ -93,7 +93,7 @@ claimed_sql() {
     local lay=$1 rows=$2
     case $lay in
     floor) echo "SELECT $rows - count(*) AS n FROM lay_floor.msgs" ;;
-    a) echo "SELECT count(*) FILTER (WHERE deliveries = 0) AS n FROM lay_a.mq_msgs" ;;
+    a) echo "SELECT count(*) FILTER (WHERE deliveries = 0) AS n FROM lay_a.mq_rows" ;;
     b) echo "SELECT count(*) FILTER (WHERE deliveries = 0) AS n FROM lay_b.msgs" ;;
     c | d) echo "SELECT (SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key)
                      WHERE l.seq <= COALESCE(c.inflight, c.pos)) AS n" ;;

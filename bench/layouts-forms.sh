@@ -11,7 +11,7 @@
 # without variables, into an UPDATE of the state table lay_st.
 
 # The tables of the floor and of layouts b and c (layout a is pqmq's own
-# mq_msgs, installed by `pqmq migrate --schema lay_a`).
+# mq_rows, installed by `pqmq migrate --schema lay_a`).
 layouts_ddl() {
     cat <<'SQL'
 CREATE TABLE lay_floor.msgs (id uuid PRIMARY KEY, channel text NOT NULL, payload jsonb,
@@ -70,7 +70,7 @@ SQL
 tables_of() {
     case $1 in
     floor) echo "'lay_floor.msgs'" ;;
-    a) echo "'lay_a.mq_msgs'" ;;
+    a) echo "'lay_a.mq_rows'" ;;
     b) echo "'lay_b.msgs', 'lay_b.extra'" ;;
     c | d) echo "'lay_c.log', 'lay_c.cursors', 'lay_c.claims', 'lay_c.done'" ;;
     esac
@@ -87,8 +87,8 @@ fill_sql() {
         echo "INSERT INTO lay_floor.msgs SELECT gen_random_uuid(), 'c' || (g % $ch), '{\"k\": 1}', $t
               FROM generate_series(1, $rows) g;" ;;
     a)
-        echo "TRUNCATE lay_a.mq_msgs;"
-        echo "INSERT INTO lay_a.mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json,
+        echo "TRUNCATE lay_a.mq_rows;"
+        echo "INSERT INTO lay_a.mq_rows (id, attempts, retry_backoff, channel_name, name, payload_json,
                   attempt_at, ready_at, channel_key, after_message_id, chain_seq)
               SELECT gen_random_uuid(), 3, interval '1 second', 'c' || (g % $ch), 'n',
                      '{\"k\": 1}', $t, $t, g % $ch,
@@ -191,9 +191,9 @@ SQL
 }
 
 apred="dead_since IS NULL AND after_message_id IS NULL AND priority <= 0"
-form_a_fair() { fair_lease lay_a.mq_msgs "$apred" "retry_backoff = retry_backoff * 2"; }
+form_a_fair() { fair_lease lay_a.mq_rows "$apred" "retry_backoff = retry_backoff * 2"; }
 form_b_fair() { fair_lease lay_b.msgs "chain_seq IS NULL" "backoff_ms = backoff_ms * 2"; }
-form_a_chains() { chain_lease lay_a.mq_msgs "retry_backoff = retry_backoff * 2"; }
+form_a_chains() { chain_lease lay_a.mq_rows "retry_backoff = retry_backoff * 2"; }
 form_b_chains() { chain_lease lay_b.msgs "backoff_ms = backoff_ms * 2"; }
 
 # c and d: the cursors of channels with something past their place, from
@@ -319,7 +319,7 @@ SQL
 }
 form_a_insert() {
     cat <<'SQL'
-INSERT INTO lay_a.mq_msgs (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key)
+INSERT INTO lay_a.mq_rows (id, attempts, retry_backoff, channel_name, name, payload_json, channel_key)
 SELECT gen_random_uuid(), 3, interval '1 second', 'c' || :ch, 'n', '{"k": 1}', :ch
 FROM generate_series(1, 100);
 SQL

@@ -8,7 +8,8 @@
 # The layouts (each in a schema of its own, dropped at the end):
 #   floor  a 4-column table indexed by id and time; INSERT, and DELETE ...
 #          FOR UPDATE SKIP LOCKED by ctid (no lease, no order, no fairness).
-#   a      today's mq_msgs, installed by `pqmq migrate`: one 21-column row a
+#   a      pqmq's mq_rows (installed by `pqmq migrate`; it holds the queue's
+#          exceptions, plain messages going to the log): one 21-column row a
 #          message under its five indexes; a claim is a HOT update, a
 #          completion a DELETE. Its triggers are disabled: the counters are
 #          not storage, and every layout would need them in some form.
@@ -95,7 +96,7 @@ q -c 'SET client_min_messages = warning' \
     -c 'DROP TABLE IF EXISTS lay_st'
 layouts_ddl | q
 "$pqmq" -d "$dsn" --schema lay_a migrate >/dev/null
-q -c 'ALTER TABLE lay_a.mq_msgs DISABLE TRIGGER USER'
+q -c 'ALTER TABLE lay_a.mq_rows DISABLE TRIGGER USER'
 
 # fill LAYOUT CHANNELS ORDERED: the backlog of a drain (the floor's bigger).
 fill() {
@@ -135,7 +136,7 @@ phys() {
 backlog_left() {
     case $1 in
     floor) qa -c "SELECT count(*) FROM lay_floor.msgs" ;;
-    a) qa -c "SELECT count(*) FROM lay_a.mq_msgs" ;;
+    a) qa -c "SELECT count(*) FROM lay_a.mq_rows" ;;
     b) qa -c "SELECT count(*) FROM lay_b.msgs" ;;
     c | d) qa -c "SELECT count(*) FROM lay_c.log l JOIN lay_c.cursors c USING (channel_key) WHERE l.seq > c.pos" ;;
     esac
@@ -181,7 +182,7 @@ enqueue() {
     read -ra after < <(phys "$lay")
     case $lay in
     floor) rows=$(qa -c "SELECT count(*) FROM lay_floor.msgs") ;;
-    a) rows=$(qa -c "SELECT count(*) FROM lay_a.mq_msgs") ;;
+    a) rows=$(qa -c "SELECT count(*) FROM lay_a.mq_rows") ;;
     b) rows=$(qa -c "SELECT count(*) FROM lay_b.msgs") ;;
     c | d) rows=$(qa -c "SELECT count(*) FROM lay_c.log") ;;
     esac

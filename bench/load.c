@@ -141,21 +141,22 @@ static void release_xmin(PGconn *conn)
 
 /* ---- the monitor ---------------------------------------------------------- */
 
-/* The statistics of table `name` and of tables named name_* (partitions or
- * rotated tables, should the queue's storage be split). */
-static void table_stats(PGconn *admin, const char *name, struct table_stats *out)
+/* The statistics of the target's table i: summed over the tables its
+ * relnames[i] lists, or of tables[i] alone. */
+static void table_stats(PGconn *admin, const struct load_ops *ops, int i,
+                        struct table_stats *out)
 {
     memset(out, 0, sizeof *out);
-    if (!name)
+    if (!ops->tables[i])
         return;
-    const char *vals[1] = {name};
+    const char *vals[1] = {ops->relnames[i] ? ops->relnames[i] : ops->tables[i]};
     PGresult *r =
         PQexecParams(admin,
                      "SELECT coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0),"
                      " coalesce(sum(pg_total_relation_size(relid)), 0),"
                      " coalesce(sum(autovacuum_count), 0), coalesce(sum(autoanalyze_count), 0)"
                      " FROM pg_stat_user_tables WHERE schemaname = '" BENCH_SCHEMA "'"
-                     " AND (relname = $1 OR relname LIKE replace($1, '_', '\\_') || '\\_%')",
+                     " AND relname = ANY (string_to_array($1, ' '))",
                      1, NULL, vals, NULL, NULL, 0);
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
         die("table statistics: %s", PQerrorMessage(admin));
@@ -245,7 +246,7 @@ static void run_phase(struct load_run *run, PGconn *admin, double seconds,
     ph->backlog_end = end->inserted - end->processed;
     hist_summary(end->hist, start->hist, m > max_ms ? m : max_ms, &ph->poll);
     for (int i = 0; i < 2; i++) {
-        table_stats(admin, run->ops->tables[i], &ph->stats[i]);
+        table_stats(admin, run->ops, i, &ph->stats[i]);
         ph->stats[i].autovacuums -= run->base[i].autovacuums;
         ph->stats[i].autoanalyzes -= run->base[i].autoanalyzes;
     }
@@ -307,7 +308,7 @@ static void run_target(const struct opts *o, PGconn *admin, const struct load_op
      * until its next statement: the end of the first phase. Flush now. */
     bench_sql(admin, "SELECT pg_stat_force_next_flush()");
     for (int i = 0; i < 2; i++)
-        table_stats(admin, ops->tables[i], &run->base[i]);
+        table_stats(admin, ops, i, &run->base[i]);
     struct client_arg *args;
     pthread_t *th = start_clients(run, &args);
     double t0 = now_s();

@@ -10,7 +10,7 @@
 #include "options.h"
 #include "results.h"
 
-/* A table's statistics, summed over the tables of its name (see load.c). */
+/* A table's statistics, or a group's summed over its tables (see load.c). */
 struct table_stats {
     long live, dead, bytes;
     long autovacuums, autoanalyzes; /* since the run started */
@@ -42,7 +42,10 @@ struct load_result {
  */
 struct load_ops {
     const char *name;
-    const char *tables[2];
+    const char *tables[2]; /* a table, or the label of a group of tables */
+    /* The tables whose statistics are summed under tables[i], separated by
+     * spaces; NULL: tables[i] itself. */
+    const char *relnames[2];
     void (*reset)(PGconn *admin);
     void *(*producer_new)(const struct opts *o, const struct shape *s);
     void (*produce)(void *p, long first, int k);

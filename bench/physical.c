@@ -1,8 +1,8 @@
 /*
  * physical.c: what processing a message costs the server physically, read
  * around a drain: WAL bytes and records (pg_current_wal_insert_lsn,
- * pg_stat_wal) and the queue table's updates, their HOT share and its index
- * tuple writes (pg_stat_user_tables), divided by the messages processed.
+ * pg_stat_wal) and the updates of the queue's tables and their HOT share
+ * (pg_stat_user_tables), divided by the messages processed.
  * Unlike rates, noise on a shared machine does not move these. The WAL is
  * the whole server's: the bench's cluster has nothing else running.
  */
@@ -20,15 +20,14 @@ static void snap(PGconn *admin, struct phys_snap *s)
     bench_sql(admin, "SELECT pg_stat_force_next_flush()");
     sleep_s(0.5);
     bench_sql(admin, "SELECT pg_stat_clear_snapshot()");
-    PGresult *r =
-        PQexec(admin, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn,"
-                      " (SELECT wal_records FROM pg_stat_wal),"
-                      " COALESCE((SELECT sum(n_tup_upd) FROM pg_stat_user_tables"
-                      "           WHERE relname IN ('mq_rows', 'mq_log', 'mq_cursors',"
-                      "                             'mq_receipts', 'mq_done')), 0),"
-                      " COALESCE((SELECT sum(n_tup_hot_upd) FROM pg_stat_user_tables"
-                      "           WHERE relname IN ('mq_rows', 'mq_log', 'mq_cursors',"
-                      "                             'mq_receipts', 'mq_done')), 0)");
+    PGresult *r = PQexec(admin, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn,"
+                                " (SELECT wal_records FROM pg_stat_wal),"
+                                " COALESCE((SELECT sum(n_tup_upd) FROM pg_stat_user_tables"
+                                "           WHERE relname IN ('mq_rows', 'mq_log', "
+                                "'mq_cursors', 'mq_receipts', 'mq_done', 'mq_log_gone')), 0),"
+                                " COALESCE((SELECT sum(n_tup_hot_upd) FROM pg_stat_user_tables"
+                                "           WHERE relname IN ('mq_rows', 'mq_log', "
+                                "'mq_cursors', 'mq_receipts', 'mq_done', 'mq_log_gone')), 0)");
     if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
         die("physical: %s", PQerrorMessage(admin));
     s->wal_bytes = strtod(PQgetvalue(r, 0, 0), NULL);

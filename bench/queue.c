@@ -554,7 +554,10 @@ static void load_consumer_free(void *arg, long *completed)
 
 const struct load_ops queue_load_ops = {
     .name = "pqmq",
-    .tables = {"mq_rows", "mq_log"},
+    /* mq_rows: the exceptions (layout a's row); the log with the tables
+     * that deliver and complete its messages. */
+    .tables = {"mq_rows", "log tables"},
+    .relnames = {NULL, "mq_log mq_cursors mq_receipts mq_done mq_log_gone"},
     .reset = queue_reset,
     .producer_new = load_producer_new,
     .produce = load_produce,

@@ -618,11 +618,13 @@ static void load_text(const struct opts *o, const struct load_result *r, int n)
         load_summary(o, &r[i]);
     struct target_span ts[TARGETS_MAX];
     targets_text(ts, load_targets(o, &r[0], ts));
-    printf("\nbacklog: inserted minus completed (at the phase's end, and its maximum); "
-           "poll:\n  each poll call's time; tables: pg_stat_user_tables and "
-           "pg_total_relation_size;\n  autovac.: autovacuums / autoanalyzes since the "
-           "start (their counts include\n  what they found, so n_*_tup jump when one "
-           "runs).\n");
+    printf(
+        "\nbacklog: inserted minus completed (at the phase's end, and its maximum); "
+        "poll:\n  each poll call's time; tables: pg_stat_user_tables and "
+        "pg_total_relation_size;\n  log tables: mq_log, mq_cursors, mq_receipts, mq_done and "
+        "mq_log_gone, summed;\n  autovac.: autovacuums / autoanalyzes since the "
+        "start (their counts include\n  what they found, so n_*_tup jump when one "
+        "runs).\n");
 }
 
 static void jphase(const struct load_result *r, const struct load_phase *p, int last)

@@ -16,7 +16,7 @@ struct latency {
 };
 
 /* Physical cost per processed message (physical.c): WAL bytes and records,
- * updates of mq_msgs and the share of them that were HOT. */
+ * updates of the queue's tables and the share of them that were HOT. */
 struct physical {
     double wal_bytes, wal_records, updates, hot;
 };
