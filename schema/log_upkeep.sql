@@ -206,7 +206,8 @@ BEGIN
              FOR NO KEY UPDATE SKIP LOCKED LOOP
         SELECT LEAST(c.settled, min(r.lo) - 1) INTO top
         FROM mq_receipts r
-        WHERE r.channel_key = c.channel_key AND r.lease_until < 'infinity'::timestamptz;
+        WHERE r.channel_key = c.channel_key AND r.lease_until < 'infinity'::timestamptz
+          AND r.lease_until > '-infinity'::timestamptz; -- (an index condition either way)
         top := COALESCE(top, c.settled);
         CONTINUE WHEN top <= c.reclaimed;
         DELETE FROM mq_done d

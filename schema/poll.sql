@@ -178,6 +178,7 @@ BEGIN
         FOR x IN SELECT r.channel_key, r.lo, r.places, r.moved, r.lease_until
                  FROM mq_receipts r
                  WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
+                   AND r.lease_until > '-infinity'::timestamptz -- (its index condition)
                    AND r.channel_key >= rg.lo AND r.channel_key <= rg.hi
                    AND (r.holder IS NULL
                         OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
