@@ -16,8 +16,9 @@
 #     build tree);
 #     docs/images/dashboard.png is one such.
 #
-# Skips (77) without PQMQ_TEST_DSN, in a build without libmicrohttpd, or
-# when chromium cannot run here; under CI (CI set) the last two fail.
+# Skips (77) without PQMQ_TEST_DSN, in a build without libmicrohttpd (a
+# failure under CI, with CI set), or, after the HTTP checks have passed,
+# when chromium cannot start here (five tries; the driver's log is printed).
 
 set -u
 
@@ -440,7 +441,11 @@ http 200 /healthz
 echo "== retry and skip from the page (at ${SECONDS}s)"
 if ((wd_rc == 77)); then
     ((failed > 0)) && { echo "$failed check(s) failed"; exit 1; }
-    skip "$WD_WHY"
+    for f in "$work"/browser/chromedriver.*.log; do
+        [[ -f $f ]] && { echo "---- $f (end)"; tail -n 15 "$f"; }
+    done
+    echo "SKIP: the page in Chromium: $WD_WHY"
+    exit 77
 fi
 # Retry from the page: the dead letter is ready again.
 wd_click "#dead tr[data-id=\"$mail_id\"] button[data-action=\"retry\"]" \

@@ -47,14 +47,17 @@ wd_call() {
 
 # wd_start DIR: chromedriver and a browser session. A session start that
 # fails (chromedriver or the browser gone, as on a loaded machine) is tried
-# again with a fresh driver, three times in all.
+# again with a fresh driver after a pause, five times in all; each failed
+# try's driver log is kept as DIR/chromedriver.N.log.
 wd_start() {
     local attempt rc=77
-    for attempt in 1 2 3; do
+    for attempt in 1 2 3 4 5; do
         wd_start_once "$1"
         rc=$?
         [[ $rc == 77 && -n $WD_BROWSER && $WD_WHY == "chromium did not start"* ]] || break
         echo "webdriver: attempt $attempt: $WD_WHY" >&2
+        cp "$1/chromedriver.log" "$1/chromedriver.$attempt.log" 2>/dev/null
+        sleep "$attempt"
     done
     return "$rc"
 }
@@ -103,11 +106,24 @@ wd_start_once() {
         # The browser itself would not start (no display libraries, a
         # container that forbids it, ...): nothing here can drive a page.
         WD_WHY="chromium did not start: $(cat "$dir/session.err")"
+        wd_driver_gone "$dir"
         wd_stop
         return 77
     fi
     WD_SESSION=$(jq -r '.sessionId' <<<"$session")
     return 0
+}
+
+# wd_driver_gone DIR: when chromedriver has exited, adds its exit status and
+# the last lines of its log to WD_WHY (why a session start found no driver).
+wd_driver_gone() {
+    local st
+    kill -0 "$WD_PID" 2>/dev/null && return 0
+    wait "$WD_PID" 2>/dev/null
+    st=$?
+    WD_PID=
+    WD_WHY+="; chromedriver exited with status $st; the end of its log:
+$(tail -n 5 "$1/chromedriver.log" 2>/dev/null | cut -c1-300)"
 }
 
 wd_stop() {
