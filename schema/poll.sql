@@ -217,6 +217,18 @@ BEGIN
 END;
 $$;
 
+-- How much of a batch the log's first round leaves for mq_rows' pick when
+-- mq_rows may have something ready (rows_in): a quarter, at least one; of a
+-- batch of one, one every other poll at random. (SQL, inlined where it is
+-- called: no plpgsql call a poll.)
+CREATE OR REPLACE FUNCTION _mq_rows_share(rows_in boolean, batch_size int)
+RETURNS int
+LANGUAGE sql VOLATILE
+RETURN CASE WHEN NOT rows_in THEN 0
+            WHEN batch_size > 1 THEN GREATEST(1, batch_size / 4)
+            WHEN pg_catalog.random() < 0.5 THEN 1
+            ELSE 0 END;
+
 -- Claims up to batch_size ready messages of a lane (see _mq_pick_set) and
 -- leases them. Lane 2, the rest of lane 0 once lane 1 is taken out (retries
 -- and messages whose locked delivery died), is what a runner whose workers
@@ -236,6 +248,7 @@ DECLARE
     tids    tid[];
     max_dur interval := (_mq_limits()).max_duration; -- once, not per row
     chained boolean;
+    rows_in boolean;
     idle    mq_job_t;
     n       int;
     got     int;
@@ -247,24 +260,30 @@ BEGIN
                                AND x.lease_until <= ts) THEN
         PERFORM _mq_log_reap(ts);
     END IF;
+    -- Whether mq_rows may have something to give: two probes, a chain there
+    -- or anything else that may be ready.
+    chained := EXISTS (SELECT 1 FROM mq_rows m
+                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                         AND m.channel_key >= '-9223372036854775808'::bigint);
+    rows_in := citus OR chained OR EXISTS (SELECT 1 FROM mq_rows m
+                          WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+                            AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                            AND m.ready_at <= ts);
     -- Round 1 of the log (a quarter of the batch a channel), then mq_rows'
     -- pick, then round 2 of the log: each channel's share, wherever its
-    -- messages are.
+    -- messages are. Round 1 leaves mq_rows a quarter of the batch (of a
+    -- batch of one, every other poll at random), so that its messages
+    -- (chains, retries, late producers' ones) are not starved by a log that
+    -- could fill every batch.
     n := 0;
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, lane, 1);
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size,
+                                            batch_size - _mq_rows_share(rows_in, batch_size),
+                                            ts, lane, 1);
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
     END IF;
-    -- mq_rows' pick, unless two probes find no chain there and nothing else
-    -- that may be ready.
-    chained := EXISTS (SELECT 1 FROM mq_rows m
-                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                         AND m.channel_key >= '-9223372036854775808'::bigint);
-    IF citus OR chained OR EXISTS (SELECT 1 FROM mq_rows m
-                          WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
-                            AND m.dead_since IS NULL AND m.after_message_id IS NULL
-                            AND m.ready_at <= ts) THEN
+    IF rows_in THEN
         SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
         FROM _mq_pick_set(channel_names, batch_size - n, ts, lane) p;
     ELSE
@@ -385,6 +404,7 @@ DECLARE
     picked uuid[];
     tids   tid[];
     chained boolean;
+    rows_in boolean;
     idle   mq_job_t;
     n      int;
     got    int;
@@ -397,21 +417,24 @@ BEGIN
                                AND x.lease_until <= ts) THEN
         PERFORM _mq_log_reap(ts);
     END IF;
+    -- The log's round 1, mq_rows' pick (unless two probes find nothing
+    -- there) and the log's round 2, mq_rows' share kept as in mq_claim_lane.
+    chained := EXISTS (SELECT 1 FROM mq_rows m
+                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
+                         AND m.channel_key >= '-9223372036854775808'::bigint);
+    rows_in := citus OR chained OR EXISTS (SELECT 1 FROM mq_rows m
+                          WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
+                            AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                            AND m.ready_at <= ts);
     n := 0;
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size, ts, 1, 1);
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size,
+                                            batch_size - _mq_rows_share(rows_in, batch_size),
+                                            ts, 1, 1);
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
     END IF;
-    -- mq_rows' pick, unless two probes find no chain there and nothing else
-    -- that may be ready (as mq_claim_lane).
-    chained := EXISTS (SELECT 1 FROM mq_rows m
-                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                         AND m.channel_key >= '-9223372036854775808'::bigint);
-    IF citus OR chained OR EXISTS (SELECT 1 FROM mq_rows m
-                          WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
-                            AND m.dead_since IS NULL AND m.after_message_id IS NULL
-                            AND m.ready_at <= ts) THEN
+    IF rows_in THEN
         SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
         FROM _mq_pick_set(channel_names, batch_size - n, ts, 1) p;
     ELSE

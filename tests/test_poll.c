@@ -715,6 +715,119 @@ static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
     PQfinish(c);
 }
 
+/* A logged message whose producer commits after a claim took a later
+ * message of its channel: the channel's cursor is past its place, so only
+ * the log's upkeep (_mq_log_settle) finds it. Returns the consumer's
+ * connection (the caller PQfinish'es), which took the later message. */
+static PGconn *late_behind_cursor(void)
+{
+    PGconn *producer = t_pg(), *c = t_pg();
+    /* The channel first (a producer that adds a channel holds its new
+     * cursor, and so the channel's other producers, until it ends). */
+    insert_n("lx", NULL, 1, 1, 60000);
+    t_exec(producer, "BEGIN");
+    t_exec(producer, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, 'lx', "
+                     "NULL, NULL, false, 'lost', '{}', NULL)::mq_new_t])");
+    insert_n("lx", NULL, 1, 1, 60000);
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(ARRAY['lx'], 10)"), 2);
+    t_exec(producer, "COMMIT");
+    PQfinish(producer);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_log WHERE name = 'lost' "
+                            "AND place < (SELECT place FROM mq_cursors "
+                            "WHERE channel_name = 'lx')"),
+              1);
+    return c;
+}
+
+static const char lost_found[] = "SELECT count(*) FROM mq_poll_jobs(NULL, %d) WHERE name = 'lost'";
+
+/* A channel's messages kept in mq_rows (a chain here; retries and late
+ * producers' messages too) get their share of each poll though the log
+ * could fill every batch (semantic 7). */
+static void test_rows_are_not_starved_by_the_log(void)
+{
+    t_truncate();
+    insert_n("deep", NULL, 400, 1, 60000);
+    pqmq_msg *chain[3];
+    for (int i = 0; i < 3; i++)
+        chain[i] = t_msg("chained", "k", "job", "{\"k\": 1}", 1);
+    CHECK_OK(q, pqmq_insert(q, chain, 3));
+    t_msgs_free(chain, 3);
+    /* Batches of 4: a chain's head in each of the first polls. */
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FILTER (WHERE channel_name = 'chained') "
+                                "FROM mq_poll_jobs(NULL, 4)"),
+                  1);
+        t_exec(pg, "SELECT mq_complete(array_agg(id)) FROM mq_msgs "
+                   "WHERE channel_name = 'chained' AND attempt_at > now()");
+    }
+    /* Batches of one: mq_rows' turn every other poll or so (at random). */
+    t_exec(pg, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, 'later', NULL, "
+               "NULL, true, 'job', '{}', NULL)::mq_new_t])");
+    int polls = 0;
+    while (polls < 40 && t_sql_int(pg, "SELECT count(*) FILTER (WHERE channel_name = 'later') "
+                                       "FROM mq_poll_jobs(NULL, 1)") == 0)
+        polls++;
+    printf("    a chain's message in a poll of one after %d polls of the log\n", polls);
+    CHECK(polls < 40);
+}
+
+/* README, "Producers in long transactions": the next poll that finds
+ * nothing settles every channel. */
+static void test_late_producer_found_by_an_empty_poll(void)
+{
+    t_truncate();
+    PGconn *c = late_behind_cursor();
+    char sql[128];
+    snprintf(sql, sizeof sql, lost_found, 10);
+    int64_t waited = poll_until_found(c, sql, 5000, 0);
+    CHECK(waited >= 0 && waited < 3000);
+    /* Delivered once: nothing of it is left to claim. */
+    CHECK_INT(t_sql_int(c, "%s", sql), 0);
+    PQfinish(c);
+}
+
+/* ... by the upkeep of the polls that take from its channel (about once a
+ * second a channel), though none comes up empty. */
+static void test_late_producer_found_by_its_channels_polls(void)
+{
+    t_truncate();
+    PGconn *c = late_behind_cursor();
+    char sql[128];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM mq_poll_jobs(ARRAY['lx'], 1) "
+                              "WHERE name = 'lost'");
+    int64_t start = t_now_ms(), waited = -1;
+    while (t_now_ms() - start < 8000) {
+        insert_n("lx", NULL, 2, 1, 60000);
+        if (t_sql_int(c, "%s", sql) == 1) {
+            waited = t_now_ms() - start;
+            break;
+        }
+        t_sleep_ms(50);
+    }
+    printf("    found after %lld ms, its channel busy\n", (long long)waited);
+    CHECK(waited >= 0 && waited < 5000);
+    PQfinish(c);
+}
+
+/* ... and by a busy session's sweep of every channel (every ten seconds),
+ * when no poll takes from its channel again and none comes up empty. */
+static void test_late_producer_found_by_a_busy_sessions_sweep(void)
+{
+    if (t_pooled()) {
+        /* The sweep's clock is a session setting, which a pooler changes. */
+        printf("    skipped behind a pooler\n");
+        return;
+    }
+    t_truncate();
+    PGconn *c = late_behind_cursor();
+    char sql[128];
+    snprintf(sql, sizeof sql, lost_found, 1);
+    int64_t waited = poll_until_found(c, sql, 15000, 1);
+    CHECK(waited >= 0 && waited < 12000);
+    PQfinish(c);
+}
+
 /* The mark is a session setting a client can write: garbage is ignored,
  * and a mark set ahead of the live rows hides them from that session's
  * polls for ten seconds at most (docs/sql-contract.md). */
@@ -914,6 +1027,10 @@ int main(void)
     T_RUN(test_held_snapshot_dead_entries_are_passed);
     T_RUN(test_late_commit_is_found);
     T_RUN(test_late_commit_under_load_waits_ten_seconds_at_most);
+    T_RUN(test_rows_are_not_starved_by_the_log);
+    T_RUN(test_late_producer_found_by_an_empty_poll);
+    T_RUN(test_late_producer_found_by_its_channels_polls);
+    T_RUN(test_late_producer_found_by_a_busy_sessions_sweep);
     T_RUN(test_mark_set_by_hand);
     T_RUN(test_commit_places_the_message_now);
     T_RUN(test_new_head_is_placed_now);
