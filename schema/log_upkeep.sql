@@ -227,6 +227,64 @@ BEGIN
 END;
 $$;
 
+-- Deletes the cursors of drained channels (nothing in the log, no receipt,
+-- everything settled and reclaimed), at most 10,000 a call, so that the walks
+-- of polls pass only channels with a log; a channel's next producer adds
+-- its cursor again (at place 0: every place it takes is later). A producer
+-- that found a cursor before its deletion committed adds none: its message
+-- has no cursor until every transaction that was running when the deletion
+-- committed has ended (the horizon the next sweep writes); then the cursor
+-- comes back at its old place, or the row is forgotten. Called by the sweep
+-- of every channel (_mq_log_upkeep with keys NULL).
+CREATE OR REPLACE FUNCTION _mq_log_retire()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    keys bigint[];
+BEGIN
+    -- Deletions that committed before this statement: producers that saw
+    -- those cursors have xids below this snapshot's xmax.
+    UPDATE mq_cursors_retired t SET horizon = pg_snapshot_xmax(pg_current_snapshot())
+    WHERE t.horizon IS NULL
+      AND t.channel_key >= '-9223372036854775808'::bigint; -- (a probe)
+    WITH done AS (
+        DELETE FROM mq_cursors_retired t
+        WHERE t.horizon <= pg_snapshot_xmin(pg_current_snapshot())
+          AND t.channel_key >= '-9223372036854775808'::bigint
+        RETURNING t.channel_key, t.place)
+    INSERT INTO mq_cursors (channel_key, place, settled, reclaimed, channel_name, channel_args)
+    SELECT d.channel_key, d.place, d.place, d.place, f.channel_name, f.channel_args
+    FROM done d
+    CROSS JOIN LATERAL (SELECT l.channel_name, l.channel_args FROM mq_log l
+                        WHERE l.channel_key = d.channel_key AND l.place > d.place
+                        ORDER BY l.place LIMIT 1) f
+    ON CONFLICT DO NOTHING;
+    -- (probes a cursor, whatever ANALYZE saw: scalar subqueries)
+    keys := ARRAY(
+        SELECT x.channel_key FROM mq_cursors x
+        WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
+          AND x.reclaimed = x.place AND x.settled = x.place
+          AND (SELECT l.place FROM mq_log l WHERE l.channel_key = x.channel_key
+               LIMIT 1) IS NULL
+          AND (SELECT r.lo FROM mq_receipts r WHERE r.channel_key = x.channel_key
+               LIMIT 1) IS NULL
+        ORDER BY x.channel_key
+        LIMIT 10000
+        FOR UPDATE SKIP LOCKED);
+    IF cardinality(keys) = 0 THEN
+        RETURN;
+    END IF;
+    WITH gone AS (
+        DELETE FROM mq_cursors c WHERE c.channel_key = ANY (keys)
+        RETURNING c.channel_key, c.place)
+    INSERT INTO mq_cursors_retired (channel_key, place)
+    SELECT g.channel_key, g.place FROM gone g
+    ON CONFLICT (channel_key) DO UPDATE SET place = EXCLUDED.place, horizon = NULL;
+END;
+$$;
+
 -- What a poll does for the log for the channels it took from (keys, whose
 -- cursors it holds): look for late producers' messages (_mq_log_settle)
 -- and delete finished rows (_mq_log_reclaim), for each channel whose first
@@ -269,5 +327,8 @@ BEGIN
     END IF;
     PERFORM _mq_log_settle(ts, keys);
     PERFORM _mq_log_reclaim(keys);
+    IF keys IS NULL THEN
+        PERFORM _mq_log_retire();
+    END IF;
 END;
 $$;

@@ -352,6 +352,19 @@ CREATE TABLE IF NOT EXISTS mq_cursors (
     channel_args text NOT NULL
 ) WITH (fillfactor = 50);
 
+-- The cursors of drained channels that the log's sweep deleted
+-- (_mq_log_retire), so that polls do not walk past every channel ever
+-- used: place, the deleted cursor's; horizon, set by the first sweep after
+-- the deletion committed. A producer that found the cursor just before it
+-- went commits its message with no cursor over it; once every transaction
+-- older than horizon has ended, the sweep gives such a channel its cursor
+-- back (at place) or forgets the row.
+CREATE TABLE IF NOT EXISTS mq_cursors_retired (
+    channel_key  bigint PRIMARY KEY,
+    place        bigint NOT NULL,
+    horizon      xid8
+);
+
 -- What one claim took from one channel's log: its places (lo the first),
 -- when, the earliest lease among them (lease_until; 'infinity' once no
 -- member is in flight), the claim's horizon (no transaction that could

@@ -768,7 +768,8 @@ static void test_every_function_pins_search_path(void)
      * they were created, for the planner to inline (it never inlines a
      * function with settings; test_locked and test_plans check that it
      * does), or, _mq_at, to spare each call the settings. _mq_locker_died
-     * is inlined into the claims, as _mq_lane_admits; _mq_log_given is
+     * is inlined into the claims, as _mq_lane_admits and _mq_rows_share
+     * into the polls; _mq_log_given is
      * called once per place a scan tests, as _mq_at; _mq_log_lease and
      * _mq_log_lease_end are IMMUTABLE arithmetic on their arguments. They
      * have no settings at all, and PUBLIC may not call them. */
@@ -784,7 +785,8 @@ static void test_every_function_pins_search_path(void)
               "_mq_in_channel (none) false; _mq_lane_admits (none) false; "
               "_mq_locker_died (none) false; "
               "_mq_log_given (none) false; _mq_log_lease (none) false; "
-              "_mq_log_lease_end (none) false; _mq_walk_next (none) false");
+              "_mq_log_lease_end (none) false; _mq_rows_share (none) false; "
+              "_mq_walk_next (none) false");
     PQclear(r);
 }
 

@@ -772,6 +772,68 @@ static void test_rows_are_not_starved_by_the_log(void)
     CHECK(polls < 40);
 }
 
+static const char got_any[] = "SELECT count(*) FROM mq_poll_jobs(NULL, 100) WHERE id IS NOT NULL";
+
+/* Polls that find nothing delete the cursors of drained channels, so a
+ * poll's walk does not grow with every channel ever used; such a channel's
+ * next message makes its cursor again. */
+static void test_drained_cursors_are_retired(void)
+{
+    t_truncate();
+    for (int i = 0; i < 300; i++) {
+        char args[16];
+        snprintf(args, sizeof args, "e%d", i);
+        insert_n("ent", args, 1, 1, 60000);
+    }
+    t_exec(pg, "SELECT mq_complete(array_agg(id)) FROM mq_claim(NULL, 1000)");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors"), 300);
+    int polls = 0;
+    while (polls < 20 && t_sql_int(pg, "SELECT count(*) FROM mq_cursors") > 0) {
+        CHECK_INT(t_sql_int(pg, got_any), 0);
+        polls++;
+    }
+    printf("    300 drained cursors deleted by %d empty polls\n", polls);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors"), 0);
+    insert_n("ent", "e7", 1, 1, 60000);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_poll_jobs(ARRAY['ent'], 10) "
+                            "WHERE channel_args = 'e7'"),
+              1);
+}
+
+/* A producer that found a channel's cursor just before a sweep deleted it
+ * commits its message with no cursor over it: a later sweep, once that
+ * producer has ended, gives the channel its cursor back, and the message is
+ * delivered once. */
+static void test_message_behind_a_retired_cursor_is_delivered(void)
+{
+    t_truncate();
+    insert_n("orph", NULL, 1, 1, 60000);
+    t_exec(pg, "SELECT mq_complete(array_agg(id)) FROM mq_claim(ARRAY['orph'], 10)");
+    PGconn *producer = t_pg();
+    t_exec(producer, "BEGIN");
+    t_exec(producer, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, 'orph', "
+                     "NULL, NULL, false, 'orphan', '{}', NULL)::mq_new_t])");
+    int polls = 0;
+    while (polls < 20 && t_sql_int(pg, "SELECT count(*) FROM mq_cursors") > 0) {
+        CHECK_INT(t_sql_int(pg, got_any), 0);
+        polls++;
+    }
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors"), 0);
+    t_exec(producer, "COMMIT");
+    PQfinish(producer);
+    /* Committed, with no cursor over it: no poll can see it yet. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors_retired WHERE place > 0"), 1);
+    int found = 0;
+    for (polls = 0; polls < 10 && !found; polls++)
+        found = (int)t_sql_int(pg, "SELECT count(*) FROM mq_poll_jobs(NULL, 10) "
+                                   "WHERE name = 'orphan'");
+    printf("    the message behind a deleted cursor delivered at poll %d\n", polls);
+    CHECK_INT(found, 1);
+    CHECK_INT(t_sql_int(pg, got_any), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors_retired"), 0);
+}
+
 /* README, "Producers in long transactions": the next poll that finds
  * nothing settles every channel. */
 static void test_late_producer_found_by_an_empty_poll(void)
@@ -1028,6 +1090,8 @@ int main(void)
     T_RUN(test_late_commit_is_found);
     T_RUN(test_late_commit_under_load_waits_ten_seconds_at_most);
     T_RUN(test_rows_are_not_starved_by_the_log);
+    T_RUN(test_drained_cursors_are_retired);
+    T_RUN(test_message_behind_a_retired_cursor_is_delivered);
     T_RUN(test_late_producer_found_by_an_empty_poll);
     T_RUN(test_late_producer_found_by_its_channels_polls);
     T_RUN(test_late_producer_found_by_a_busy_sessions_sweep);
