@@ -227,8 +227,9 @@ BEGIN
 END;
 $$;
 
--- Deletes the cursors of drained channels (nothing in the log, no receipt,
--- everything settled and reclaimed), at most 10,000 a call, so that the walks
+-- Deletes the cursors of channels drained for ten minutes (nothing in the
+-- log, no receipt, everything settled and reclaimed, the same place since
+-- a sweep first saw them so), at most 10,000 a call, so that the walks
 -- of polls pass only channels with a log; a channel's next producer adds
 -- its cursor again (at place 0: every place it takes is later). A producer
 -- that found a cursor before its deletion committed adds none: its message
@@ -236,7 +237,7 @@ $$;
 -- committed has ended (the horizon the next sweep writes); then the cursor
 -- comes back at its old place, or the row is forgotten. Called by the sweep
 -- of every channel (_mq_log_upkeep with keys NULL).
-CREATE OR REPLACE FUNCTION _mq_log_retire()
+CREATE OR REPLACE FUNCTION _mq_log_retire(ts timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -261,7 +262,8 @@ BEGIN
                         WHERE l.channel_key = d.channel_key AND l.place > d.place
                         ORDER BY l.place LIMIT 1) f
     ON CONFLICT DO NOTHING;
-    -- (probes a cursor, whatever ANALYZE saw: scalar subqueries)
+    -- The drained channels (probes a cursor, whatever ANALYZE saw: scalar
+    -- subqueries): first seen so at their place now, or so for ten minutes.
     keys := ARRAY(
         SELECT x.channel_key FROM mq_cursors x
         WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
@@ -273,6 +275,11 @@ BEGIN
         ORDER BY x.channel_key
         LIMIT 10000
         FOR UPDATE SKIP LOCKED);
+    UPDATE mq_cursors x SET drained_at = ts, drained_place = x.place
+    WHERE x.channel_key = ANY (keys) AND x.drained_place IS DISTINCT FROM x.place;
+    keys := ARRAY(SELECT x.channel_key FROM mq_cursors x
+                  WHERE x.channel_key = ANY (keys) AND x.drained_place = x.place
+                    AND x.drained_at <= ts - interval '10 minutes');
     IF cardinality(keys) = 0 THEN
         RETURN;
     END IF;
@@ -328,7 +335,7 @@ BEGIN
     PERFORM _mq_log_settle(ts, keys);
     PERFORM _mq_log_reclaim(keys);
     IF keys IS NULL THEN
-        PERFORM _mq_log_retire();
+        PERFORM _mq_log_retire(ts);
     END IF;
 END;
 $$;

@@ -351,6 +351,11 @@ CREATE TABLE IF NOT EXISTS mq_cursors (
     channel_name text NOT NULL,
     channel_args text NOT NULL
 ) WITH (fillfactor = 50);
+-- When the sweep first found the channel drained, at place drained_place
+-- (_mq_log_retire deletes a cursor drained at the same place for ten
+-- minutes).
+ALTER TABLE mq_cursors ADD COLUMN IF NOT EXISTS drained_at timestamptz;
+ALTER TABLE mq_cursors ADD COLUMN IF NOT EXISTS drained_place bigint;
 
 -- The cursors of drained channels that the log's sweep deleted
 -- (_mq_log_retire), so that polls do not walk past every channel ever
