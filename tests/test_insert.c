@@ -643,6 +643,34 @@ static void test_commit_of_unknown_outcome_is_reported(void)
     t_exec(pg, "DROP FUNCTION doubt_warn()");
 }
 
+/* README, "Producers in long transactions": a producer in an open
+ * transaction holds up no other producer of a channel that has its cursor;
+ * the first message of a new channel makes the channel's other producers
+ * wait for that transaction. */
+static void test_open_producer_holds_up_only_a_new_channel(void)
+{
+    t_truncate();
+    static const char one[] =
+        "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, '%s', NULL, NULL, "
+        "false, 'job', '{}', NULL)::mq_new_t])";
+    PGconn *open_tx = t_pg(), *other = t_pg();
+    t_exec(pg, one, "known");
+    t_exec(open_tx, "BEGIN");
+    t_exec(open_tx, one, "known");
+    t_exec(open_tx, one, "fresh");
+    t_exec(other, "SET statement_timeout = '300ms'");
+    t_exec(other, one, "known"); /* at once */
+    PGresult *r = PQexec(other, "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, "
+                                "'fresh', NULL, NULL, false, 'job', '{}', NULL)::mq_new_t])");
+    CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "57014"); /* waited: canceled */
+    PQclear(r);
+    t_exec(open_tx, "COMMIT");
+    t_exec(other, one, "fresh");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs"), 5);
+    PQfinish(open_tx);
+    PQfinish(other);
+}
+
 int main(void)
 {
     t_init("insert");
@@ -669,6 +697,7 @@ int main(void)
     T_RUN(test_insert_batches_fail_alone);
     T_RUN(test_insert_batches_checked_first);
     T_RUN(test_commit_of_unknown_outcome_is_reported);
+    T_RUN(test_open_producer_holds_up_only_a_new_channel);
     pqmq_client_free(q);
     PQfinish(pg);
     return t_done();
