@@ -51,6 +51,9 @@ DECLARE
     names   text[]; -- a batch on several channels: message i's
     ords    int[];  -- and 1 if it is ordered
     base    bigint; -- the batch's places in chains (mq_chain_seq)
+    new_keys  bigint[]; -- the logged batch's channels without a cursor,
+    new_names text[];   -- their names
+    new_args  text[];   -- and args
 BEGIN
     IF new_messages IS NULL OR cardinality(new_messages) = 0 THEN
         RETURN;
@@ -219,23 +222,33 @@ BEGIN
                t.channel_name, COALESCE(t.channel_args, ''), COALESCE(t.name, ''),
                t.payload_json::jsonb, t.payload_bytes
         FROM unnest(new_messages) WITH ORDINALITY AS t;
+        -- The batch's channels without a cursor (a probe a channel; a new
+        -- channel, or one whose cursor a sweep retired) get one.
         IF pass.first_name = pass.last_name
            AND pass.first_args IS NOT DISTINCT FROM pass.last_args THEN
-            INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
-            SELECT (hashtext(t.channel_name)::bigint << 32)
-                       | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
-                   t.channel_name, COALESCE(t.channel_args, '')
+            SELECT ARRAY[k.key], ARRAY[t.channel_name], ARRAY[COALESCE(t.channel_args, '')]
+            INTO new_keys, new_names, new_args
             FROM unnest(new_messages[1:1]) AS t
-            ON CONFLICT DO NOTHING;
+            CROSS JOIN LATERAL (SELECT (hashtext(t.channel_name)::bigint << 32)
+                                       | (hashtext(COALESCE(t.channel_args, ''))::bigint
+                                          & 4294967295) AS key) k
+            -- (a probe whatever ANALYZE saw: a scalar subquery)
+            WHERE (SELECT c.channel_key FROM mq_cursors c WHERE c.channel_key = k.key) IS NULL;
         ELSE
-            INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
-            SELECT DISTINCT ON (1)
-                   (hashtext(t.channel_name)::bigint << 32)
-                       | (hashtext(COALESCE(t.channel_args, ''))::bigint & 4294967295),
-                   t.channel_name, COALESCE(t.channel_args, '')
-            FROM unnest(new_messages) AS t
-            ORDER BY 1
-            ON CONFLICT DO NOTHING;
+            SELECT array_agg(d.key ORDER BY d.key), array_agg(d.channel_name ORDER BY d.key),
+                   array_agg(d.args ORDER BY d.key)
+            INTO new_keys, new_names, new_args
+            FROM (SELECT DISTINCT ON (k.key) k.key, t.channel_name,
+                         COALESCE(t.channel_args, '') AS args
+                  FROM unnest(new_messages) AS t
+                  CROSS JOIN LATERAL (SELECT (hashtext(t.channel_name)::bigint << 32)
+                                             | (hashtext(COALESCE(t.channel_args, ''))::bigint
+                                                & 4294967295) AS key) k
+                  ORDER BY k.key) d
+            WHERE (SELECT c.channel_key FROM mq_cursors c WHERE c.channel_key = d.key) IS NULL;
+        END IF;
+        IF new_keys IS NOT NULL THEN
+            PERFORM _mq_log_add_cursors(new_keys, new_names, new_args);
         END IF;
     ELSE
         PERFORM _mq_insert_msgs(new_messages, ts, unique_keys, key_retention, priorities, base);

@@ -227,6 +227,32 @@ BEGIN
 END;
 $$;
 
+-- Adds the cursors of channels (keys, with names and args) that have none.
+-- A cursor another open transaction is adding is not waited for (the lock
+-- timeout): the channel is recorded in mq_cursors_wanted instead, for the
+-- sweep to add it should that transaction roll back. So a producer that
+-- adds a channel in a long transaction holds up none of its other
+-- producers; their messages are delivered once its cursor is there.
+CREATE OR REPLACE FUNCTION _mq_log_add_cursors(keys bigint[], names text[], args text[])
+RETURNS void
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET lock_timeout = '5ms'
+AS $$
+BEGIN
+    FOR i IN 1 .. cardinality(keys) LOOP
+        BEGIN
+            INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
+            VALUES (keys[i], names[i], args[i])
+            ON CONFLICT DO NOTHING;
+        EXCEPTION WHEN lock_not_available THEN
+            INSERT INTO mq_cursors_wanted (channel_key, channel_name, channel_args)
+            VALUES (keys[i], names[i], args[i]);
+        END;
+    END LOOP;
+END;
+$$;
+
 -- Deletes the cursors of channels drained for ten minutes (nothing in the
 -- log, no receipt, everything settled and reclaimed, the same place since
 -- a sweep first saw them so), at most 10,000 a call, so that the walks
@@ -243,8 +269,25 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    keys bigint[];
+    keys  bigint[];
+    names text[];
+    args  text[];
 BEGIN
+    -- Channels whose cursor a producer could not add (its adder was open):
+    -- added now, unless they have one or nothing in the log.
+    WITH t AS (
+        DELETE FROM mq_cursors_wanted t
+        WHERE t.channel_key >= '-9223372036854775808'::bigint -- (a probe)
+        RETURNING t.channel_key, t.channel_name, t.channel_args)
+    SELECT array_agg(w.channel_key), array_agg(w.channel_name), array_agg(w.channel_args)
+    INTO keys, names, args
+    FROM (SELECT DISTINCT ON (t.channel_key) t.channel_key, t.channel_name, t.channel_args
+          FROM t ORDER BY t.channel_key) w
+    WHERE (SELECT c.channel_key FROM mq_cursors c WHERE c.channel_key = w.channel_key) IS NULL
+      AND (SELECT l.place FROM mq_log l WHERE l.channel_key = w.channel_key LIMIT 1) IS NOT NULL;
+    IF keys IS NOT NULL THEN
+        PERFORM _mq_log_add_cursors(keys, names, args);
+    END IF;
     -- Deletions that committed before this statement: producers that saw
     -- those cursors have xids below this snapshot's xmax.
     UPDATE mq_cursors_retired t SET horizon = pg_snapshot_xmax(pg_current_snapshot())

@@ -370,6 +370,16 @@ CREATE TABLE IF NOT EXISTS mq_cursors_retired (
     horizon      xid8
 );
 
+-- Channels whose cursor a producer could not add because another open
+-- transaction was adding it (_mq_log_add_cursors): if that transaction
+-- rolls back, the sweep adds the cursor.
+CREATE TABLE IF NOT EXISTS mq_cursors_wanted (
+    channel_key  bigint NOT NULL,
+    channel_name text NOT NULL,
+    channel_args text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS mq_cursors_wanted_key ON mq_cursors_wanted (channel_key);
+
 -- What one claim took from one channel's log: its places (lo the first),
 -- when, the earliest lease among them (lease_until; 'infinity' once no
 -- member is in flight), the claim's horizon (no transaction that could
