@@ -17,13 +17,15 @@
 -- ids to ids, the locked row versions' ctids to tids and their chain keys
 -- to keys (ids also says what not to take again), and lowers low to the
 -- place (ready_at) of the first claimable message of the channels it took
--- from. lane: as in _mq_pick_set.
+-- from. lane: as in _mq_pick_set. paused: whether any channel is paused
+-- (mq_claim_lane's probe of mq_paused): a paused channel's keys are passed.
 --
 CREATE OR REPLACE FUNCTION _mq_pick_keys(only_name text, lo bigint, hi bigint,
                                          start bigint, per_key int, want int, budget int,
                                          ts timestamptz, lane int, mark timestamptz,
                                          INOUT ids uuid[], INOUT tids tid[],
-                                         INOUT keys bigint[], INOUT low timestamptz)
+                                         INOUT keys bigint[], INOUT low timestamptz,
+                                         paused boolean DEFAULT false)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -49,11 +51,12 @@ BEGIN
                      GREATEST(0, per_key - cardinality(array_positions(keys, u.k))) AS lim
               FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
               LATERAL (
-                  WITH RECURSIVE walk(k, at, n) AS (
-                      SELECT NULL::bigint, NULL::timestamptz, 0
+                  WITH RECURSIVE walk(k, at, nm, n) AS (
+                      SELECT NULL::bigint, NULL::timestamptz, NULL::text, 0
                       UNION ALL
-                      SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
-                          SELECT m.channel_key AS k, m.ready_at AS at FROM mq_rows m
+                      SELECT f.k, f.at, f.nm, w.n + 1 FROM walk w, LATERAL (
+                          SELECT m.channel_key AS k, m.ready_at AS at, m.channel_name AS nm
+                          FROM mq_rows m
                           WHERE m.priority <= 0 -- mq_msgs_ready_plain
                             AND _mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
                                              m.attempt_at, m.attempts, m.id,
@@ -63,7 +66,10 @@ BEGIN
                           ORDER BY m.channel_key, m.ready_at LIMIT 1) f
                       WHERE w.n < budget
                   )
-                  SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
+                  SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL
+                    -- A paused channel's key is passed, not read (mq_pause).
+                    AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
+                                                   WHERE p.channel_name = w.nm))) u) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_rows m
             WHERE m.channel_key = ks.k
@@ -103,7 +109,8 @@ CREATE OR REPLACE FUNCTION _mq_pick_chains(only_name text, lo bigint, hi bigint,
                                            start bigint, per_key int, want int, budget int,
                                            ts timestamptz, lane int, urgent boolean,
                                            mark timestamptz, INOUT ids uuid[],
-                                           INOUT tids tid[], INOUT keys bigint[])
+                                           INOUT tids tid[], INOUT keys bigint[],
+                                           paused boolean DEFAULT false)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -147,6 +154,9 @@ BEGIN
               AND m.attempts > 0
               AND (only_name IS NULL OR m.channel_name = only_name)
               AND m.id <> ALL (ids)
+              -- A paused channel's chain keeps its head (mq_pause).
+              AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
+                                             WHERE p.channel_name = m.channel_name))
               AND (cardinality(keys) = 0 -- (the first pick of a poll: nothing to count)
                    OR per_key > cardinality(array_positions(keys, ks.k)))
               -- The locked lane: first deliveries not left by a dead locker.
@@ -177,7 +187,8 @@ CREATE OR REPLACE FUNCTION _mq_pick_urgent(only_name text, lo bigint, hi bigint,
                                            ts timestamptz, lane int, mark timestamptz,
                                            INOUT ids uuid[], INOUT tids tid[],
                                            INOUT keys bigint[], INOUT low timestamptz,
-                                           INOUT full_keys bigint[])
+                                           INOUT full_keys bigint[],
+                                           paused boolean DEFAULT false)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -202,11 +213,12 @@ BEGIN
                      GREATEST(0, per_key - cardinality(array_positions(keys, u.k))) AS lim
               FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
               LATERAL ( -- (the walk of _mq_pick_keys)
-                  WITH RECURSIVE walk(k, np, at, n) AS (
-                      SELECT NULL::bigint, NULL::smallint, NULL::timestamptz, 0
+                  WITH RECURSIVE walk(k, np, at, nm, n) AS (
+                      SELECT NULL::bigint, NULL::smallint, NULL::timestamptz, NULL::text, 0
                       UNION ALL
-                      SELECT f.k, f.np, f.at, w.n + 1 FROM walk w, LATERAL (
-                          SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at
+                      SELECT f.k, f.np, f.at, f.nm, w.n + 1 FROM walk w, LATERAL (
+                          SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at,
+                                 m.channel_name AS nm
                           FROM mq_rows m
                           WHERE m.priority > 0 -- mq_msgs_ready_urgent
                             AND _mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
@@ -217,7 +229,10 @@ BEGIN
                           ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
                       WHERE w.n < budget
                   )
-                  SELECT w.k, w.np, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
+                  SELECT w.k, w.np, w.at FROM walk w WHERE w.k IS NOT NULL
+                    -- (as in _mq_pick_keys)
+                    AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
+                                                   WHERE p.channel_name = w.nm))) u) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_rows m
             WHERE m.channel_key = ks.k

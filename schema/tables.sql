@@ -580,3 +580,15 @@ CREATE TABLE IF NOT EXISTS mq_workers (
 );
 
 ALTER TABLE mq_workers SET (fillfactor = 50);
+
+-- Paused channels (schema/pause.sql, pqmq pause): one row per channel name,
+-- which covers every args of that name. No poll lane delivers a message of
+-- a paused channel; what is in flight can still be completed, failed or kept
+-- alive. Polls probe this table once (any row at all?) before they filter
+-- by it, so an empty table costs a poll that probe only.
+CREATE TABLE IF NOT EXISTS mq_paused (
+    channel_name text PRIMARY KEY,
+    paused_at    timestamptz NOT NULL DEFAULT pg_catalog.clock_timestamp(),
+    paused_by    name NOT NULL DEFAULT session_user,
+    reason       text
+);
