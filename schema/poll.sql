@@ -102,24 +102,43 @@ BEGIN
     -- chains has no head to come due, and skips their walk
     -- (_mq_next_head_at, a good part of an empty poll).
     IF channel_names IS NULL THEN
-        SELECT LEAST(
-            (SELECT m.ready_at FROM mq_rows m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.ready_at > '-infinity'::timestamptz
-               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
-               AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
-                                              WHERE p.channel_name = m.channel_name))
-             ORDER BY m.ready_at LIMIT 1),
-            (SELECT min(m.attempt_at) FROM mq_rows m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.ready_at > '-infinity'::timestamptz
-               AND m.ready_at >= mark AND m.ready_at <= ts
-               AND m.attempts > 0
-               AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
-                                              WHERE p.channel_name = m.channel_name))))
-        INTO next_at;
+        -- (A statement of its own while a channel is paused: the filter
+        -- would change the estimates, and so the plan, of the other.)
+        IF NOT paused THEN
+            SELECT LEAST(
+                (SELECT m.ready_at FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+                 ORDER BY m.ready_at LIMIT 1),
+                (SELECT min(m.attempt_at) FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at >= mark AND m.ready_at <= ts
+                   AND m.attempts > 0))
+            INTO next_at;
+        ELSE
+            SELECT LEAST(
+                (SELECT m.ready_at FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+                   AND NOT EXISTS (SELECT 1 FROM mq_paused p
+                                   WHERE p.channel_name = m.channel_name)
+                 ORDER BY m.ready_at LIMIT 1),
+                (SELECT min(m.attempt_at) FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at >= mark AND m.ready_at <= ts
+                   AND m.attempts > 0
+                   AND NOT EXISTS (SELECT 1 FROM mq_paused p
+                                   WHERE p.channel_name = m.channel_name)))
+            INTO next_at;
+        END IF;
         -- (Its own statement: on Citus a statement that reads the queue's
         -- tables runs on the worker, where this function cannot.)
         IF chained THEN
@@ -127,6 +146,13 @@ BEGIN
                                                       9223372036854775807, NULL, paused));
         END IF;
     ELSE
+        -- A paused channel's messages are no candidates: its name is left
+        -- out here, and so of the log's part below.
+        IF paused THEN
+            channel_names := ARRAY(SELECT u.n FROM unnest(channel_names) AS u(n)
+                                   WHERE NOT EXISTS (SELECT 1 FROM mq_paused p
+                                                     WHERE p.channel_name = u.n));
+        END IF;
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
             (SELECT m.ready_at FROM mq_rows m
@@ -152,14 +178,12 @@ BEGIN
                                  m.channel_name, c.n)
                AND m.ready_at >= mark AND m.ready_at <= ts AND m.attempts > 0)))
         INTO next_at
-        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c
-        WHERE NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p WHERE p.channel_name = c.n);
+        FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c;
         -- (As above: a statement that reads no table.)
         IF chained THEN
             next_at := LEAST(next_at, (
                 SELECT min(_mq_next_head_at(hashtext(c.n)::bigint << 32,
-                                           (hashtext(c.n)::bigint << 32) | 4294967295, c.n,
-                                           paused))
+                                           (hashtext(c.n)::bigint << 32) | 4294967295, c.n))
                 FROM (SELECT DISTINCT n FROM unnest(channel_names) AS n) c));
         END IF;
     END IF;
@@ -174,15 +198,26 @@ BEGIN
         -- a poll made once the cursor's holder ends (no notification says
         -- when): a locked-lane worker's cursor, or one whose locked delivery
         -- died, which the lease lane takes before the locked lane goes on.
-        IF EXISTS (SELECT 1 FROM mq_cursors c
-                   WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
-                     AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
-                                                    WHERE p.channel_name = c.channel_name))
-                     AND EXISTS (SELECT 1 FROM mq_log l
-                                 WHERE l.channel_key = c.channel_key AND l.place > c.place
-                                   AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
-                                                   WHERE g.channel_key = l.channel_key
-                                                     AND g.place = l.place))) THEN
+        -- (A paused channel's cursors are passed, in a statement of its own,
+        -- as above.)
+        IF NOT paused AND EXISTS (
+               SELECT 1 FROM mq_cursors c
+               WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
+                 AND EXISTS (SELECT 1 FROM mq_log l
+                             WHERE l.channel_key = c.channel_key AND l.place > c.place
+                               AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                               WHERE g.channel_key = l.channel_key
+                                                 AND g.place = l.place)))
+           OR paused AND EXISTS (
+               SELECT 1 FROM mq_cursors c
+               WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
+                 AND NOT EXISTS (SELECT 1 FROM mq_paused p
+                                 WHERE p.channel_name = c.channel_name)
+                 AND EXISTS (SELECT 1 FROM mq_log l
+                             WHERE l.channel_key = c.channel_key AND l.place > c.place
+                               AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                               WHERE g.channel_key = l.channel_key
+                                                 AND g.place = l.place))) THEN
             next_at := ts;
             EXIT;
         END IF;

@@ -20,14 +20,16 @@ static PGconn *pg;
 /* How a message is stored: in the log (a plain batch), or in mq_rows. */
 enum kind { PLAIN, PRIORITY, DELAYED, ORDERED };
 
-/* n messages of kind on channel (args ""), named "m0".., with backoff ms. */
-static void put(const char *channel, enum kind kind, int n, int64_t backoff)
+/* n messages of kind on channel, named "m0".., with backoff ms; args "" or,
+ * with spread, "a0", "a1", ... (a chain key each). */
+static void put_spread(const char *channel, enum kind kind, int n, int64_t backoff, int spread)
 {
     pqmq_msg **m = calloc((size_t)n, sizeof *m);
     for (int i = 0; i < n; i++) {
-        char name[16];
+        char name[16], args[16];
         snprintf(name, sizeof name, "m%d", i);
-        m[i] = t_msg(channel, NULL, name, "{}", kind == ORDERED);
+        snprintf(args, sizeof args, "a%d", i);
+        m[i] = t_msg(channel, spread ? args : NULL, name, "{}", kind == ORDERED);
         pqmq_msg_set_backoff(m[i], backoff);
         if (kind == PRIORITY)
             CHECK_OK(q, pqmq_msg_set_priority(m[i], 3));
@@ -39,6 +41,11 @@ static void put(const char *channel, enum kind kind, int n, int64_t backoff)
     free(m);
     if (kind == DELAYED)
         t_sleep_ms(40);
+}
+
+static void put(const char *channel, enum kind kind, int n, int64_t backoff)
+{
+    put_spread(channel, kind, n, backoff, 0);
 }
 
 /* How many of channel's messages are rows of mq_rows (the rest: logged). */
@@ -126,6 +133,50 @@ static void test_every_lane_skips_a_paused_channel(void)
                 t_fail(__FILE__, __LINE__, "%s, %s: resumed gave %d, expected 3", lanes[lane],
                        kinds[kind], held);
         }
+    }
+}
+
+/* A paused name with many args (more chain keys than a poll's walk may
+ * visit, 2 * batch + 16) does not hide the channels after it: the walks pass
+ * the paused name in one step. Each poll starts (the session's turn) at the
+ * paused name's range, and the other channel's keys come after it. */
+static void test_many_paused_keys_do_not_starve(void)
+{
+    static const char *kinds[] = {"priority", "delayed", "ordered"};
+    PGresult *r = t_sql(pg, "SELECT n FROM unnest(ARRAY['pa', 'pb', 'pc', 'pd', 'pe', 'pf']) n "
+                            "ORDER BY hashtext(n)");
+    if (!r || PQntuples(r) != 6) {
+        t_fail(__FILE__, __LINE__, "no names");
+        PQclear(r);
+        return;
+    }
+    char held[8], other[8];
+    snprintf(held, sizeof held, "%s", PQgetvalue(r, 0, 0));
+    snprintf(other, sizeof other, "%s", PQgetvalue(r, 5, 0));
+    PQclear(r);
+    for (int kind = PRIORITY; kind <= ORDERED; kind++) {
+        t_truncate();
+        put_spread(held, (enum kind)kind, 60, 60000, 1);
+        put_spread(other, (enum kind)kind, 3, 60000, 1);
+        CHECK_INT(pqmq_pause(q, held, NULL), 1);
+        int got = 0;
+        for (int i = 0; i < 3; i++) {
+            t_exec(pg,
+                   "SELECT set_config('pqmq.next_' || 'mq_msgs'::regclass::oid, "
+                   "to_hex(hashtext('%s')::bigint << 32), false)",
+                   held);
+            got += (int)t_sql_int(
+                pg, "SELECT count(*) FROM mq_claim(NULL, 1) WHERE channel_name = '%s'", other);
+        }
+        if (got != 3)
+            t_fail(__FILE__, __LINE__, "%s: %d of the other channel's 3 delivered",
+                   kinds[kind - 1], got);
+        CHECK_INT(
+            t_sql_int(pg,
+                      "SELECT count(*) FROM mq_claim(ARRAY['%s'], 100) WHERE id IS NOT NULL",
+                      held),
+            0);
+        CHECK_INT(pqmq_resume(q, held), 1);
     }
 }
 
@@ -417,6 +468,7 @@ int main(void)
     pg = t_pg();
     T_RUN(test_every_lane_skips_a_paused_channel);
     T_RUN(test_named_poll_and_wait);
+    T_RUN(test_many_paused_keys_do_not_starve);
     T_RUN(test_runner_skips_a_paused_channel);
     T_RUN(test_chain_order_across_pause);
     T_RUN(test_in_flight_and_leases_that_run_out);
