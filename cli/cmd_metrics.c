@@ -19,6 +19,7 @@ static void help(void)
            "  pqmq_blocked_chains{channel}            gauge\n"
            "  pqmq_oldest_ready_age_seconds{channel}  gauge (0: nothing ready)\n"
            "  pqmq_removed_total{channel}             counter (completed or purged)\n"
+           "  pqmq_channel_paused{channel}            gauge (1: paused, pqmq pause)\n"
            "  pqmq_failed_attempts_total{channel}     counter\n"
            "  pqmq_retries_total{channel}             counter (retries scheduled)\n"
            "  pqmq_dead_total{channel}                counter (messages gone dead)\n"
@@ -85,6 +86,12 @@ void tool_metrics_print(FILE *f, const tool_figures *rows, size_t n, int tty)
     for (size_t i = 0; i < n; i++) {
         sample(f, "pqmq_removed_total", rows[i].channel, NULL, tty);
         fprintf(f, "%lld\n", rows[i].removed);
+    }
+    family(f, "pqmq_channel_paused", "gauge",
+           "1 while the channel is paused (no poll delivers its messages), else 0.");
+    for (size_t i = 0; i < n; i++) {
+        sample(f, "pqmq_channel_paused", rows[i].channel, NULL, tty);
+        fprintf(f, "%d\n", rows[i].paused);
     }
 }
 

@@ -18,7 +18,7 @@ int tool_figures_read(tool *t, char *const *channels, size_t n, tool_figures **o
     const char *p[1] = {arr};
     PGresult *r = tool_query(t,
                              "SELECT channel_name, ready, in_flight, scheduled, uncommitted, "
-                             "waiting, dead, blocked_chains, oldest_ready_age, removed "
+                             "waiting, dead, blocked_chains, oldest_ready_age, removed, paused "
                              "FROM mq_metrics($1::text[])",
                              1, p);
     free(arr);
@@ -38,6 +38,7 @@ int tool_figures_read(tool *t, char *const *channels, size_t n, tool_figures **o
             *v[c] = atoll(PQgetvalue(r, (int)i, c + 1));
         f[i].oldest_ready_age = atof(PQgetvalue(r, (int)i, 8));
         f[i].removed = atoll(PQgetvalue(r, (int)i, 9));
+        f[i].paused = !strcmp(PQgetvalue(r, (int)i, 10), "t");
         if (!f[i].channel) {
             PQclear(r);
             tool_figures_free(f, i);
@@ -89,13 +90,26 @@ static const char *const heads[] = {"CHANNEL",      "READY",    "IN_FLIGHT", "SC
                                     "UNCOMMITTED",  "WAITING",  "DEAD",      "BLOCKED",
                                     "OLDEST_READY", "REMOVED/S"};
 
+/* What a paused channel's name is followed by in the table. */
+static const char paused_mark[] = " (paused)";
+
+static size_t name_width(const tool_figures *x)
+{
+    return out_display_width(x->channel) + (x->paused ? strlen(paused_mark) : 0);
+}
+
 static void row(FILE *f, size_t w0, const char *name, const tool_figures *x, int has_rate,
                 double rate)
 {
     char age[32];
     fmt_age(age, sizeof age, x->oldest_ready_age);
     out_display(f, name);
-    fprintf(f, "%*s", (int)(w0 - out_display_width(name)), "");
+    size_t w = out_display_width(name);
+    if (x->paused) {
+        fputs(paused_mark, f);
+        w += strlen(paused_mark);
+    }
+    fprintf(f, "%*s", (int)(w0 - w), "");
     fprintf(f, " %9lld %9lld %9lld %11lld %9lld %9lld %7lld %12s", x->ready, x->in_flight,
             x->scheduled, x->uncommitted, x->waiting, x->dead, x->blocked, age);
     if (has_rate)
@@ -107,8 +121,8 @@ void tool_figures_table(FILE *f, const tool_figures *rows, size_t n, const doubl
 {
     size_t w0 = strlen("(total)");
     for (size_t i = 0; i < n; i++)
-        if (out_display_width(rows[i].channel) > w0)
-            w0 = out_display_width(rows[i].channel);
+        if (name_width(&rows[i]) > w0)
+            w0 = name_width(&rows[i]);
     fprintf(f, "%-*s %9s %9s %9s %11s %9s %9s %7s %12s", (int)w0, heads[0], heads[1], heads[2],
             heads[3], heads[4], heads[5], heads[6], heads[7], heads[8]);
     if (rates)
@@ -153,7 +167,8 @@ void tool_figures_json(FILE *f, const tool_figures *rows, size_t n)
         out_json_str(f, x->channel, strlen(x->channel));
         fputs(", ", f);
         json_row(f, x);
-        fprintf(f, ", \"removed\": %lld}", x->removed);
+        fprintf(f, ", \"removed\": %lld, \"paused\": %s}", x->removed,
+                x->paused ? "true" : "false");
         total.ready += x->ready;
         total.in_flight += x->in_flight;
         total.scheduled += x->scheduled;
@@ -176,7 +191,9 @@ static void help(void)
            "Messages per channel (the named ones, else all) and in total, by state:\n"
            "ready, in flight (leased, or waiting for a retry), scheduled (delayed),\n"
            "uncommitted (two-phase), waiting (behind their ordered chain), dead; chains\n"
-           "blocked by a dead head; how long the oldest ready message has waited.\n\n"
+           "blocked by a dead head; how long the oldest ready message has waited.\n"
+           "A paused channel (pqmq pause) is marked \"(paused)\", and listed even\n"
+           "with no message.\n\n"
            "  --json              one JSON object, for scripts\n%s",
            tool_common_help);
 }

@@ -138,6 +138,7 @@ typedef struct {
     long long ready, in_flight, scheduled, uncommitted, waiting, dead, blocked;
     double oldest_ready_age;
     long long removed;
+    int paused; /* the channel is paused (pqmq pause) */
 } tool_figures;
 
 /* Reads mq_metrics for the channels (n == 0: all). *out (caller frees with
@@ -211,6 +212,8 @@ int cmd_skip(tool *t, int argc, char **argv);
 int cmd_purge(tool *t, int argc, char **argv);
 int cmd_send(tool *t, int argc, char **argv);
 int cmd_workers(tool *t, int argc, char **argv);
+int cmd_pause(tool *t, int argc, char **argv);
+int cmd_resume(tool *t, int argc, char **argv);
 /* cmd_serve.c, or serve_missing.c when built without libmicrohttpd. */
 int cmd_serve(tool *t, int argc, char **argv);
 

@@ -23,6 +23,8 @@ static const struct {
     {"retry", cmd_retry, "give dead messages more attempts"},
     {"skip", cmd_skip, "move ordered messages out of their chains"},
     {"purge", cmd_purge, "delete a channel's messages"},
+    {"pause", cmd_pause, "stop delivering a channel's messages"},
+    {"resume", cmd_resume, "deliver a paused channel's messages again"},
     {"send", cmd_send, "insert one message"},
     {"watch", cmd_watch, "status, refreshed when the queue changes"},
     {"metrics", cmd_metrics, "status and alert counters in the Prometheus text format"},

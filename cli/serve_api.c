@@ -128,6 +128,8 @@ static unsigned failure_status(const serve *s, int rc)
 unsigned serve_action(serve *s, const char *action, const char *body, size_t len,
                       const char *peer, FILE *out)
 {
+    if (strcmp(action, "pause") == 0 || strcmp(action, "resume") == 0)
+        return serve_pause_action(s, action, body, len, peer, out);
     int is_retry = strcmp(action, "retry") == 0;
     char why[160];
     char *copy = malloc(len + 1);

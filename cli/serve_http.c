@@ -8,6 +8,8 @@
  *   GET  /healthz       "ok", or 503 while the queue cannot be read
  *   POST /api/retry     admin actions (serve_api.c), only with --admin
  *   POST /api/skip
+ *   POST /api/pause     (serve_pause.c: channel=NAME)
+ *   POST /api/resume
  *
  * Every request but /metrics must name an accepted Host (an IP literal,
  * localhost or a --host name), so a page on another site that rebinds its
@@ -60,7 +62,7 @@ typedef enum { R_PAGE, R_ASSET, R_STATE, R_METRICS, R_HEALTH, R_ACTION } route_k
 typedef struct {
     route_kind kind;
     const serve_asset *asset; /* R_ASSET */
-    const char *action;       /* R_ACTION: "retry" or "skip" */
+    const char *action;       /* R_ACTION: "retry", "skip", "pause" or "resume" */
 } route;
 
 /* An accepted request: its route and, for a POST, its body. Answered at
@@ -188,6 +190,8 @@ static int find_route(const char *url, route *r)
         {"/healthz", R_HEALTH, NULL},
         {"/api/retry", R_ACTION, "retry"},
         {"/api/skip", R_ACTION, "skip"},
+        {"/api/pause", R_ACTION, "pause"},
+        {"/api/resume", R_ACTION, "resume"},
     };
     *r = (route){0};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)

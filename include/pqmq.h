@@ -476,6 +476,25 @@ PQMQ_EXPORT int pqmq_retry(pqmq_client *client, const uuid_t *ids, size_t n, int
  * how many were moved. */
 PQMQ_EXPORT int pqmq_skip(pqmq_client *client, const uuid_t *ids, size_t n, size_t *count);
 
+/* ---- pausing a channel (pause.c) -------------------------------------- */
+
+/*
+ * Pauses the channel named channel (every args of that name): no poll, of
+ * any lane or the runner, delivers its messages until pqmq_resume. What is
+ * in flight can still be completed, failed or kept alive; a lease that runs
+ * out while paused is not delivered again until then. Inserts go on. The
+ * pause is kept in the queue, so it outlasts connections and restarts; a
+ * name with no message yet may be paused. reason (may be NULL) is shown by
+ * pqmq status. channel and reason stay the caller's. Returns 1 when the
+ * channel was not paused before, 0 when it was (its first pause is kept),
+ * or a negative error. Needs the administer duty.
+ */
+PQMQ_EXPORT int pqmq_pause(pqmq_client *client, const char *channel, const char *reason);
+/* Resumes a paused channel and wakes its sleeping consumers. channel stays
+ * the caller's. Returns 1 when it was paused, 0 when not, or a negative
+ * error. Needs the administer duty. */
+PQMQ_EXPORT int pqmq_resume(pqmq_client *client, const char *channel);
+
 /* ---- the runner (runner.c; worker.c, claims.c) ------------------------- */
 
 typedef struct pqmq_runner pqmq_runner;

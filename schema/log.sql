@@ -57,14 +57,15 @@ RETURN CASE
 -- passed (SKIP LOCKED); so is one whose last locked delivery died (its
 -- cursor's locker aborted), in lane 1 only: lane 2 takes those, with
 -- leases; and one with an urgent message ready in mq_rows (urgent: whether
--- any may be).
+-- any may be); and, when paused (some channel is: the poll's probe of
+-- mq_paused), one of a paused channel (schema/pause.sql).
 -- Returns one row: the jobs (mq_job_t, in place order) and how many, spent
 -- (the walk found every channel with messages it could reach: another call
 -- finds none), the key of the last channel the walk took from, and the keys
 -- of all it took from.
 CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, fence bigint,
                                          per_key int, want int, ts timestamptz, lane int,
-                                         urgent boolean)
+                                         urgent boolean, paused boolean DEFAULT false)
 RETURNS TABLE(jobs mq_job_t[], n int, spent boolean, last_key bigint, keys bigint[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -104,6 +105,8 @@ BEGIN
                   -- A cursor whose last locker died: not for the locked
                   -- lane, and the only cursors lane 2 takes.
                   AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
+                  AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
+                                                 WHERE p.channel_name = c.channel_name))
                   -- None of a channel's messages while an urgent one of it
                   -- could be claimed (mq_rows holds every message of
                   -- priority above 0).
@@ -125,6 +128,8 @@ BEGIN
                 WHERE wrap AND c.channel_key >= lo AND c.channel_key < fence
                   AND e.place > c.place
                   AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
+                  AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
+                                                 WHERE p.channel_name = c.channel_name))
                   AND (NOT urgent OR NOT EXISTS (
                            SELECT 1 FROM mq_rows m
                            WHERE m.channel_key = c.channel_key
@@ -208,9 +213,11 @@ $$;
 -- from last, a named one from a random point of each name's range, each
 -- walk around its range once. Round 1 takes at most a quarter of the batch
 -- from each channel; round 2 (a later call, after mq_rows' pick) visits the
--- same channels again, from the same start, for the rest.
+-- same channels again, from the same start, for the rest. paused: as in
+-- _mq_log_claim.
 CREATE OR REPLACE FUNCTION _mq_log_pick(channel_names text[], batch_size int, want int,
-                                        ts timestamptz, lane int, round int)
+                                        ts timestamptz, lane int, round int,
+                                        paused boolean DEFAULT false)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -288,7 +295,7 @@ BEGIN
             SELECT c.jobs, c.n, c.spent, c.last_key, c.keys
             INTO taken, n, spent, last, ks
             FROM _mq_log_claim(rg.lo, rg.hi, start, rg.s, per_key, want - got, ts, lane,
-                               urgent) c;
+                               urgent, paused) c;
             EXIT WHEN COALESCE(n, 0) = 0;
             RETURN QUERY SELECT * FROM unnest(taken);
             got := got + n;

@@ -133,7 +133,9 @@ $$;
 -- first deliveries whose last locked delivery did not die and that this
 -- transaction does not hold yet; lane 2: the others (see mq_claim_lane).
 -- chained: whether the queue has chain entries (its probe below), which
--- the caller passes on to _mq_wait_time when nothing was picked.
+-- the caller passes on to _mq_wait_time when nothing was picked. paused:
+-- whether some channel is paused (the caller's probe of mq_paused): the
+-- walks then pass the paused channels' keys (schema/pause.sql).
 --
 -- Fairness: channels are visited in turn, taking at most a quarter of the
 -- batch from each, so a busy channel cannot starve a quiet one. An unfiltered
@@ -157,7 +159,7 @@ $$;
 CREATE OR REPLACE FUNCTION _mq_pick_set(channel_names text[], batch_size int,
                                         ts timestamptz, lane int,
                                         OUT ids uuid[], OUT tids tid[],
-                                        OUT chained boolean)
+                                        OUT chained boolean, paused boolean DEFAULT false)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -227,26 +229,26 @@ BEGIN
                 SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
                 FROM _mq_pick_chains(NULL, -9223372036854775808, 9223372036854775807,
                                     start, per_key, batch_size, budget, ts, lane, true, mark,
-                                    ids, tids, keys) p;
+                                    ids, tids, keys, paused => paused) p;
             END IF;
             IF urgent THEN
                 SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
                 INTO ids, tids, keys, low, full_keys
                 FROM _mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
                                     start, per_key, batch_size, budget, ts, lane, mark, ids, tids,
-                                    keys, low, full_keys) p;
+                                    keys, low, full_keys, paused => paused) p;
             END IF;
             IF chained THEN
                 SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
                 FROM _mq_pick_chains(NULL, -9223372036854775808, 9223372036854775807,
                                     start, per_key, batch_size, budget, ts, lane, urgent,
-                                    mark, ids, tids, keys) p;
+                                    mark, ids, tids, keys, paused => paused) p;
             END IF;
             IF cardinality(ids) < batch_size THEN
                 SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
                 FROM _mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
                                   start, per_key, batch_size, budget, ts, lane, mark, ids, tids,
-                                  keys, low) p;
+                                  keys, low, paused => paused) p;
             END IF;
             -- The last channel of this visit (from start up, then around;
             -- the urgent round 2 below starts over).
@@ -256,7 +258,7 @@ BEGIN
                 INTO ids, tids, keys, low, full_keys
                 FROM _mq_pick_urgent(NULL, -9223372036854775808, 9223372036854775807,
                                     start, batch_size, batch_size, budget, ts, lane, mark, ids,
-                                    tids, keys, low, full_keys) p;
+                                    tids, keys, low, full_keys, paused => paused) p;
             END IF;
         ELSE
             -- Round 1 takes up to per_key from each named channel (its urgent
@@ -273,7 +275,7 @@ BEGIN
                     IF urgent AND chained AND round = 1 THEN
                         SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
                         FROM _mq_pick_chains(nm, lo, hi, start, per_key, batch_size, budget, ts,
-                                            lane, true, mark, ids, tids, keys) p;
+                                            lane, true, mark, ids, tids, keys, paused => paused) p;
                     END IF;
                     IF urgent THEN
                         SELECT p.ids, p.tids, p.keys, p.low, p.full_keys
@@ -281,19 +283,19 @@ BEGIN
                         FROM _mq_pick_urgent(nm, lo, hi, start,
                                             CASE WHEN round = 1 THEN per_key ELSE batch_size END,
                                             batch_size, budget, ts, lane, mark, ids, tids,
-                                            keys, low, full_keys) p;
+                                            keys, low, full_keys, paused => paused) p;
                     END IF;
                     IF chained AND round = 1 THEN -- (a chain gives one message a poll)
                         SELECT p.ids, p.tids, p.keys INTO ids, tids, keys
                         FROM _mq_pick_chains(nm, lo, hi, start, per_key, batch_size, budget, ts,
-                                            lane, urgent, mark, ids, tids, keys) p;
+                                            lane, urgent, mark, ids, tids, keys, paused => paused) p;
                     END IF;
                     CONTINUE WHEN cardinality(ids) >= batch_size;
                     SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
                     FROM _mq_pick_keys(nm, lo, hi, start,
                                       CASE WHEN round = 1 THEN per_key ELSE batch_size END,
                                       batch_size, budget, ts, lane, mark, ids, tids, keys,
-                                      low) p;
+                                      low, paused => paused) p;
                 END LOOP;
             END LOOP;
         END IF;
@@ -306,7 +308,16 @@ BEGIN
         -- where this one stopped. (A channel with urgent messages left gave
         -- all it was allowed to, so the batch is full: the time index, which
         -- would take its older messages of priority 0 first, is not read.)
-        IF channel_names IS NULL AND cardinality(ids) < batch_size THEN
+        -- While a channel is paused (paused: mq_claim_lane's probe of
+        -- mq_paused), the time index would step over the paused channels'
+        -- ready messages at every poll: a second visit of the channels, each
+        -- giving up to the rest of the batch, tops up instead.
+        IF paused AND channel_names IS NULL AND cardinality(ids) < batch_size THEN
+            SELECT p.ids, p.tids, p.keys, p.low INTO ids, tids, keys, low
+            FROM _mq_pick_keys(NULL, -9223372036854775808, 9223372036854775807,
+                              start, batch_size, batch_size, budget, ts, lane, mark, ids, tids,
+                              keys, low, paused => paused) p;
+        ELSIF channel_names IS NULL AND cardinality(ids) < batch_size THEN
             SELECT array_agg(s.id), array_agg(s.ctid) INTO got, got_tid FROM (
                 SELECT m.id, m.ctid FROM mq_rows m
                 WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time

@@ -17,13 +17,18 @@
 -- ids to ids, the locked row versions' ctids to tids and their chain keys
 -- to keys (ids also says what not to take again), and lowers low to the
 -- place (ready_at) of the first claimable message of the channels it took
--- from. lane: as in _mq_pick_set.
+-- from. lane: as in _mq_pick_set. paused: whether any channel is paused
+-- (mq_claim_lane's probe of mq_paused): the walk passes a paused channel's
+-- name in one step, all its keys at once (a name whose hash equals a paused
+-- one's shares its range of keys, and is passed with it by the walks of an
+-- unfiltered poll while the pause lasts: one pair of names in 2^32).
 --
 CREATE OR REPLACE FUNCTION _mq_pick_keys(only_name text, lo bigint, hi bigint,
                                          start bigint, per_key int, want int, budget int,
                                          ts timestamptz, lane int, mark timestamptz,
                                          INOUT ids uuid[], INOUT tids tid[],
-                                         INOUT keys bigint[], INOUT low timestamptz)
+                                         INOUT keys bigint[], INOUT low timestamptz,
+                                         paused boolean DEFAULT false)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -49,21 +54,32 @@ BEGIN
                      GREATEST(0, per_key - cardinality(array_positions(keys, u.k))) AS lim
               FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
               LATERAL (
-                  WITH RECURSIVE walk(k, at, n) AS (
-                      SELECT NULL::bigint, NULL::timestamptz, 0
+                  -- (skip: the key's channel is paused, only looked up when
+                  -- some channel is: the walk is not taken from and the next
+                  -- probe starts past the name's range of keys, one step
+                  -- for all of its args.)
+                  WITH RECURSIVE walk(k, at, skip, n) AS (
+                      SELECT NULL::bigint, NULL::timestamptz, false, 0
                       UNION ALL
-                      SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
-                          SELECT m.channel_key AS k, m.ready_at AS at FROM mq_rows m
+                      SELECT f.k, f.at,
+                             paused AND EXISTS (SELECT 1 FROM mq_paused p
+                                                WHERE p.channel_name = f.nm),
+                             w.n + 1
+                      FROM walk w, LATERAL (
+                          SELECT m.channel_key AS k, m.ready_at AS at, m.channel_name AS nm
+                          FROM mq_rows m
                           WHERE m.priority <= 0 -- mq_msgs_ready_plain
                             AND _mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
                                              m.attempt_at, m.attempts, m.id,
                                              m.channel_name, mark, ts, only_name, ids)
-                            AND m.channel_key >= _mq_walk_next(w.k, d.a, d.b)
+                            AND m.channel_key >= _mq_walk_next(
+                                    CASE WHEN w.skip THEN w.k | 4294967295 ELSE w.k END,
+                                    d.a, d.b)
                             AND m.channel_key <= d.b
                           ORDER BY m.channel_key, m.ready_at LIMIT 1) f
                       WHERE w.n < budget
                   )
-                  SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
+                  SELECT w.k, w.at FROM walk w WHERE w.k IS NOT NULL AND NOT w.skip) u) ks,
         LATERAL (
             SELECT m.id, m.ctid FROM mq_rows m
             WHERE m.channel_key = ks.k
@@ -103,7 +119,8 @@ CREATE OR REPLACE FUNCTION _mq_pick_chains(only_name text, lo bigint, hi bigint,
                                            start bigint, per_key int, want int, budget int,
                                            ts timestamptz, lane int, urgent boolean,
                                            mark timestamptz, INOUT ids uuid[],
-                                           INOUT tids tid[], INOUT keys bigint[])
+                                           INOUT tids tid[], INOUT keys bigint[],
+                                           paused boolean DEFAULT false)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -127,17 +144,23 @@ BEGIN
             -- against each bound, once a chain, so a bound it does not need
             -- costs every pick. The key found past the range ends the walk
             -- and is not taken.
-            WITH RECURSIVE walk(k, at, n) AS (
-                SELECT NULL::bigint, NULL::tid, 0 WHERE d.a <= d.b
+            -- A paused channel's chains are passed as _mq_pick_keys passes
+            -- its keys (skip): each keeps its head, so its order holds.
+            WITH RECURSIVE walk(k, at, skip, n) AS (
+                SELECT NULL::bigint, NULL::tid, false, 0 WHERE d.a <= d.b
                 UNION ALL
-                SELECT f.k, f.at, w.n + 1 FROM walk w, LATERAL (
-                    SELECT m.channel_key AS k, m.ctid AS at FROM mq_rows m
+                SELECT f.k, f.at,
+                       paused AND EXISTS (SELECT 1 FROM mq_paused p WHERE p.channel_name = f.nm),
+                       w.n + 1
+                FROM walk w, LATERAL (
+                    SELECT m.channel_key AS k, m.ctid AS at, m.channel_name AS nm FROM mq_rows m
                     WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                      AND m.channel_key >= _mq_walk_next(w.k, d.a, d.b)
+                      AND m.channel_key >= _mq_walk_next(
+                              CASE WHEN w.skip THEN w.k | 4294967295 ELSE w.k END, d.a, d.b)
                     ORDER BY m.channel_key, m.chain_seq LIMIT 1) f
                 WHERE w.n < budget
             )
-            SELECT w.k, w.at FROM walk w WHERE w.k <= d.b) ks,
+            SELECT w.k, w.at FROM walk w WHERE w.k <= d.b AND NOT w.skip) ks,
         LATERAL (
             -- The head's row version as this statement sees it, by TID.
             SELECT m.id, m.ctid FROM mq_rows m
@@ -177,7 +200,8 @@ CREATE OR REPLACE FUNCTION _mq_pick_urgent(only_name text, lo bigint, hi bigint,
                                            ts timestamptz, lane int, mark timestamptz,
                                            INOUT ids uuid[], INOUT tids tid[],
                                            INOUT keys bigint[], INOUT low timestamptz,
-                                           INOUT full_keys bigint[])
+                                           INOUT full_keys bigint[],
+                                           paused boolean DEFAULT false)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -202,22 +226,30 @@ BEGIN
                      GREATEST(0, per_key - cardinality(array_positions(keys, u.k))) AS lim
               FROM (VALUES (start, hi), (lo, CASE WHEN start > lo THEN start - 1 END)) d(a, b),
               LATERAL ( -- (the walk of _mq_pick_keys)
-                  WITH RECURSIVE walk(k, np, at, n) AS (
-                      SELECT NULL::bigint, NULL::smallint, NULL::timestamptz, 0
+                  WITH RECURSIVE walk(k, np, at, skip, n) AS (
+                      SELECT NULL::bigint, NULL::smallint, NULL::timestamptz, false, 0
                       UNION ALL
-                      SELECT f.k, f.np, f.at, w.n + 1 FROM walk w, LATERAL (
-                          SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at
+                      SELECT f.k, f.np, f.at,
+                             paused AND EXISTS (SELECT 1 FROM mq_paused p
+                                                WHERE p.channel_name = f.nm),
+                             w.n + 1
+                      FROM walk w, LATERAL (
+                          SELECT m.channel_key AS k, -m.priority AS np, m.ready_at AS at,
+                                 m.channel_name AS nm
                           FROM mq_rows m
                           WHERE m.priority > 0 -- mq_msgs_ready_urgent
                             AND _mq_claimable(m.dead_since, m.after_message_id, m.ready_at,
                                              m.attempt_at, m.attempts, m.id,
                                              m.channel_name, mark, ts, only_name, ids)
-                            AND m.channel_key >= _mq_walk_next(w.k, d.a, d.b)
+                            AND m.channel_key >= _mq_walk_next(
+                                    CASE WHEN w.skip THEN w.k | 4294967295 ELSE w.k END,
+                                    d.a, d.b)
                             AND m.channel_key <= d.b
                           ORDER BY m.channel_key, -m.priority, m.ready_at LIMIT 1) f
                       WHERE w.n < budget
                   )
-                  SELECT w.k, w.np, w.at FROM walk w WHERE w.k IS NOT NULL) u) ks,
+                  SELECT w.k, w.np, w.at FROM walk w
+                  WHERE w.k IS NOT NULL AND NOT w.skip) u) ks, -- (skip: as in _mq_pick_keys)
         LATERAL (
             SELECT m.id, m.ctid FROM mq_rows m
             WHERE m.channel_key = ks.k

@@ -53,7 +53,8 @@ $$;
 -- past: ready now, but held by another transaction). At most 1000 chains
 -- (_mq_chain_heads): a queue with more may answer later than its earliest
 -- head (a poll still finds it).
-CREATE OR REPLACE FUNCTION _mq_next_head_at(lo bigint, hi bigint, only_name text)
+CREATE OR REPLACE FUNCTION _mq_next_head_at(lo bigint, hi bigint, only_name text,
+                                            paused boolean DEFAULT false)
 RETURNS timestamptz
 -- (PL/pgSQL keeps its plan: a SQL function with a SET clause is parsed and
 -- planned again at every call, a large part of an empty poll.)
@@ -61,9 +62,14 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
+    -- A paused channel's heads are passed (paused: some channel is), so
+    -- the walk does not stop at the first head due.
     RETURN (SELECT min(h.head_at)
-            FROM _mq_chain_heads(lo, hi, only_name, 1000, clock_timestamp()) h
-            WHERE NOT h.head_dead AND h.head_attempts > 0);
+            FROM _mq_chain_heads(lo, hi, only_name, 1000,
+                                 CASE WHEN NOT paused THEN clock_timestamp() END) h
+            WHERE NOT h.head_dead AND h.head_attempts > 0
+              AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
+                                             WHERE p.channel_name = h.head_name)));
 END;
 $$;
 
@@ -74,9 +80,11 @@ $$;
 -- comes due (_mq_next_head_at: only when chained, _mq_pick_set's answer),
 -- or now for a logged message past its cursor (the poll passed it: another
 -- transaction holds the cursor, or its lane is not the caller's). NULL when
--- there is none.
+-- there is none. A paused channel's messages (paused: the poll's probe of
+-- mq_paused found one) are no candidates: they wait for mq_resume, whose
+-- notification wakes the pollers.
 CREATE OR REPLACE FUNCTION _mq_wait_time(channel_names text[], ts timestamptz,
-                                         chained boolean)
+                                         chained boolean, paused boolean DEFAULT false)
 RETURNS interval
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -94,27 +102,57 @@ BEGIN
     -- chains has no head to come due, and skips their walk
     -- (_mq_next_head_at, a good part of an empty poll).
     IF channel_names IS NULL THEN
-        SELECT LEAST(
-            (SELECT m.ready_at FROM mq_rows m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.ready_at > '-infinity'::timestamptz
-               AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
-             ORDER BY m.ready_at LIMIT 1),
-            (SELECT min(m.attempt_at) FROM mq_rows m
-             WHERE m.dead_since IS NULL
-               AND m.after_message_id IS NULL
-               AND m.ready_at > '-infinity'::timestamptz
-               AND m.ready_at >= mark AND m.ready_at <= ts
-               AND m.attempts > 0))
-        INTO next_at;
+        -- (A statement of its own while a channel is paused: the filter
+        -- would change the estimates, and so the plan, of the other.)
+        IF NOT paused THEN
+            SELECT LEAST(
+                (SELECT m.ready_at FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+                 ORDER BY m.ready_at LIMIT 1),
+                (SELECT min(m.attempt_at) FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at >= mark AND m.ready_at <= ts
+                   AND m.attempts > 0))
+            INTO next_at;
+        ELSE
+            SELECT LEAST(
+                (SELECT m.ready_at FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at > ts AND m.ready_at < 'infinity'::timestamptz
+                   AND NOT EXISTS (SELECT 1 FROM mq_paused p
+                                   WHERE p.channel_name = m.channel_name)
+                 ORDER BY m.ready_at LIMIT 1),
+                (SELECT min(m.attempt_at) FROM mq_rows m
+                 WHERE m.dead_since IS NULL
+                   AND m.after_message_id IS NULL
+                   AND m.ready_at > '-infinity'::timestamptz
+                   AND m.ready_at >= mark AND m.ready_at <= ts
+                   AND m.attempts > 0
+                   AND NOT EXISTS (SELECT 1 FROM mq_paused p
+                                   WHERE p.channel_name = m.channel_name)))
+            INTO next_at;
+        END IF;
         -- (Its own statement: on Citus a statement that reads the queue's
         -- tables runs on the worker, where this function cannot.)
         IF chained THEN
             next_at := LEAST(next_at, _mq_next_head_at(-9223372036854775808,
-                                                      9223372036854775807, NULL));
+                                                      9223372036854775807, NULL, paused));
         END IF;
     ELSE
+        -- A paused channel's messages are no candidates: its name is left
+        -- out here, and so of the log's part below.
+        IF paused THEN
+            channel_names := ARRAY(SELECT u.n FROM unnest(channel_names) AS u(n)
+                                   WHERE NOT EXISTS (SELECT 1 FROM mq_paused p
+                                                     WHERE p.channel_name = u.n));
+        END IF;
         -- Each channel index (plain and urgent) for its range of chain keys.
         SELECT min(LEAST(
             (SELECT m.ready_at FROM mq_rows m
@@ -160,13 +198,26 @@ BEGIN
         -- a poll made once the cursor's holder ends (no notification says
         -- when): a locked-lane worker's cursor, or one whose locked delivery
         -- died, which the lease lane takes before the locked lane goes on.
-        IF EXISTS (SELECT 1 FROM mq_cursors c
-                   WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
-                     AND EXISTS (SELECT 1 FROM mq_log l
-                                 WHERE l.channel_key = c.channel_key AND l.place > c.place
-                                   AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
-                                                   WHERE g.channel_key = l.channel_key
-                                                     AND g.place = l.place))) THEN
+        -- (A paused channel's cursors are passed, in a statement of its own,
+        -- as above.)
+        IF NOT paused AND EXISTS (
+               SELECT 1 FROM mq_cursors c
+               WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
+                 AND EXISTS (SELECT 1 FROM mq_log l
+                             WHERE l.channel_key = c.channel_key AND l.place > c.place
+                               AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                               WHERE g.channel_key = l.channel_key
+                                                 AND g.place = l.place)))
+           OR paused AND EXISTS (
+               SELECT 1 FROM mq_cursors c
+               WHERE c.channel_key >= rg.lo AND c.channel_key <= rg.hi
+                 AND NOT EXISTS (SELECT 1 FROM mq_paused p
+                                 WHERE p.channel_name = c.channel_name)
+                 AND EXISTS (SELECT 1 FROM mq_log l
+                             WHERE l.channel_key = c.channel_key AND l.place > c.place
+                               AND NOT EXISTS (SELECT 1 FROM mq_log_gone g
+                                               WHERE g.channel_key = l.channel_key
+                                                 AND g.place = l.place))) THEN
             next_at := ts;
             EXIT;
         END IF;
@@ -249,6 +300,9 @@ DECLARE
     max_dur interval := (_mq_limits()).max_duration; -- once, not per row
     chained boolean;
     rows_in boolean;
+    -- Whether any channel is paused: one probe a poll, and the filters of
+    -- mq_paused below run only when it finds one (schema/pause.sql).
+    paused  boolean := EXISTS (SELECT 1 FROM mq_paused);
     idle    mq_job_t;
     n       int;
     got     int;
@@ -278,14 +332,14 @@ BEGIN
     n := 0;
     RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size,
                                             batch_size - _mq_rows_share(rows_in, batch_size),
-                                            ts, lane, 1);
+                                            ts, lane, 1, paused);
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
     END IF;
     IF rows_in THEN
         SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
-        FROM _mq_pick_set(channel_names, batch_size - n, ts, lane) p;
+        FROM _mq_pick_set(channel_names, batch_size - n, ts, lane, paused) p;
     ELSE
         picked := '{}';
     END IF;
@@ -366,7 +420,7 @@ BEGIN
 
     n := n + cardinality(picked);
     RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, lane,
-                                            2);
+                                            2, paused);
     GET DIAGNOSTICS got = ROW_COUNT;
     n := n + got;
     IF n > 0 THEN
@@ -376,7 +430,7 @@ BEGIN
     -- Nothing claimed: the one row says when to poll again (the rest NULL),
     -- after a look for logged messages whose producers committed late.
     PERFORM _mq_log_upkeep(ts, NULL);
-    idle.wait_time := _mq_wait_time(channel_names, ts, chained);
+    idle.wait_time := _mq_wait_time(channel_names, ts, chained, paused);
     RETURN NEXT idle;
 END;
 $$;
@@ -405,6 +459,7 @@ DECLARE
     tids   tid[];
     chained boolean;
     rows_in boolean;
+    paused boolean := EXISTS (SELECT 1 FROM mq_paused); -- (as in mq_claim_lane)
     idle   mq_job_t;
     n      int;
     got    int;
@@ -429,14 +484,14 @@ BEGIN
     n := 0;
     RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size,
                                             batch_size - _mq_rows_share(rows_in, batch_size),
-                                            ts, 1, 1);
+                                            ts, 1, 1, paused);
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
     END IF;
     IF rows_in THEN
         SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
-        FROM _mq_pick_set(channel_names, batch_size - n, ts, 1) p;
+        FROM _mq_pick_set(channel_names, batch_size - n, ts, 1, paused) p;
     ELSE
         picked := '{}';
     END IF;
@@ -450,14 +505,15 @@ BEGIN
         ORDER BY m.ready_at, m.id;
     END IF;
     n := n + cardinality(picked);
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1, 2);
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1, 2,
+                                                  paused);
     GET DIAGNOSTICS got = ROW_COUNT;
     n := n + got;
     IF n > 0 THEN
         RETURN;
     END IF;
     PERFORM _mq_log_upkeep(ts, NULL);
-    idle.wait_time := _mq_wait_time(channel_names, ts, chained); -- as in mq_claim_lane
+    idle.wait_time := _mq_wait_time(channel_names, ts, chained, paused); -- as in mq_claim_lane
     RETURN NEXT idle;
 END;
 $$;

@@ -68,7 +68,10 @@ AS $$
            ('administer', 'mq_purge'), ('administer', 'mq_alert_metrics'),
            -- A runner registers and heartbeats (schema/workers.sql).
            ('consume', 'mq_worker_register'), ('consume', 'mq_worker_beat'),
-           ('consume', 'mq_worker_leave'), ('administer', 'mq_workers')
+           ('consume', 'mq_worker_leave'), ('administer', 'mq_workers'),
+           -- Pausing a channel (schema/pause.sql).
+           ('administer', 'mq_pause'), ('administer', 'mq_resume'),
+           ('administer', 'mq_paused_channels')
 $$;
 
 -- Lets grantee do duty ('produce', 'consume' or 'administer') on this

@@ -37,6 +37,20 @@ AS $$
     ORDER BY m.channel_name
 $$;
 
+-- An mq_metrics without the paused column has another result type: a DROP first.
+DO $$
+DECLARE
+    was regprocedure := pg_catalog.to_regprocedure('mq_metrics(text[])');
+BEGIN
+    IF was IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM pg_catalog.pg_proc p
+           WHERE p.oid OPERATOR(pg_catalog.=) was
+             AND 'paused' OPERATOR(pg_catalog.=) ANY (p.proargnames)) THEN
+        DROP FUNCTION mq_metrics(text[]);
+    END IF;
+END
+$$;
+
 -- One row per channel with messages (only the named ones when channel_names
 -- is not NULL), each message counted in exactly one state:
 --   dead         ran out of attempts (dead_since set, or final lease over)
@@ -49,6 +63,8 @@ $$;
 -- oldest_ready_age: seconds since the oldest ready message became ready.
 -- removed: messages of the channel deleted so far (completed or purged), a
 -- counter: a channel drained of its messages keeps its row.
+-- paused: the channel is paused (mq_pause); a paused channel has a row even
+-- with no message.
 --
 -- Cost: what it reads never includes the waiting messages. total and
 -- waiting come from the counters; dead, scheduled and uncommitted messages
@@ -65,7 +81,7 @@ CREATE OR REPLACE FUNCTION mq_metrics(channel_names text[] DEFAULT NULL)
 RETURNS TABLE(channel_name text, ready bigint, in_flight bigint, scheduled bigint,
               uncommitted bigint, waiting bigint, dead bigint,
               blocked_chains bigint, oldest_ready_age double precision,
-              removed bigint)
+              removed bigint, paused boolean)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -108,7 +124,9 @@ BEGIN
               SELECT e.n, e.sign * e.t, e.sign * e.w, CASE WHEN e.sign < 0 THEN e.t ELSE 0 END
               FROM (SELECT b.sign, pg_catalog.unnest(b.names) AS n,
                            pg_catalog.unnest(b.totals) AS t, pg_catalog.unnest(b.waits) AS w
-                    FROM mq_count_batches b) e) x
+                    FROM mq_count_batches b) e
+              UNION ALL -- (a paused channel with no message has a row)
+              SELECT p.channel_name, 0, 0, 0 FROM mq_paused p) x
         WHERE channel_names IS NULL
            OR x.channel_name OPERATOR(pg_catalog.=) ANY (channel_names)
         GROUP BY x.channel_name
@@ -213,12 +231,14 @@ BEGIN
     SELECT c.channel_name AS ch,
            c.total - (c.waiting - COALESCE(b.h, 0)) - COALESCE(b.f + b.s + b.u + b.d, 0) AS rdy,
            COALESCE(b.f, 0) AS f, COALESCE(b.s, 0) AS s, COALESCE(b.u, 0) AS u,
-           c.waiting - COALESCE(b.h, 0) AS w, COALESCE(b.d, 0) AS d, COALESCE(b.b, 0) AS bl, c.removed AS rm
+           c.waiting - COALESCE(b.h, 0) AS w, COALESCE(b.d, 0) AS d, COALESCE(b.b, 0) AS bl, c.removed AS rm,
+           pz.channel_name IS NOT NULL AS pz
     FROM counts c
     LEFT JOIN by_state b ON b.channel_name = c.channel_name
+    LEFT JOIN mq_paused pz ON pz.channel_name = c.channel_name
     -- A drained channel stays, with its removed count: a counter that
     -- vanished would read as a reset to whoever takes its rate.
-    WHERE c.total > 0 OR c.removed > 0
+    WHERE c.total > 0 OR c.removed > 0 OR pz.channel_name IS NOT NULL
        OR (channel_names IS NOT NULL AND c.channel_name = ANY (channel_names))
     ORDER BY c.channel_name
     LOOP
@@ -236,6 +256,7 @@ BEGIN
         oldest_ready_age := COALESCE(pg_catalog.date_part(
             'epoch', ts OPERATOR(pg_catalog.-) _mq_oldest_ready(r.ch, ts)), 0);
         removed := r.rm;
+        paused := r.pz;
         RETURN NEXT;
     END LOOP;
 END;

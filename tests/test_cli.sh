@@ -68,7 +68,7 @@ has out "usage: pqmq" "migrate" "metrics"
 has out "schema version 100"
 run 2 nosuchcommand
 has err "unknown command"
-for c in migrate status peek dead retry skip purge send watch metrics; do
+for c in migrate status peek dead retry skip purge send watch metrics pause resume; do
     run 0 "$c" --help
     has out "usage: pqmq $c" "--dsn" "--schema" "PQMQ_DSN" "PQMQ_SCHEMA"
     run 2 "$c" --no-such-option
@@ -394,6 +394,29 @@ if command -v script >/dev/null 2>&1; then
 else
     echo "note: script(1) not found; the terminal confirmation is not checked"
 fi
+
+# --- pause, resume -------------------------------------------------------------
+run 2 pause
+run 2 resume --reason why pz
+run 2 pause ''
+run 0 pause --reason "a deploy" pz other_pz
+has out "paused pz" "paused other_pz"
+run 0 pause pz
+has out "already paused: pz"
+[[ $(sql "SELECT reason FROM mq_paused WHERE channel_name = 'pz'") == "a deploy" ]] \
+    || fail "pause did not keep its reason"
+run 0 send pz job '{}'
+[[ $(sql "SELECT count(*) FROM mq_poll(ARRAY['pz'], 10) WHERE id IS NOT NULL") == 0 ]] \
+    || fail "a paused channel's message was delivered"
+run 0 status
+has out "pz (paused)"
+run 0 metrics
+has out 'pqmq_channel_paused{channel="pz"} 1' 'pqmq_channel_paused{channel="other_pz"} 1'
+run 0 resume pz other_pz nothing_here
+has out "resumed pz" "resumed other_pz" "not paused: nothing_here"
+[[ $(sql "SELECT count(*) FROM mq_paused") == 0 ]] || fail "resume left a pause"
+[[ $(sql "SELECT count(*) FROM mq_poll(ARRAY['pz'], 10) WHERE id IS NOT NULL") == 1 ]] \
+    || fail "a resumed channel's message was not delivered"
 
 # --- metrics (the format itself is parsed by test_metrics) ---------------------
 run 0 metrics

@@ -4,7 +4,8 @@
 # in $PQMQ_TEST_DSN, in a schema of its own that it drops at the end.
 #
 #   - administer: every subcommand that reads or repairs the queue (status,
-#     metrics, watch, peek, dead, retry, skip, purge, serve with /metrics);
+#     metrics, watch, peek, dead, retry, skip, purge, pause, resume, serve
+#     with /metrics);
 #   - produce: pqmq send and examples/producer (which calls pqmq_migrate: on
 #     a queue that is current it does nothing, and needs no table rights);
 #   - consume: examples/consumer;
@@ -133,6 +134,12 @@ as "$admin" 0 purge --channel work --yes
 [[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'work'") == 0 ]] ||
     fail "purge as the admin left messages"
 as "$admin" 1 send work job '{}'
+has err "permission denied"
+as "$admin" 0 pause --reason "a test" work
+has out "paused work"
+as "$admin" 0 resume work
+has out "resumed work"
+as "$consumer" 1 pause work
 has err "permission denied"
 
 if "$pqmq_bin" serve --help >/dev/null 2>&1; then

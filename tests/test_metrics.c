@@ -715,13 +715,14 @@ static void test_pqmq_metrics_parses_and_matches(void)
     exposition e;
     parse_exposition(text, &e);
     CHECK_INT(e.errors, 0);
-    /* 4 families of status, 5 of alerts, the workers' gauge */
-    CHECK_INT(e.ntypes, 10);
+    /* 5 families of status, 5 of alerts, the workers' gauge */
+    CHECK_INT(e.ntypes, 11);
 
     static const char *const states[] = {"ready",       "in_flight", "scheduled",
                                          "uncommitted", "waiting",   "dead"};
-    PGresult *r = t_sql(pg, "SELECT channel_name, ready, in_flight, scheduled, uncommitted,"
-                            " waiting, dead, blocked_chains, removed FROM mq_metrics()");
+    PGresult *r =
+        t_sql(pg, "SELECT channel_name, ready, in_flight, scheduled, uncommitted,"
+                  " waiting, dead, blocked_chains, removed, paused FROM mq_metrics()");
     int channels = r ? PQntuples(r) : 0;
     /* The mixed queue's 7, and the drained channels of the earlier tests. */
     CHECK(channels >= 7);
@@ -740,6 +741,8 @@ static void test_pqmq_metrics_parses_and_matches(void)
         CHECK(b && b->value == atof(PQgetvalue(r, i, 7)));
         const sample *rm = find(&e, "pqmq_removed_total", ch, NULL);
         CHECK(rm && rm->value == atof(PQgetvalue(r, i, 8)));
+        const sample *pz = find(&e, "pqmq_channel_paused", ch, NULL);
+        CHECK(pz && pz->value == (PQgetvalue(r, i, 9)[0] == 't'));
         CHECK(find(&e, "pqmq_oldest_ready_age_seconds", ch, NULL) != NULL);
     }
     CHECK(saw_odd);
@@ -771,9 +774,9 @@ static void test_pqmq_metrics_parses_and_matches(void)
     }
     PQclear(r);
     CHECK(completed_channels > 0);
-    /* Per channel: 9 of status; 3 counters, 13 buckets, sum and count;
+    /* Per channel: 10 of status; 3 counters, 13 buckets, sum and count;
      * the last completion where there was one; the workers' 2. */
-    CHECK_INT(e.n, channels * 9 + arows * 18 + completed_channels + 2);
+    CHECK_INT(e.n, channels * 10 + arows * 18 + completed_channels + 2);
     CHECK(find(&e, "pqmq_workers", "", "live") != NULL);
     const sample *x = find(&e, "pqmq_messages", odd_channel, "waiting");
     CHECK(x && x->value == 4);
@@ -786,7 +789,7 @@ static void test_pqmq_metrics_parses_and_matches(void)
     CHECK_INT(st, 0);
     parse_exposition(text ? text : "", &e);
     CHECK_INT(e.errors, 0);
-    CHECK_INT(e.n, 9 + 18 +
+    CHECK_INT(e.n, 10 + 18 +
                        (int)t_sql_int(pg, "SELECT count(*) FROM mq_alert_metrics("
                                           "ARRAY['plain']) WHERE last_completed_at"
                                           " IS NOT NULL") +

@@ -105,9 +105,10 @@ static void setup(void)
      * mq_schedule, mq_cron_slots; and, for each duty, mq_schema_version */
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('produce', '%s')", prod), 7);
     /* consume: with mq_worker_register, mq_worker_beat, mq_worker_leave;
-     * administer: with mq_alert_metrics, mq_workers */
+     * administer: with mq_alert_metrics, mq_workers, mq_pause, mq_resume,
+     * mq_paused_channels */
     CHECK_INT(t_sql_int(su, "SELECT mq_grant('consume', '%s')", cons), 20);
-    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 17);
+    CHECK_INT(t_sql_int(su, "SELECT mq_grant('administer', '%s')", adm), 20);
 }
 
 /* ---- each duty does its own job ---------------------------------------- */
@@ -215,6 +216,7 @@ static void test_producer_cannot_consume_read_or_administer(void)
     DENIED(pc, "SELECT * FROM mq_metrics(NULL)");
     DENIED(pc, "SELECT * FROM mq_peek('p')");
     DENIED(pc, "SELECT * FROM mq_purge('p')");
+    DENIED(pc, "SELECT mq_pause('p')");
     DENIED(pc, "SELECT mq_skip(ARRAY[gen_random_uuid()])");
     /* Internal helpers: one call could hold a chain's producers back. */
     DENIED(pc, "SELECT _mq_lock_new_chains(ARRAY[]::mq_new_t[])");
@@ -296,7 +298,7 @@ static void test_unknown_duty_and_revoke(void)
     t_exec(su, "SELECT mq_grant('produce', '%s'), mq_grant('administer', '%s')", other, other);
     CHECK_INT(t_sql_int(su, "SELECT mq_revoke('produce', '%s')", other), 5);
     CHECK_INT(t_sql_int(su, version, other), 1);
-    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('administer', '%s')", other), 17);
+    CHECK_INT(t_sql_int(su, "SELECT mq_revoke('administer', '%s')", other), 20);
     CHECK_INT(t_sql_int(su, version, other), 0);
 }
 

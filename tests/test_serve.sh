@@ -394,6 +394,28 @@ post 413 "@$work/big" /api/retry -H "$origin" -H "X-Pqmq-Token: $token" \
 grep -q "refused: missing or wrong X-Pqmq-Token" "$work/admin.err" \
     || fail "refused POSTs are not logged"
 
+# Pause and resume a channel over HTTP: the same checks, then /api/state.
+post 403 "channel=billing" /api/pause -H "X-Pqmq-Token: $token"
+post 403 "channel=billing" /api/pause -H "$origin" -H "X-Pqmq-Token: $wrong"
+post 400 "" /api/pause -H "$origin" -H "X-Pqmq-Token: $token"
+post 400 "channel=billing&channel=mail" /api/pause -H "$origin" -H "X-Pqmq-Token: $token"
+post 400 "channel=billing&reason=x" /api/resume -H "$origin" -H "X-Pqmq-Token: $token"
+[[ $(sql "SELECT count(*) FROM mq_paused") == 0 ]] || fail "a refused POST paused a channel"
+post 200 "channel=billing&reason=a+deploy" /api/pause -H "$origin" -H "X-Pqmq-Token: $token"
+has_body '"done": 1'
+[[ $(sql "SELECT reason FROM mq_paused WHERE channel_name = 'billing'") == "a deploy" ]] \
+    || fail "POST /api/pause did not pause billing"
+http 200 /api/state
+[[ $(jq '.status.channels[] | select(.channel == "billing") | .paused' "$work/body") == true ]] \
+    || fail "/api/state does not show billing paused"
+http 200 /metrics
+has_body 'pqmq_channel_paused{channel="billing"} 1'
+post 200 "channel=billing" /api/resume -H "$origin" -H "X-Pqmq-Token: $token"
+has_body '"done": 1'
+http 200 /api/state
+[[ $(jq '.status.channels[] | select(.channel == "billing") | .paused' "$work/body") == false ]] \
+    || fail "/api/state still shows billing paused"
+
 # Clients that send half a request, or nothing, and stall: others are
 # answered meanwhile, and the server drops them after --timeout (3 s).
 slow=()
@@ -468,6 +490,20 @@ wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 skip $he
           FROM mq_msgs WHERE id = '$next_id'") == t ]] \
     || fail "Skip on the page did not release the chain"
 
+# Pause a channel from the page, then resume it.
+wd_click 'tr[data-channel=mail] button[data-action="pause"]' || fail "clicking Pause: $WD_WHY"
+wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 pause mail" \
+    || fail "the Pause click did not succeed: $(wd_js 'return document.getElementById("notice").textContent')"
+[[ $(sql "SELECT count(*) FROM mq_paused WHERE channel_name = 'mail'") == 1 ]] \
+    || fail "Pause on the page did not pause mail"
+wd_wait 'return document.querySelector("tr[data-channel=mail].paused .badge.paused") !== null
+  && document.querySelector("tr[data-channel=mail] button[data-action=resume]") !== null' \
+    || fail "the page does not mark mail paused"
+wd_click 'tr[data-channel=mail] button[data-action="resume"]' || fail "clicking Resume: $WD_WHY"
+wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 resume mail" \
+    || fail "the Resume click did not succeed"
+[[ $(sql "SELECT count(*) FROM mq_paused") == 0 ]] || fail "Resume on the page did not resume mail"
+
 # --- a read-only server: no buttons, and its page's POST is refused ----------
 echo "== a read-only server: no buttons, and its page's POST is refused (at ${SECONDS}s)"
 start_server readonly
@@ -490,6 +526,11 @@ wd_call POST "/session/$WD_SESSION/execute/async" "$(jq -nc --arg id "$ro_dead" 
 grep -qF '403 read-only' "$work/ro" || fail "the read-only server did not refuse: $(cat "$work/ro")"
 [[ $(sql "SELECT dead_since IS NOT NULL FROM mq_msgs WHERE id = '$ro_dead'") == t ]] \
     || fail "a read-only server changed the queue"
+[[ $(wd_js 'return document.querySelectorAll("button[data-action=pause]").length') == 0 ]] \
+    || fail "the read-only page shows Pause buttons"
+http 403 -X POST -H "Origin: http://127.0.0.1:$ro_port" --data-binary "channel=alerts" /api/pause
+has_body "read-only"
+[[ $(sql "SELECT count(*) FROM mq_paused") == 0 ]] || fail "a read-only server paused a channel"
 
 # --- --admin-token-file: the page carries no token, the tab's own works ------
 echo "== --admin-token-file from the page (at ${SECONDS}s)"

@@ -1,6 +1,6 @@
 // pqmq serve's dashboard: polls /api/state and draws it. Every value from
 // the queue (channel names, args, errors) goes into the page as text, never
-// as markup. Retry and skip are POSTs carrying the page's token; a server
+// as markup. Retry, skip, pause and resume are POSTs carrying the page's token; a server
 // started with --admin-token-file serves no token, and the page asks for it
 // (kept for this tab only, in sessionStorage).
 'use strict';
@@ -168,9 +168,11 @@
     body.textContent = '';
     const chans = st.status ? st.status.channels : [];
     for (const c of chans) {
-      const tr = el('tr');
+      const tr = el('tr', null, c.paused ? 'paused' : '');
       tr.dataset.channel = c.channel;
-      tr.appendChild(el('td', c.channel === '' ? '(empty name)' : c.channel));
+      const name = el('td', c.channel === '' ? '(empty name)' : c.channel);
+      if (c.paused) name.appendChild(el('span', 'paused', 'badge paused'));
+      tr.appendChild(name);
       for (const k of ['ready', 'in_flight', 'scheduled', 'uncommitted', 'waiting', 'dead', 'blocked_chains']) {
         const td = el('td', fmtInt(c[k]), 'n' + ((k === 'dead' || k === 'blocked_chains') && c[k] > 0 ? ' hot' : ''));
         td.dataset.col = k;
@@ -182,6 +184,9 @@
       const rate = el('td', fmtRate(channelRate(c.channel)), 'n');
       rate.dataset.col = 'rate';
       tr.appendChild(rate);
+      const acts = el('td', null, 'actions');
+      if (st.admin) acts.appendChild(pauseButton(c));
+      tr.appendChild(acts);
       body.appendChild(tr);
     }
     $('channels-empty').hidden = chans.length > 0 || !st.status;
@@ -213,6 +218,18 @@
     }
     $('workers-count').textContent = st.workers ? '(' + live + ' live of ' + ws.length + ')' : '';
     $('workers-empty').hidden = ws.length > 0 || !st.workers;
+  }
+
+  // Pause (no poll delivers the channel's messages) or resume a channel.
+  function pauseButton(c) {
+    const action = c.paused ? 'resume' : 'pause';
+    const b = el('button', c.paused ? 'Resume' : 'Pause', action);
+    b.dataset.action = action;
+    b.dataset.channel = c.channel;
+    b.title = c.paused ? 'deliver its messages again'
+      : 'stop delivering its messages (in flight ones can still complete)';
+    b.addEventListener('click', () => post(action, { channel: c.channel }, c.channel, b));
+    return b;
   }
 
   function actionButton(st, action, d) {
@@ -298,21 +315,30 @@
     timer = setTimeout(refresh, interval * 1000);
   }
 
-  async function act(action, id, button) {
+  const VERBS = { retry: ['Retry', 'Retried '], skip: ['Skip', 'Skipped '],
+    pause: ['Pause', 'Paused '], resume: ['Resume', 'Resumed '] };
+
+  function act(action, id, button) {
+    return post(action, { id: id }, id, button);
+  }
+
+  // POSTs an action's form (fields) about what (a message id or a channel).
+  async function post(action, fields, what, button) {
     button.disabled = true;
     let text;
     try {
       const r = await fetch('/api/' + action, {
         method: 'POST',
         headers: { 'X-Pqmq-Token': token() },
-        body: new URLSearchParams({ id: id }),
+        body: new URLSearchParams(fields),
       });
       const j = await r.json();
       if (r.status === 403 && !served) sessionStorage.removeItem(TOKEN_KEY); // ask again
-      if (!r.ok) text = (action === 'retry' ? 'Retry' : 'Skip') + ' refused: ' + j.error;
-      else if (j.done === 0) text = id + ': nothing to ' + action + ' (already moved on?)';
-      else text = (action === 'retry' ? 'Retried ' : 'Skipped ') + id;
-      document.body.dataset.lastAction = r.status + ' ' + action + ' ' + id;
+      if (!r.ok) text = VERBS[action][0] + ' refused: ' + j.error;
+      else if (j.done === 0) text = what + ': nothing to ' + action + (action === 'pause'
+        ? ' (already paused?)' : action === 'resume' ? ' (not paused?)' : ' (already moved on?)');
+      else text = VERBS[action][1] + what;
+      document.body.dataset.lastAction = r.status + ' ' + action + ' ' + what;
     } catch (e) {
       text = action + ' failed: ' + e.message;
     }
