@@ -68,7 +68,9 @@ AS $$
            ('administer', 'mq_purge'), ('administer', 'mq_alert_metrics'),
            -- A runner registers and heartbeats (schema/workers.sql).
            ('consume', 'mq_worker_register'), ('consume', 'mq_worker_beat'),
-           ('consume', 'mq_worker_leave'), ('administer', 'mq_workers')
+           ('consume', 'mq_worker_leave'), ('administer', 'mq_workers'),
+           -- One message's story (schema/story.sql).
+           ('administer', 'mq_message'), ('administer', 'mq_message_payload')
 $$;
 
 -- Lets grantee do duty ('produce', 'consume' or 'administer') on this
