@@ -24,27 +24,27 @@ static void help(void)
            tool_common_help);
 }
 
+const char tool_message_sql[] =
+    "SELECT (pg_catalog.jsonb_build_object("
+    "'id', m.id, 'state', m.state, 'channel', m.channel_name, 'args', m.channel_args, "
+    "'name', m.name, 'ordered', m.ordered, 'chain_ahead', m.chain_ahead, "
+    "'chain_head', m.chain_head, 'priority', m.priority, 'created_at', m.created_at, "
+    "'ready_at', m.ready_at, 'dead_since', m.dead_since, "
+    "'attempts_used', m.attempts_used, 'attempts_left', m.attempts_left, "
+    "'last_error', m.last_error, 'history', COALESCE(m.history, '[]'::jsonb), "
+    "'logged', m.logged) "
+    "OPERATOR(pg_catalog.||) CASE WHEN $2::boolean THEN pg_catalog.jsonb_build_object("
+    "'payload', (SELECT pg_catalog.to_jsonb(p) OPERATOR(pg_catalog.-) 'id' "
+    "FROM mq_message_payload(m.id, $3::int) p)) ELSE '{}'::jsonb END)::text "
+    "FROM mq_message($1::uuid) m";
+
 int tool_message_json(tool *t, const char *id, int max_bytes, int with_payload, char **out)
 {
     char maxs[16];
     snprintf(maxs, sizeof maxs, "%d", max_bytes);
     const char *p[3] = {id, with_payload ? "t" : "f", maxs};
     *out = NULL;
-    PGresult *r = tool_query(
-        t,
-        "SELECT (pg_catalog.jsonb_build_object("
-        "'id', m.id, 'state', m.state, 'channel', m.channel_name, 'args', m.channel_args, "
-        "'name', m.name, 'ordered', m.ordered, 'chain_ahead', m.chain_ahead, "
-        "'chain_head', m.chain_head, 'priority', m.priority, 'created_at', m.created_at, "
-        "'ready_at', m.ready_at, 'dead_since', m.dead_since, "
-        "'attempts_used', m.attempts_used, 'attempts_left', m.attempts_left, "
-        "'last_error', m.last_error, 'history', COALESCE(m.history, '[]'::jsonb), "
-        "'logged', m.logged) "
-        "OPERATOR(pg_catalog.||) CASE WHEN $2::boolean THEN pg_catalog.jsonb_build_object("
-        "'payload', (SELECT pg_catalog.to_jsonb(p) OPERATOR(pg_catalog.-) 'id' "
-        "FROM mq_message_payload(m.id, $3::int) p)) ELSE '{}'::jsonb END)::text "
-        "FROM mq_message($1::uuid) m",
-        3, p);
+    PGresult *r = tool_query(t, tool_message_sql, 3, p);
     if (!r)
         return EXIT_ERR;
     if (PQntuples(r) == 1) {

@@ -204,6 +204,9 @@ void tool_workers_metrics(FILE *f, const tool_worker *w, size_t n);
  * --json and serve's /api/message (cmd_show.c). *out (caller frees) is
  * NULL when there is no such message. Returns 0 or EXIT_ERR (printed). */
 int tool_message_json(tool *t, const char *id, int max_bytes, int with_payload, char **out);
+/* Its query: $1 the id, $2 with_payload ("t" or "f"), $3 max_bytes; one
+ * row of one text column, or none. */
+extern const char tool_message_sql[];
 
 /* The subcommands: argv[0] is the subcommand's name. */
 int cmd_migrate(tool *t, int argc, char **argv);

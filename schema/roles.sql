@@ -70,7 +70,8 @@ AS $$
            ('consume', 'mq_worker_register'), ('consume', 'mq_worker_beat'),
            ('consume', 'mq_worker_leave'), ('administer', 'mq_workers'),
            -- One message's story (schema/story.sql).
-           ('administer', 'mq_message'), ('administer', 'mq_message_payload')
+           ('administer', 'mq_message'), ('administer', 'mq_message_payload'),
+           ('administer', 'mq_waiting')
 $$;
 
 -- Lets grantee do duty ('produce', 'consume' or 'administer') on this

@@ -146,3 +146,41 @@ BEGIN
         COALESCE(octet_length(j) > max_bytes, false) OR COALESCE(length(b) > max_bytes, false);
 END;
 $$;
+
+-- The messages of channel waiting in their chains behind others (a chain
+-- blocked by a dead head first, then by chain args and place): each with
+-- how many members are ahead of it, its chain's head and whether that head
+-- is dead. The dashboard lists them; mq_skip moves one on.
+-- Parameters: channel; max_rows: 1..10000.
+-- Returns: the waiting members, at most max_rows. Duty: administer.
+CREATE OR REPLACE FUNCTION mq_waiting(channel text, max_rows int DEFAULT 100)
+RETURNS TABLE(id uuid, channel_args text, name text, chain_ahead int, chain_head uuid,
+              head_dead boolean, created_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > (_mq_limits()).max_batch THEN
+        RAISE EXCEPTION 'mq_waiting: max_rows % is outside 1..%',
+            max_rows, (_mq_limits()).max_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    SELECT w.id, w.channel_args, w.name, w.ahead::int, w.head, w.head_dead, w.created_at
+    FROM (
+        -- mq_msgs_chain: the channel's range of chain keys.
+        SELECT m.id, m.channel_args, m.name, m.created_at, m.chain_seq,
+               pg_catalog.row_number() OVER k - 1 AS ahead,
+               pg_catalog.first_value(m.id) OVER k AS head,
+               pg_catalog.first_value(m.dead_since IS NOT NULL) OVER k AS head_dead
+        FROM mq_rows m
+        WHERE m.chain_seq IS NOT NULL
+          AND m.channel_key >= (pg_catalog.hashtext(channel)::bigint << 32)
+          AND m.channel_key <= ((pg_catalog.hashtext(channel)::bigint << 32) | 4294967295)
+          AND m.channel_name = channel
+        WINDOW k AS (PARTITION BY m.channel_key, m.channel_args ORDER BY m.chain_seq)) w
+    WHERE w.ahead > 0
+    ORDER BY w.head_dead DESC, w.channel_args, w.chain_seq
+    LIMIT max_rows;
+END;
+$$;

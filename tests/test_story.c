@@ -195,6 +195,18 @@ static void test_each_state(void)
     CHECK_STR(story(c3, "m.chain_ahead"), "2");
     CHECK_STR(story(c3, "m.channel_args"), "k");
     CHECK_STR(story(c3, "m.ordered"), "true");
+    /* mq_waiting lists the two behind the head, in chain order. */
+    PGresult *r =
+        t_sql(pg,
+              "SELECT string_agg(w.id || ':' || w.chain_ahead || ':' || "
+              "(w.chain_head = '%s') || ':' || w.head_dead, ',' ORDER BY w.chain_ahead) "
+              "FROM mq_waiting('s_chain', 10) w",
+              c1);
+    char want[200];
+    snprintf(want, sizeof want, "%s:1:true:false,%s:2:true:false", c2, c3);
+    CHECK_STR(r && PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : NULL, want);
+    PQclear(r);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_waiting('s_ready', 10)"), 0);
     /* The head in flight: still the head, its followers still waiting. */
     CHECK_INT(take("s_chain", 10), 1);
     CHECK_STR(story(c1, "m.state"), "in_flight");
