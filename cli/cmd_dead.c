@@ -43,7 +43,8 @@ static void dead_help(void)
     printf("usage: pqmq dead [--json] [-n N] [CHANNEL...]\n\n"
            "Dead messages (out of attempts, never completed), oldest first: id,\n"
            "channel, args, name, deliveries made, whether it still blocks its ordered\n"
-           "chain, and the last error. 'pqmq retry' or 'pqmq skip' moves them on.\n\n"
+           "chain, and the last error. 'pqmq retry' or 'pqmq skip' moves them on;\n"
+           "'pqmq show ID' tells one message's story (every failed attempt).\n\n"
            "  -n, --max N         at most N (default 100, at most 10000)\n"
            "      --json          one JSON object, for scripts\n%s",
            tool_common_help);

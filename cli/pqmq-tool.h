@@ -200,6 +200,15 @@ void tool_workers_json(FILE *f, const tool_worker *w, size_t n);
 /* The pqmq_workers{state} gauge of 'pqmq metrics'. */
 void tool_workers_metrics(FILE *f, const tool_worker *w, size_t n);
 
+/* One message's story as a JSON object (mq_message; with with_payload,
+ * "payload": mq_message_payload's preview of at most max_bytes), for show
+ * --json and serve's /api/message (cmd_show.c). *out (caller frees) is
+ * NULL when there is no such message. Returns 0 or EXIT_ERR (printed). */
+int tool_message_json(tool *t, const char *id, int max_bytes, int with_payload, char **out);
+/* Its query: $1 the id, $2 with_payload ("t" or "f"), $3 max_bytes; one
+ * row of one text column, or none. */
+extern const char tool_message_sql[];
+
 /* The subcommands: argv[0] is the subcommand's name. */
 int cmd_migrate(tool *t, int argc, char **argv);
 int cmd_status(tool *t, int argc, char **argv);
@@ -214,6 +223,7 @@ int cmd_send(tool *t, int argc, char **argv);
 int cmd_workers(tool *t, int argc, char **argv);
 int cmd_pause(tool *t, int argc, char **argv);
 int cmd_resume(tool *t, int argc, char **argv);
+int cmd_show(tool *t, int argc, char **argv);
 /* cmd_serve.c, or serve_missing.c when built without libmicrohttpd. */
 int cmd_serve(tool *t, int argc, char **argv);
 

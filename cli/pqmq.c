@@ -19,6 +19,7 @@ static const struct {
     {"migrate", cmd_migrate, "create or upgrade the queue's schema (--status, --sql)"},
     {"status", cmd_status, "messages per channel and state"},
     {"peek", cmd_peek, "the next messages of a channel, unclaimed"},
+    {"show", cmd_show, "one message's story: state, chain, attempts, payload"},
     {"dead", cmd_dead, "list dead messages"},
     {"retry", cmd_retry, "give dead messages more attempts"},
     {"skip", cmd_skip, "move ordered messages out of their chains"},

@@ -2,7 +2,9 @@
  * serve_api.c: the admin actions of pqmq serve, POST /api/retry and
  * POST /api/skip. The body is a form (application/x-www-form-urlencoded):
  * id=UUID, repeated, and for retry retries=N (default 0), as pqmq retry and
- * pqmq skip take them. serve_http.c has checked --admin, the Host, the
+ * pqmq skip take them; or, instead of ids, channel=NAME&all=dead|waiting
+ * (&name=NAME: only messages of that name), every such message of the
+ * channel (serve_bulk, serve_story.c). serve_http.c has checked --admin, the Host, the
  * Origin and the CSRF token before; what the database role may do stays the
  * database's to decide (mq_retry and mq_skip belong to the administer duty).
  * After a change the snapshot is read again, so the page's next poll shows
@@ -21,7 +23,18 @@ typedef struct {
     uuid_t ids[SERVE_MAX_IDS];
     size_t n;
     long long retries;
+    char *channel, *all, *name; /* the bulk form (NULL: not given) */
 } action_form;
+
+/* Keeps a copy of a bulk field's value in *slot; -1 when given twice or
+ * out of memory. */
+static int keep_field(char **slot, const char *value)
+{
+    if (*slot)
+        return -1;
+    *slot = strdup(value);
+    return *slot ? 0 : -1;
+}
 
 static int hex_digit(char c)
 {
@@ -82,6 +95,13 @@ static int parse_form(char *body, int is_retry, action_form *f, char *why, size_
                 return -1;
             }
             f->n++;
+        } else if (strcmp(field, "channel") == 0 || strcmp(field, "all") == 0 ||
+                   strcmp(field, "name") == 0) {
+            char **slot = field[0] == 'c' ? &f->channel : field[0] == 'a' ? &f->all : &f->name;
+            if (keep_field(slot, value)) {
+                snprintf(why, size, "%s: given twice", field);
+                return -1;
+            }
         } else if (strcmp(field, "retries") == 0 && is_retry) {
             char *end;
             errno = 0;
@@ -96,6 +116,13 @@ static int parse_form(char *body, int is_retry, action_form *f, char *why, size_
             snprintf(why, size, "unexpected form field \"%.40s\"", field);
             return -1;
         }
+    }
+    if (f->channel || f->all || f->name) {
+        if (f->n || !f->channel || !f->all) {
+            snprintf(why, size, "either ids (id=) or a whole channel (channel= and all=)");
+            return -1;
+        }
+        return 0;
     }
     if (f->n == 0) {
         snprintf(why, size, "no message id given (form field id)");
@@ -141,9 +168,13 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
     }
     memcpy(copy, body, len);
     copy[len] = '\0';
+    f->channel = f->all = f->name = NULL;
     int bad = memchr(body, '\0', len) != NULL || parse_form(copy, is_retry, f, why, sizeof why);
     free(copy);
     if (bad) {
+        free(f->channel);
+        free(f->all);
+        free(f->name);
         free(f);
         return answer_error(out, 400, memchr(body, '\0', len) ? "a NUL byte in the form" : why);
     }
@@ -152,6 +183,35 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
     size_t done = 0;
     pthread_mutex_lock(&s->db_lock);
     int rc = serve_connect(s) || tool_begin(s->t) ? PQMQ_ECONN : PQMQ_OK;
+    if (f->channel) {
+        status = rc == PQMQ_OK ? serve_bulk(s, action, f->channel, f->all, f->name, f->retries,
+                                            &done, why, sizeof why)
+                               : 503;
+        if (rc != PQMQ_OK)
+            snprintf(why, sizeof why, "no connection to the server");
+        if (tool_commit(s->t) && status == 200) {
+            status = 503;
+            snprintf(why, sizeof why, "the commit failed");
+        }
+        if (status != 200) {
+            tool_log(s->t, "warning", "%s of channel %s's %s messages from %s refused: %s",
+                     action, f->channel, f->all, peer, why);
+            answer_error(out, status, why);
+        } else {
+            tool_log(s->t, "info", "%s of channel %s's %s messages from %s: %zu done", action,
+                     f->channel, f->all, peer, done);
+            fprintf(out, "{\"action\": \"%s\", \"all\": ", action);
+            out_json_str(out, f->all, strlen(f->all));
+            fprintf(out, ", \"done\": %zu}\n", done);
+            serve_sample(s);
+        }
+        pthread_mutex_unlock(&s->db_lock);
+        free(f->channel);
+        free(f->all);
+        free(f->name);
+        free(f);
+        return status;
+    }
     if (rc == PQMQ_OK)
         rc = is_retry ? pqmq_retry(s->t->client, f->ids, f->n, (int)f->retries, &done)
                       : pqmq_skip(s->t->client, f->ids, f->n, &done);

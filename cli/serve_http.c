@@ -6,6 +6,8 @@
  *   GET  /api/state     the snapshot as JSON; the page polls it
  *   GET  /metrics       the Prometheus text of pqmq metrics
  *   GET  /healthz       "ok", or 503 while the queue cannot be read
+ *   GET  /api/message   a message's story, a channel's dead or waiting
+ *   GET  /api/messages  messages (serve_story.c)
  *   POST /api/retry     admin actions (serve_api.c), only with --admin
  *   POST /api/skip
  *   POST /api/pause     (serve_pause.c: channel=NAME)
@@ -57,7 +59,7 @@
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "                \
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-typedef enum { R_PAGE, R_ASSET, R_STATE, R_METRICS, R_HEALTH, R_ACTION } route_kind;
+typedef enum { R_PAGE, R_ASSET, R_STATE, R_METRICS, R_HEALTH, R_ACTION, R_STORY } route_kind;
 
 typedef struct {
     route_kind kind;
@@ -192,6 +194,8 @@ static int find_route(const char *url, route *r)
         {"/api/skip", R_ACTION, "skip"},
         {"/api/pause", R_ACTION, "pause"},
         {"/api/resume", R_ACTION, "resume"},
+        {"/api/message", R_STORY, NULL},
+        {"/api/messages", R_STORY, NULL},
     };
     *r = (route){0};
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
@@ -370,9 +374,25 @@ static enum MHD_Result reply_snapshot(serve *s, struct MHD_Connection *c, route_
     return ret;
 }
 
-static enum MHD_Result get(serve *s, struct MHD_Connection *c, const route *r)
+/* A message's story or a channel's list (serve_story.c). */
+static enum MHD_Result reply_story(serve *s, struct MHD_Connection *c, const char *url)
+{
+    char *body = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&body, &len);
+    if (!f)
+        return MHD_NO;
+    unsigned status = serve_story(s, c, url, f);
+    fclose(f);
+    enum MHD_Result ret = reply(c, status, "application/json", body, len, NULL);
+    free(body);
+    return ret;
+}
+
+static enum MHD_Result get(serve *s, struct MHD_Connection *c, const char *url, const route *r)
 {
     switch (r->kind) {
+    case R_STORY: return reply_story(s, c, url);
     case R_PAGE: return reply(c, 200, "text/html; charset=utf-8", s->page, s->page_len, NULL);
     case R_ASSET: return reply(c, 200, r->asset->type, r->asset->data, r->asset->len, NULL);
     default: return reply_snapshot(s, c, r->kind);
@@ -439,7 +459,7 @@ static enum MHD_Result answer(serve *s, struct MHD_Connection *c, const char *ur
                               const request *rq)
 {
     if (rq->r.kind != R_ACTION)
-        return get(s, c, &rq->r);
+        return get(s, c, url, &rq->r);
     if (rq->too_big)
         return refuse(c, url, 413, NULL, "the body is larger than %d bytes", BODY_MAX);
     char *body = NULL, peer[64];

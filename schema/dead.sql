@@ -24,7 +24,11 @@ BEGIN
     END IF;
     -- Final attempts in flight wait at ready_at 'infinity' (mq_claim),
     -- chain heads' too: one range of mq_msgs_ready_by_time.
-    UPDATE mq_rows m SET dead_since = m.attempt_at
+    -- The attempt joins the history (schema/story.sql); last_error stays
+    -- the last error a consumer gave.
+    UPDATE mq_rows m SET dead_since = m.attempt_at,
+                         history = _mq_history_add(m.history, m.deliveries, m.attempt_at,
+                                                   'lease ran out')
     WHERE m.id = ANY (ARRAY(
         SELECT l.id FROM mq_rows l
         WHERE l.dead_since IS NULL

@@ -184,8 +184,9 @@ $$;
 -- Only a lease holder may fail it (a message waiting for its retry is left
 -- as it is), and with an attempt number, only that delivery. A job of the
 -- locked lane fails inside the transaction that holds it.
--- Parameters: msg_id; error: recorded as last_error; msg_attempt: the attempt
---   that failed (NULL: any).
+-- Parameters: msg_id; error: recorded as last_error and in the history (the
+--   last five attempts, schema/story.sql); msg_attempt: the attempt that
+--   failed (NULL: any).
 -- Returns: whether a message was failed. Duty: consume.
 CREATE OR REPLACE FUNCTION mq_fail(msg_id uuid, error text, msg_attempt int DEFAULT NULL)
 RETURNS boolean
@@ -212,7 +213,8 @@ BEGIN
         ready_at = CASE WHEN m.attempts > 0
                         THEN _mq_at(ts, m.retry_backoff / 2)
                         ELSE m.ready_at END,
-        last_error = left(error, 10000)
+        last_error = left(error, 10000),
+        history = _mq_history_add(m.history, m.deliveries, ts, error)
     WHERE m.id = msg_id
       AND m.deliveries > 0
       AND m.attempt_at > ts
@@ -232,7 +234,8 @@ BEGIN
             dead_since = CASE WHEN m.attempts > 1 THEN NULL ELSE ts END,
             ready_at = CASE WHEN m.attempts > 1 THEN _mq_at(ts, m.retry_backoff)
                             ELSE m.ready_at END,
-            last_error = left(error, 10000)
+            last_error = left(error, 10000),
+            history = _mq_history_add(m.history, m.deliveries + 1, ts, error)
         WHERE m.id = msg_id
           AND m.attempt_at <= ts
           AND m.dead_since IS NULL

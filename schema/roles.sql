@@ -71,7 +71,10 @@ AS $$
            ('consume', 'mq_worker_leave'), ('administer', 'mq_workers'),
            -- Pausing a channel (schema/pause.sql).
            ('administer', 'mq_pause'), ('administer', 'mq_resume'),
-           ('administer', 'mq_paused_channels')
+           ('administer', 'mq_paused_channels'),
+           -- One message's story (schema/story.sql).
+           ('administer', 'mq_message'), ('administer', 'mq_message_payload'),
+           ('administer', 'mq_waiting')
 $$;
 
 -- Lets grantee do duty ('produce', 'consume' or 'administer') on this

@@ -227,6 +227,10 @@ BEGIN
 END
 $$;
 
+-- The last five failed attempts, oldest first: [{"attempt", "at", "error"}]
+-- (schema/story.sql). Written by the failure paths only, NULL until one.
+ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS history jsonb;
+
 -- Places in chains: one call per batch (_mq_insert_rows), the batch's
 -- members at that value plus their position in the array (a batch holds at
 -- most 10000 messages, _mq_limits).

@@ -6,14 +6,14 @@
 -- rows, and the logged messages neither completed, moved nor deleted, with
 -- the columns their delivery gives them (waiting: as inserted; leased: one
 -- attempt spent, in flight until the lease ends; held by the locked lane:
--- as waiting). Writes through it go to the message wherever it is
--- (schema/payloads.sql). For tools and people: the queue's functions read the
--- tables.
+-- as waiting; no failed attempt, so no history). Writes through it go to
+-- the message wherever it is (schema/payloads.sql). For tools and people:
+-- the queue's functions read the tables.
 CREATE OR REPLACE VIEW mq_msgs AS
     SELECT r.id, r.created_at, r.attempt_at, r.attempts, r.retry_backoff, r.channel_name,
            r.channel_args, r.commit_interval, r.after_message_id, r.deliveries, r.dead_since,
            r.channel_key, r.ready_at, r.name, r.payload_json, r.payload_bytes, r.last_error,
-           r.unique_key, r.key_retention, r.priority, r.chain_seq
+           r.unique_key, r.key_retention, r.priority, r.chain_seq, r.history
     FROM mq_rows r
     UNION ALL
     SELECT l.id, l.created_at,
@@ -28,7 +28,7 @@ CREATE OR REPLACE VIEW mq_msgs AS
                 WHEN l.lane = 0 AND l.kept THEN l.lease_end - interval '1 microsecond'
                 ELSE l.created_at END,
            l.name, l.payload_json, l.payload_bytes, NULL::text, NULL::text, NULL::interval,
-           0::smallint, NULL::bigint
+           0::smallint, NULL::bigint, NULL::jsonb
     FROM (
         -- Each logged message with the receipt that delivered it (lane and
         -- claimed_at NULL: none did). A channel's receipts cover disjoint

@@ -68,7 +68,7 @@ has out "usage: pqmq" "migrate" "metrics"
 has out "schema version 100"
 run 2 nosuchcommand
 has err "unknown command"
-for c in migrate status peek dead retry skip purge send watch metrics pause resume; do
+for c in migrate status peek show dead retry skip purge send watch metrics pause resume; do
     run 0 "$c" --help
     has out "usage: pqmq $c" "--dsn" "--schema" "PQMQ_DSN" "PQMQ_SCHEMA"
     run 2 "$c" --no-such-option
@@ -358,6 +358,46 @@ run 0 skip "$head_id"
 has out "skipped $head_id"
 run 0 status --json sk
 has out '"blocked_chains": 0' '"waiting": 0' '"ready": 1'
+
+# --- show ---------------------------------------------------------------------
+# dead1's two leases ran out (one before and one after its first retry):
+# both attempts are in its story; retried, it is ready.
+run 0 show "$dead1"
+has out "message  $dead1" "state    ready" "channel  dch" "name     boom" "chain    unordered" \
+    "attempts 2 used, 3 left" "attempt 1  " "attempt 2  " "lease ran out" 'payload (JSON, 8 bytes)' \
+    '{"n": 1}'
+run 0 show --json "$dead1"
+has out "\"id\": \"$dead1\"" '"state": "ready"' '"channel": "dch"' '"payload": {' \
+    '"json_preview": "{\"n\": 1}"'
+if command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+assert [h["attempt"] for h in d["history"]] == [1, 2], d["history"]
+assert all(h["error"] == "lease ran out" for h in d["history"])
+assert d["attempts_used"] == 2 and d["attempts_left"] == 3 and d["logged"] is False' \
+        "$work/out" || fail "show --json: not dead1's story: $(cat "$work/out")"
+fi
+run 0 show --json --no-payload "$dead1"
+grep -qF '"payload"' "$work/out" && fail "show --no-payload shows the payload"
+run 0 show --max-bytes 3 "$dead1"
+has out 'payload (JSON, 8 bytes, the start)' '{"n'
+run 0 show "$head_id"
+has out "state    dead" "dead     since"
+run 0 send --ordered --args w wch first
+w1=$(cat "$work/out")
+run 0 send --ordered --args w wch second
+w2=$(cat "$work/out")
+run 0 show "$w2"
+has out "state    waiting" "args     w" "chain    ordered: 1 ahead of it, the head is $w1"
+run 1 show 00000000-0000-0000-0000-0000000000aa
+has err "pqmq show: no message 00000000-0000-0000-0000-0000000000aa (completed, deleted or never inserted)"
+one_line
+run 2 show not-a-uuid
+has err "is not a message id"
+run 2 show
+run 2 show --max-bytes 0 "$dead1"
+has err '--max-bytes: "0" is not a whole number in 1..1048576'
+run 0 purge --channel wch --yes
 
 # --- purge --------------------------------------------------------------------
 before_orders=$(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'orders'")

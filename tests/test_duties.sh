@@ -4,7 +4,7 @@
 # in $PQMQ_TEST_DSN, in a schema of its own that it drops at the end.
 #
 #   - administer: every subcommand that reads or repairs the queue (status,
-#     metrics, watch, peek, dead, retry, skip, purge, pause, resume, serve
+#     metrics, watch, peek, show, dead, retry, skip, purge, pause, resume, serve
 #     with /metrics);
 #   - produce: pqmq send and examples/producer (which calls pqmq_migrate: on
 #     a queue that is current it does nothing, and needs no table rights);
@@ -128,6 +128,10 @@ sql "SELECT count(*) FROM mq_poll_jobs('{dch,sk}', 10)" >/dev/null
 sleep 0.2
 as "$admin" 0 dead
 has out "$dead1" "$head_id"
+as "$admin" 0 show "$dead1"
+has out "state    dead" "lease ran out" '{"n": 1}'
+as "$consumer" 1 show "$dead1"
+has err "permission denied"
 as "$admin" 0 retry "$dead1"
 as "$admin" 0 skip "$head_id"
 as "$admin" 0 purge --channel work --yes
@@ -160,6 +164,9 @@ if "$pqmq_bin" serve --help >/dev/null 2>&1; then
         curl -sS --max-time 10 "http://127.0.0.1:$port/metrics" >"$work/metrics" 2>&1 ||
             fail "serve as the admin: GET /metrics failed"
         has metrics "mq_removed_total"
+        curl -sS --max-time 10 "http://127.0.0.1:$port/api/message?id=$dead1" >"$work/story" \
+            2>&1 || fail "serve as the admin: GET /api/message failed"
+        has story "\"id\": \"$dead1\""
     fi
     kill "$server" 2>/dev/null
     wait "$server" 2>/dev/null

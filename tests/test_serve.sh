@@ -2,15 +2,20 @@
 # tests/test_serve.sh [PQMQ]: pqmq serve against the server in $PQMQ_TEST_DSN,
 # in a schema of its own that it drops at the end.
 #
-#   - over HTTP (curl): /metrics is the text of pqmq metrics; bad requests
-#     (unknown paths, wrong methods, a huge header, a foreign Host, POSTs
+#   - over HTTP (curl): /metrics is the text of pqmq metrics; a message's
+#     story and a channel's dead and waiting lists as JSON, a bulk retry of
+#     a channel's dead letters (with a name filter), a read-only server's
+#     story without the payload and its refusal of a bulk retry; bad
+#     requests (unknown paths, wrong methods, a huge header, a foreign Host, POSTs
 #     without the Origin or the token, bad bodies, half-sent requests that
 #     stall, garbage) each get their error, and the server still answers
 #     after all of them; options and start-up errors; SIGTERM stops it;
 #   - in headless Chromium (tests/webdriver.sh): the page's counts match
 #     the queue, a Retry click moves a dead letter back, a Skip click
-#     releases a blocked chain, a read-only server shows no buttons and
-#     refuses the same POST from its page, and with --admin-token-file the
+#     releases a blocked chain, a message's page tells its story, a bulk
+#     Retry of ticked dead letters (confirmed in the page) retries exactly
+#     those, a read-only server shows no buttons and refuses the same POST
+#     from its page, and with --admin-token-file the
 #     page carries no token and acts with the one its tab holds. It saves a
 #     screenshot to $PQMQ_SCREENSHOT (default tests/dashboard.png in the
 #     build tree);
@@ -459,6 +464,64 @@ raw 'GARBAGE\r\n\r\n\x00\xff'
 kill -0 "$admin_pid" 2>/dev/null || fail "the server died after the bad requests"
 http 200 /healthz
 
+# --- a message's story and a channel's lists, over HTTP -----------------------
+echo "== a message's story and a channel's lists, over HTTP (at ${SECONDS}s)"
+http 200 "/api/message?id=$mail_id"
+jq -e --arg id "$mail_id" '.id == $id and .state == "dead" and .channel == "mail"
+    and .attempts_used == 1 and .attempts_left == 0
+    and .history == [.history[0]] and .history[0].attempt == 1
+    and .history[0].error == "SMTP 550: mailbox unavailable"
+    and .payload.json_preview == "{\"to\": \"ann\"}" and .payload.truncated == false' \
+    "$work/body" >/dev/null || fail "/api/message: not mail's story: $(head -c 600 "$work/body")"
+http 200 "/api/message?id=$next_id"
+jq -e --arg h "$head_id" '.state == "waiting" and .ordered and .chain_ahead == 1
+    and .chain_head == $h and .args == "customer-7"' "$work/body" >/dev/null \
+    || fail "/api/message: not the waiting member's story: $(head -c 600 "$work/body")"
+http 404 "/api/message?id=00000000-0000-0000-0000-0000000000aa"
+has_body "no message 00000000-0000-0000-0000-0000000000aa"
+http 400 "/api/message?id=nope"
+http 400 "/api/message?id=%zz"
+http 200 "/api/messages?channel=chain&kind=waiting"
+jq -e --arg id "$next_id" '.count == 1 and .messages[0].id == $id and .messages[0].head_dead' \
+    "$work/body" >/dev/null || fail "/api/messages: chain's waiting list: $(head -c 400 "$work/body")"
+http 400 "/api/messages?channel=chain&kind=other"
+# bulk: three dead letters, two named a; a channel's name with a space
+# travels escaped.
+for n in a a b; do pqmq send --retries 0 "bulk one" "$n" >/dev/null; done
+sql "SELECT count(mq_fail(id, 'bad input')) FROM mq_claim('{bulk one}', 10)" >/dev/null
+http 200 "/api/messages?channel=bulk+one&kind=dead&name=a"
+jq -e '.count == 2 and ([.messages[].name] == ["a", "a"])' "$work/body" >/dev/null \
+    || fail "/api/messages: the name filter: $(head -c 400 "$work/body")"
+post 403 "channel=bulk+one&all=dead" /api/retry -H "X-Pqmq-Token: $token"
+post 400 "channel=bulk+one&all=dead&id=$mail_id" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+post 400 "channel=bulk+one&all=waiting" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+post 200 "channel=bulk+one&all=dead&name=a" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+jq -e '.done == 2' "$work/body" >/dev/null || fail "bulk retry of a's: $(cat "$work/body")"
+[[ $(sql "SELECT string_agg(name, ',' ORDER BY name) FROM mq_msgs
+          WHERE channel_name = 'bulk one' AND dead_since IS NOT NULL") == b ]] \
+    || fail "the bulk retry with a name filter retried the wrong messages"
+post 200 "channel=bulk+one&all=dead" /api/retry -H "$origin" -H "X-Pqmq-Token: $token"
+jq -e '.done == 1' "$work/body" >/dev/null || fail "bulk retry of a channel: $(cat "$work/body")"
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'bulk one' AND dead_since IS NOT NULL
+          OR channel_name = 'mail' AND dead_since IS NULL") == 0 ]] \
+    || fail "the channel's bulk retry left a dead letter, or touched another channel"
+grep -q "retry of channel bulk one's dead messages from 127.0.0.1: 1 done" "$work/admin.err" \
+    || fail "the bulk retry is not logged"
+# A read-only server tells the story without the payload, and refuses bulk
+# actions.
+start_server story_ro
+http 200 "/api/message?id=$mail_id"
+jq -e 'has("payload") | not' "$work/body" >/dev/null \
+    || fail "a read-only server shows the payload: $(head -c 400 "$work/body")"
+ro_token=$(curl -s "http://127.0.0.1:$port/" |
+    sed -n 's/.*name="pqmq-token" content="\([0-9a-f]*\)".*/\1/p')
+post 403 "channel=bulk+one&all=dead" /api/retry -H "Origin: http://127.0.0.1:$port" \
+    -H "X-Pqmq-Token: $ro_token"
+has_body "read-only"
+kill "${pids[-1]}" && wait "${pids[-1]}" 2>/dev/null
+unset 'pids[-1]'
+port=$admin_port
+
 # --- retry and skip from the page --------------------------------------------
 echo "== retry and skip from the page (at ${SECONDS}s)"
 if ((wd_rc == 77)); then
@@ -503,6 +566,53 @@ wd_click 'tr[data-channel=mail] button[data-action="resume"]' || fail "clicking 
 wd_wait 'return document.body.dataset.lastAction === arguments[0]' "200 resume mail" \
     || fail "the Resume click did not succeed"
 [[ $(sql "SELECT count(*) FROM mq_paused") == 0 ]] || fail "Resume on the page did not resume mail"
+# --- a message's page, and a bulk retry of a selection from the page --------
+echo "== a message's page and a bulk retry from the page (at ${SECONDS}s)"
+# (Leases of a second: each failure comes within its lease; the retry is
+# ready a second after the first.)
+story_id=$(pqmq send --retries 1 --backoff 1000 story job '{"k": "v"}')
+sql "SELECT mq_fail(id, 'first failure') FROM mq_claim('{story}', 1)" >/dev/null
+sleep 1.5
+sql "SELECT mq_fail(id, 'second failure') FROM mq_claim('{story}', 1)" >/dev/null
+# The dashboard's dead list links to the page.
+wd_wait 'const a = document.querySelector("#dead tr[data-id=\"" + arguments[0] + "\"] a");
+  return a !== null && a.getAttribute("href") === "#message/" + arguments[0]' "$story_id" \
+    || fail "the dead list does not link to the message's page"
+wd_click "#dead tr[data-id=\"$story_id\"] a" || fail "clicking the id: $WD_WHY"
+wd_wait 'return document.body.dataset.story === arguments[0]' "$story_id" \
+    || fail "the message's page did not open"
+[[ $(wd_js 'return document.getElementById("story-state").textContent') == '"dead"' ]] \
+    || fail "the message's page: state $(wd_js 'return document.getElementById("story-state").textContent')"
+[[ $(wd_js 'return [...document.querySelectorAll("#story-history tbody tr")].map(
+      (tr) => tr.cells[0].textContent + " " + tr.cells[2].textContent).join(", ")') \
+   == '"1 first failure, 2 second failure"' ]] \
+    || fail "the message's page: history $(wd_js 'return document.getElementById("story").textContent')"
+wd_js 'return document.getElementById("story-payload").textContent' | grep -qF '{\"k\": \"v\"}' \
+    || fail "the message's page on an admin server lacks the payload"
+[[ $(wd_js 'return document.querySelector("main:not(#story)").hidden') == true ]] \
+    || fail "the dashboard is still shown under the message's page"
+# A channel's dead letters: tick two of three, Retry ticked, confirm.
+ids=()
+for n in x y z; do ids+=("$(pqmq send --retries 0 picks "$n")"); done
+sql "SELECT count(mq_fail(id, 'bad')) FROM mq_claim('{picks}', 10)" >/dev/null
+wd_open "http://127.0.0.1:$admin_port/#channel/picks" || fail "cannot open the channel's page"
+wd_wait 'return document.body.dataset.channel === "picks"
+  && document.querySelectorAll("#list-dead tbody tr").length === 3' \
+    || fail "the channel's page does not list its 3 dead letters"
+wd_click "#list-dead tr[data-id=\"${ids[0]}\"] input.pick" || fail "ticking: $WD_WHY"
+wd_click "#list-dead tr[data-id=\"${ids[2]}\"] input.pick" || fail "ticking: $WD_WHY"
+wd_click '#list-dead button[data-bulk="dead retry selected"]' || fail "clicking Retry ticked: $WD_WHY"
+wd_wait 'return document.getElementById("confirm-yes") !== null' || fail "no confirmation asked"
+[[ $(sql "SELECT count(*) FROM mq_msgs WHERE channel_name = 'picks' AND dead_since IS NULL") == 0 ]] \
+    || fail "the bulk retry ran before it was confirmed"
+wd_click "#confirm-yes" || fail "confirming: $WD_WHY"
+wd_wait 'return document.body.dataset.lastBulk === "200 retry 2"' \
+    || fail "the bulk retry did not succeed: $(wd_js 'return document.getElementById("notice").textContent')"
+[[ $(sql "SELECT string_agg(name, ',' ORDER BY name) FROM mq_msgs
+          WHERE channel_name = 'picks' AND dead_since IS NULL") == x,z ]] \
+    || fail "the bulk retry did not retry exactly the ticked messages"
+wd_wait 'return document.querySelectorAll("#list-dead tbody tr").length === 1' \
+    || fail "the channel's page does not show the one dead letter left"
 
 # --- a read-only server: no buttons, and its page's POST is refused ----------
 echo "== a read-only server: no buttons, and its page's POST is refused (at ${SECONDS}s)"

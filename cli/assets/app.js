@@ -170,9 +170,11 @@
     for (const c of chans) {
       const tr = el('tr', null, c.paused ? 'paused' : '');
       tr.dataset.channel = c.channel;
-      const name = el('td', c.channel === '' ? '(empty name)' : c.channel);
+      // Its dead and waiting messages: story.js's #channel/ page.
+      const name = tr.appendChild(el('td'));
+      name.appendChild(el('a', c.channel === '' ? '(empty name)' : c.channel)).href =
+        '#channel/' + encodeURIComponent(c.channel);
       if (c.paused) name.appendChild(el('span', 'paused', 'badge paused'));
-      tr.appendChild(name);
       for (const k of ['ready', 'in_flight', 'scheduled', 'uncommitted', 'waiting', 'dead', 'blocked_chains']) {
         const td = el('td', fmtInt(c[k]), 'n' + ((k === 'dead' || k === 'blocked_chains') && c[k] > 0 ? ' hot' : ''));
         td.dataset.col = k;
@@ -250,7 +252,11 @@
       ? [[d.channel], [d.args, 'mono'], [d.id, 'mono'], [d.name], [d.error, 'err']]
       : [[d.id, 'mono'], [d.channel], [d.args, 'mono'], [d.name], [fmtInt(d.deliveries), 'n'],
         [d.error, 'err']];
-    for (const [v, cls] of cells) tr.appendChild(el('td', v === null ? '' : v, cls));
+    for (const [v, cls] of cells) {
+      const td = tr.appendChild(el('td', v === d.id ? null : v === null ? '' : v, cls));
+      // The id opens the message's story (story.js's #message/ page).
+      if (v === d.id) td.appendChild(el('a', d.id)).href = '#message/' + d.id;
+    }
     const act = el('td', null, 'actions');
     if (st.admin) {
       act.appendChild(actionButton(st, 'retry', d));
