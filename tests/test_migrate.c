@@ -302,8 +302,11 @@ static void test_one_version_recorded(void)
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_schema_migrations "
                             "WHERE version = 100 AND name = '1.0.0'"),
               1);
-    const char *want[] = {"migrations/sqlxmq_set_aside", "migrations/0.1.0_to_1.0.0",
-                          "schema/tables", "schema/log_tables", "schema/views",
+    const char *want[] = {"migrations/sqlxmq_set_aside",
+                          "migrations/0.1.0_to_1.0.0",
+                          "schema/tables",
+                          "schema/log_tables",
+                          "schema/views",
                           "migrations/sqlxmq_import"};
     const char *name = NULL;
     int v = 0;

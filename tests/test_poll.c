@@ -739,7 +739,8 @@ static PGconn *late_behind_cursor(void)
     return c;
 }
 
-static const char lost_found[] = "SELECT count(*) FROM mq_poll_jobs(NULL, %d) WHERE name = 'lost'";
+static const char lost_found[] =
+    "SELECT count(*) FROM mq_poll_jobs(NULL, %d) WHERE name = 'lost'";
 
 /* A channel's messages kept in mq_rows (a chain here; retries and late
  * producers' messages too) get their share of each poll though the log
@@ -772,7 +773,8 @@ static void test_rows_are_not_starved_by_the_log(void)
     CHECK(polls < 40);
 }
 
-static const char got_any[] = "SELECT count(*) FROM mq_poll_jobs(NULL, 100) WHERE id IS NOT NULL";
+static const char got_any[] =
+    "SELECT count(*) FROM mq_poll_jobs(NULL, 100) WHERE id IS NOT NULL";
 
 /* Polls that find nothing delete the cursors of channels drained for ten
  * minutes, so a poll's walk does not grow with every channel ever used;
@@ -791,7 +793,8 @@ static void test_drained_cursors_are_retired(void)
      * fills again keeps its cursor). */
     for (int i = 0; i < 3; i++)
         CHECK_INT(t_sql_int(pg, got_any), 0);
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors WHERE drained_at IS NOT NULL"), 300);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors WHERE drained_at IS NOT NULL"),
+              300);
     int polls = 0;
     while (polls < 20 && t_sql_int(pg, "SELECT count(*) FROM mq_cursors") > 0) {
         t_exec(pg, "UPDATE mq_cursors SET drained_at = drained_at - interval '11 minutes'");
@@ -863,8 +866,9 @@ static void test_late_producer_found_by_its_channels_polls(void)
     t_truncate();
     PGconn *c = late_behind_cursor();
     char sql[128];
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM mq_poll_jobs(ARRAY['lx'], 1) "
-                              "WHERE name = 'lost'");
+    snprintf(sql, sizeof sql,
+             "SELECT count(*) FROM mq_poll_jobs(ARRAY['lx'], 1) "
+             "WHERE name = 'lost'");
     int64_t start = t_now_ms(), waited = -1;
     while (t_now_ms() - start < 8000) {
         insert_n("lx", NULL, 2, 1, 60000);
