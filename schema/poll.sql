@@ -61,6 +61,10 @@ RETURNS timestamptz
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
+DECLARE
+    -- (read in a statement of its own: on Citus a statement that reads a
+    -- queue table runs on the worker, where _mq_chain_heads cannot)
+    names text[] := CASE WHEN paused THEN ARRAY(SELECT p.channel_name FROM mq_paused p) END;
 BEGIN
     -- A paused channel's heads are passed (paused: some channel is), so
     -- the walk does not stop at the first head due.
@@ -68,8 +72,7 @@ BEGIN
             FROM _mq_chain_heads(lo, hi, only_name, 1000,
                                  CASE WHEN NOT paused THEN clock_timestamp() END) h
             WHERE NOT h.head_dead AND h.head_attempts > 0
-              AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
-                                             WHERE p.channel_name = h.head_name)));
+              AND (NOT paused OR h.head_name <> ALL (names)));
 END;
 $$;
 

@@ -12,10 +12,13 @@
 
 -- h, a history, with one more failed attempt (its number, time and error, the
 -- error cut to 2000 characters), keeping the last five, oldest first. A
--- history that is not an array (written by hand) starts again.
+-- history that is not an array (written by hand) starts again. The time is
+-- written in UTC ("...Z"), so the answer depends on the arguments only:
+-- IMMUTABLE, which Citus requires of a function of a row's columns in an
+-- UPDATE it ships to a worker.
 CREATE OR REPLACE FUNCTION _mq_history_add(h jsonb, att int, at_ts timestamptz, err text)
 RETURNS jsonb
-LANGUAGE sql STABLE
+LANGUAGE sql IMMUTABLE
 SET search_path FROM CURRENT
 AS $$
     SELECT pg_catalog.jsonb_agg(e.v ORDER BY e.i)
@@ -23,7 +26,9 @@ AS $$
           FROM pg_catalog.jsonb_array_elements(
                    CASE WHEN pg_catalog.jsonb_typeof(h) = 'array' THEN h ELSE '[]'::jsonb END
                    || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
-                          'attempt', att, 'at', at_ts, 'error', pg_catalog.left(err, 2000))))
+                          'attempt', att,
+                          'at', (pg_catalog.to_jsonb(at_ts AT TIME ZONE 'UTC') #>> '{}') || 'Z',
+                          'error', pg_catalog.left(err, 2000))))
                WITH ORDINALITY AS x(v, i)
           ORDER BY x.i DESC
           LIMIT 5) e

@@ -650,6 +650,8 @@ static void test_commit_of_unknown_outcome_is_reported(void)
  * nothing adds the cursor it did not. */
 static void test_open_producer_holds_up_no_producer(void)
 {
+    if (t_citus_skip("no message is logged on Citus: a channel has no cursor"))
+        return;
     static const char one[] =
         "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, '%s', NULL, NULL, "
         "false, 'job', '{}', NULL)::mq_new_t])";

@@ -70,13 +70,17 @@ static int poll_lane(int lane, const char *channel, int *other)
 {
     int got = 0, all = 0;
     if (lane == 2) {
-        /* (Each job completed: a chain gives its next one then.) */
-        PGresult *r = t_sql(pg, "SELECT m.channel_name, p.id FROM mq_poll(NULL, 100) p "
-                                "JOIN mq_msgs m USING (id) WHERE p.id IS NOT NULL");
+        /* (Each job completed: a chain gives its next one then. Its
+         * channel looked up by a statement of its own: on Citus a poll
+         * cannot run inside a query that reads a queue table.) */
+        PGresult *r = t_sql(pg, "SELECT p.id FROM mq_poll(NULL, 100) p WHERE p.id IS NOT NULL");
         for (int i = 0; r && i < PQntuples(r); i++) {
             all++;
-            got += !strcmp(PQgetvalue(r, i, 0), channel);
-            t_exec(pg, "SELECT mq_complete(ARRAY['%s']::uuid[])", PQgetvalue(r, i, 1));
+            PGresult *c = t_sql(pg, "SELECT channel_name FROM mq_msgs WHERE id = '%s'",
+                                PQgetvalue(r, i, 0));
+            got += c && PQntuples(c) == 1 && !strcmp(PQgetvalue(c, 0, 0), channel);
+            PQclear(c);
+            t_exec(pg, "SELECT mq_complete(ARRAY['%s']::uuid[])", PQgetvalue(r, i, 0));
         }
         PQclear(r);
     } else {
@@ -112,8 +116,8 @@ static void test_every_lane_skips_a_paused_channel(void)
             CHECK_INT(pqmq_pause(q, "held", "a test"), 1);
             put("held", (enum kind)kind, 3, 60000);
             put("free", (enum kind)kind, 2, 60000);
-            if (kind == PLAIN)
-                CHECK_INT(rows_of("held"), 0); /* logged */
+            if (kind == PLAIN && !t_citus())
+                CHECK_INT(rows_of("held"), 0); /* logged (on Citus nothing is) */
             else
                 CHECK_INT(rows_of("held"), 3); /* rows of mq_rows */
             int other = 0, held = 0;

@@ -58,7 +58,7 @@ export PQMQ_CITUS_WORKER_PORT=${CITUS_WORKER_PORT[0]}
 # (EXPLAIN of the server's plans), and the pooler tests.
 tests=(insert order concurrency twophase dead lifecycle complete_poll poll client
        payload notify runner runner_locked locked priority unique schedule
-       metrics roles sqlxmq)
+       metrics roles sqlxmq pause story)
 progs=()
 for t in "${tests[@]}"; do
     progs+=("./tests/test_$t")

@@ -328,9 +328,18 @@ static int all_processed(struct queue *Q)
 
 static void finish(struct queue *Q)
 {
-    int64_t until = t_now_ms() + 60000;
-    while (!all_processed(Q) && t_now_ms() < until)
+    /* Until all is handled, or nothing was for 30 s (a loaded machine
+     * drains slowly; a lost message stalls for good). */
+    int64_t stalled_since = t_now_ms();
+    int last = atomic_load(&Q->processed);
+    while (!all_processed(Q) && t_now_ms() - stalled_since < 30000) {
         t_sleep_ms(100);
+        int now = atomic_load(&Q->processed);
+        if (now != last) {
+            last = now;
+            stalled_since = t_now_ms();
+        }
+    }
     pqmq_runner_stop(Q->runner);
     pthread_join(Q->running, NULL);
     /* Every message known to be in the queue was handled, and in order. */
