@@ -1,15 +1,17 @@
 -- schema/alerts.sql: counters an alert can use (pqmq metrics, serve's
 -- /metrics; docs/operating.md): per channel, failed attempts, retries
 -- scheduled and messages gone dead, and the completed messages' time in
--- queue, from insert to completion, as a histogram, with the time of the
--- last completion. Counted since the install, never reset, kept when a
+-- queue, from insert to first delivery, as a histogram, with the time of
+-- the last completion. Counted since the install, never reset, kept when a
 -- channel drains (mq_events, schema/tables.sql).
 --
 -- Cost: claims and keep-alives pay nothing (the failure triggers fire only
 -- for the statements that set last_error or dead_since); a failure appends
 -- one row; a completing statement appends one row per channel it deleted
--- from, with its messages' insert times (the statement trigger below,
--- beside _mq_count_deleted). The histogram is computed from those when
+-- from, with its messages' insert times, each moved forward by the time
+-- from its first delivery to the completion (the statement trigger below,
+-- beside _mq_count_deleted; a claim writes the delivery's time in the row
+-- it updates anyway, or in its receipt). The histogram is computed from those when
 -- they are folded or read (_mq_waits): per message, a completion pays
 -- only for copying its insert time.
 
@@ -35,8 +37,9 @@ AS $$
 $$;
 
 -- The histogram of one delta row: how many messages, their seconds from
--- insert (created) to completion (done_at) summed, and cumulative counts at
--- the bounds of _mq_wait_bounds(). One width_bucket a message, among the
+-- created to done_at summed (created: an insert time moved forward by the
+-- time from first delivery to completion, so these are times in queue),
+-- and cumulative counts at the bounds of _mq_wait_bounds(). One width_bucket a message, among the
 -- times done_at less each bound (ascending: the largest bound first): the
 -- messages within bound i of m are those past the (m + 1 - i)th.
 CREATE OR REPLACE FUNCTION _mq_waits(done_at timestamptz, created timestamptz[], OUT n bigint,
@@ -151,7 +154,12 @@ DECLARE
     r  record;
 BEGIN
     FOR r IN
-        SELECT o.channel_name AS cn, pg_catalog.array_agg(o.created_at) AS c
+        -- (time in queue: insert to the first leased delivery, or to now
+        -- for a message none delivered, _mq_waits)
+        SELECT o.channel_name AS cn,
+               pg_catalog.array_agg(o.created_at OPERATOR(pg_catalog.+)
+                                    (ts OPERATOR(pg_catalog.-)
+                                     COALESCE(o.first_claimed_at, ts))) AS c
         FROM mq_old_rows o
         WHERE o.dead_since IS NULL AND (o.deliveries > 0 OR o.attempt_at <= ts)
         GROUP BY o.channel_name
@@ -185,8 +193,10 @@ CREATE OR REPLACE TRIGGER _mq_event_completed AFTER DELETE ON mq_rows
 --   failed     attempts that failed (mq_fail, or a final lease run out)
 --   retried    of them, those after which a retry was scheduled
 --   dead       messages that went dead (no attempt left)
---   completed  messages completed, with wait_sum, the sum of their seconds
---              from insert to completion, and wait_buckets[i], how many took
+--   completed  messages completed, with wait_sum, the sum of their times
+--              in queue (seconds from insert to first delivery: to the
+--              completion for one the locked lane held in mq_rows or none
+--              delivered), and wait_buckets[i], how many took
 --              at most wait_le[i] seconds (cumulative, as a Prometheus
 --              histogram's buckets; completed is the +Inf bucket)
 -- last_completed_at: when the channel's last completion was (NULL: none).

@@ -228,6 +228,7 @@ BEGIN
         UPDATE mq_rows m SET
             attempts = m.attempts - 1,
             deliveries = m.deliveries + 1,
+            first_claimed_at = COALESCE(m.first_claimed_at, ts),
             retry_backoff = CASE WHEN m.retry_backoff * 2 > (_mq_limits()).max_duration
                                  THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
             attempt_at = CASE WHEN m.attempts > 1 THEN _mq_at(ts, m.retry_backoff) ELSE ts END,

@@ -157,7 +157,8 @@ BEGIN
         RETURNING 1),
     events AS (
         INSERT INTO mq_event_deltas (channel_name, failed, retried, dead, completed_at, created)
-        SELECT h.channel_name, 0, 0, 0, ts, array_agg(h.created_at)
+        -- (time in queue: insert to the receipt's claim, _mq_waits)
+        SELECT h.channel_name, 0, 0, 0, ts, array_agg(h.created_at + (ts - h.claimed_at))
         FROM h GROUP BY h.channel_name
         RETURNING 1)
     SELECT (SELECT count(*) FROM h),
@@ -258,7 +259,7 @@ DECLARE
 BEGIN
     INSERT INTO mq_rows (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
                          channel_args, deliveries, ready_at, name, payload_json,
-                         payload_bytes, channel_key)
+                         payload_bytes, channel_key, first_claimed_at)
     SELECT l.id, l.created_at,
            CASE WHEN lane = 0
                 THEN _mq_log_lease_end(claimed_at, l.retry_backoff, l.place, kept, kept_until)
@@ -275,7 +276,8 @@ BEGIN
                 WHEN l.attempts <= 1 THEN 'infinity'::timestamptz
                 ELSE LEAST(ts, _mq_log_lease_end(claimed_at, l.retry_backoff, l.place, kept,
                                                  kept_until)) END,
-           l.name, l.payload_json, l.payload_bytes, l.channel_key
+           l.name, l.payload_json, l.payload_bytes, l.channel_key,
+           CASE WHEN lane = 0 THEN claimed_at END
     FROM mq_log l
     WHERE l.channel_key = key AND l.place = ANY (places);
     GET DIAGNOSTICS n = ROW_COUNT;

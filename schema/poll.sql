@@ -373,6 +373,7 @@ BEGIN
                 retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur
                                      THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
                 deliveries = m.deliveries + 1,
+                first_claimed_at = COALESCE(m.first_claimed_at, ts),
                 ready_at = CASE WHEN m.attempts = 1 THEN 'infinity'::timestamptz
                                 ELSE m.ready_at END
             WHERE m.ctid = ANY (tids)
@@ -403,6 +404,7 @@ BEGIN
                 retry_backoff = CASE WHEN m.retry_backoff * 2 > max_dur
                                      THEN m.retry_backoff ELSE m.retry_backoff * 2 END,
                 deliveries = m.deliveries + 1,
+                first_claimed_at = COALESCE(m.first_claimed_at, ts),
                 ready_at = CASE WHEN m.attempts = 1 THEN 'infinity'::timestamptz
                                 ELSE m.ready_at END
             -- The row versions the pick locked, by TID: no index probe,

@@ -230,6 +230,10 @@ $$;
 -- The last five failed attempts, oldest first: [{"attempt", "at", "error"}]
 -- (schema/story.sql). Written by the failure paths only, NULL until one.
 ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS history jsonb;
+-- When the message was first delivered by a lease (a claim, or a logged
+-- message's receipt), for the time-in-queue histogram (schema/alerts.sql);
+-- NULL until then. Written by the claim's own update of the row.
+ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS first_claimed_at timestamptz;
 
 -- Places in chains: one call per batch (_mq_insert_rows), the batch's
 -- members at that value plus their position in the array (a batch holds at

@@ -414,7 +414,7 @@ static void test_failures_are_counted(void)
               1);
 }
 
-/* Completions feed the time-in-queue histogram (insert to completion,
+/* Completions feed the time-in-queue histogram (insert to first delivery,
  * cumulative buckets) and the last completion's time; a producer's
  * cancellation of a delayed message and a dead message purged do not. */
 static void test_time_in_queue_histogram(void)
@@ -465,6 +465,43 @@ static void test_time_in_queue_histogram(void)
         CHECK(ago >= 0 && ago < 60);
     }
     PQclear(r);
+}
+
+/* Time in queue ends at the first delivery, not at the completion: a
+ * message claimed at once and completed 1.2 s later counts under 0.5 s,
+ * logged (plain) or a row of mq_rows (priority 1); a retried one's first
+ * delivery stays its first. */
+static void test_time_in_queue_ends_at_first_delivery(void)
+{
+    t_truncate();
+    insert("firsts", NULL, 1, 0, 4, 60000, 0, -1);
+    pqmq_msg *m = t_msg("firsts", NULL, "job", "{}", 0);
+    CHECK_OK(q, pqmq_msg_set_priority(m, 1));
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    pqmq_batch *b = poll_ch("firsts", 10);
+    CHECK_INT(pqmq_batch_count(b), 2);
+    t_sleep_ms(1200);
+    CHECK_OK(q, pqmq_complete_batch(q, b));
+    pqmq_batch_free(b);
+    /* Claimed at once, failed, retried after its backoff, completed. */
+    insert("firsts", NULL, 1, 0, 4, 2000, 0, -1); /* a lease of 2 s, a retry 2 s later */
+    b = poll_ch("firsts", 10);
+    uuid_t id;
+    pqmq_job_id(pqmq_batch_job(b, 0), id);
+    pqmq_batch_free(b);
+    t_sleep_ms(1200);
+    CHECK_OK(q, pqmq_fail(q, id, "again"));
+    t_sleep_ms(2100);
+    b = poll_ch("firsts", 10);
+    CHECK_INT(pqmq_batch_count(b), 1);
+    CHECK_OK(q, pqmq_complete_batch(q, b));
+    pqmq_batch_free(b);
+    CHECK_INT(alert("firsts", "completed"), 3);
+    /* (wait_le[4] = 0.5 s, wait_le[5] = 1 s) */
+    CHECK_INT(alert("firsts", "wait_buckets[4]"), 3);
+    CHECK(t_sql_int(pg, "SELECT (wait_sum * 1000)::bigint FROM mq_alert_metrics("
+                        "ARRAY['firsts'])") < 1500);
 }
 
 /* ---- a parser of the Prometheus text exposition format ------------------ */
@@ -830,6 +867,7 @@ int main(void)
     T_RUN(test_rows_written_by_hand_are_keyed_and_counted);
     T_RUN(test_failures_are_counted);
     T_RUN(test_time_in_queue_histogram);
+    T_RUN(test_time_in_queue_ends_at_first_delivery);
     T_RUN(test_named_channels_read_only_their_messages);
     T_RUN(test_channel_test_is_inlined);
     T_RUN(test_pqmq_metrics_parses_and_matches);
