@@ -305,18 +305,35 @@ BEGIN
                         WHERE l.channel_key = d.channel_key AND l.place > d.place
                         ORDER BY l.place LIMIT 1) f
     ON CONFLICT DO NOTHING;
-    -- The drained channels (probes a cursor, whatever ANALYZE saw: scalar
-    -- subqueries): first seen so at their place now, or so for ten minutes.
+    -- The drained channels not yet seen so at their place, or seen so for
+    -- ten minutes: read first, without a lock (a lock is a write, and an
+    -- empty poll, which comes here, writes nothing else), then locked and
+    -- tested again. (Probes a cursor whatever ANALYZE saw: scalar
+    -- subqueries.)
     keys := ARRAY(
         SELECT x.channel_key FROM mq_cursors x
         WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
+          AND x.reclaimed = x.place AND x.settled = x.place
+          AND (x.drained_place IS DISTINCT FROM x.place
+               OR x.drained_at <= ts - interval '10 minutes')
+          AND (SELECT l.place FROM mq_log l WHERE l.channel_key = x.channel_key
+               LIMIT 1) IS NULL
+          AND (SELECT r.lo FROM mq_receipts r WHERE r.channel_key = x.channel_key
+               LIMIT 1) IS NULL
+        ORDER BY x.channel_key
+        LIMIT 10000);
+    IF cardinality(keys) = 0 THEN
+        RETURN;
+    END IF;
+    keys := ARRAY(
+        SELECT x.channel_key FROM mq_cursors x
+        WHERE x.channel_key = ANY (keys)
           AND x.reclaimed = x.place AND x.settled = x.place
           AND (SELECT l.place FROM mq_log l WHERE l.channel_key = x.channel_key
                LIMIT 1) IS NULL
           AND (SELECT r.lo FROM mq_receipts r WHERE r.channel_key = x.channel_key
                LIMIT 1) IS NULL
         ORDER BY x.channel_key
-        LIMIT 10000
         FOR UPDATE SKIP LOCKED);
     UPDATE mq_cursors x SET drained_at = ts, drained_place = x.place
     WHERE x.channel_key = ANY (keys) AND x.drained_place IS DISTINCT FROM x.place;
