@@ -113,7 +113,12 @@ BEGIN
             USING ERRCODE = 'unique_violation',
                   DETAIL = format('Key (id)=(%s) already exists.', NEW.id);
     END IF;
-    INSERT INTO mq_rows SELECT NEW.*;
+    -- (Columns named: mq_rows' order is not the view's.)
+    INSERT INTO mq_rows (id, created_at, attempt_at, attempts, retry_backoff, channel_name,
+                         channel_args, commit_interval, after_message_id, deliveries,
+                         dead_since, channel_key, ready_at, name, payload_json, payload_bytes,
+                         last_error, unique_key, key_retention, priority, chain_seq, history)
+    SELECT NEW.*;
     RETURN NEW;
 END;
 $$;

@@ -185,6 +185,13 @@ CREATE TABLE IF NOT EXISTS mq_rows (
     -- How many times the message has been claimed: the attempt number a
     -- consumer sees, and what lets mq_commit tell "pending" from "delivered".
     deliveries       int NOT NULL DEFAULT 0,
+    -- When the message was first delivered by a lease (a claim, or a logged
+    -- message's receipt), for the time-in-queue histogram (schema/alerts.sql);
+    -- NULL until then. Written by the claim's own update of the row, and
+    -- placed among the columns that update writes: a HOT update's WAL
+    -- record carries the row from the first changed column to the last, so
+    -- a column after the payload would carry the payload with every claim.
+    first_claimed_at timestamptz,
     -- When the message ran out of attempts (set by mq_fail or mq_reap_dead);
     -- NULL while it may still be delivered.
     dead_since       timestamptz,
@@ -230,9 +237,8 @@ $$;
 -- The last five failed attempts, oldest first: [{"attempt", "at", "error"}]
 -- (schema/story.sql). Written by the failure paths only, NULL until one.
 ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS history jsonb;
--- When the message was first delivered by a lease (a claim, or a logged
--- message's receipt), for the time-in-queue histogram (schema/alerts.sql);
--- NULL until then. Written by the claim's own update of the row.
+-- first_claimed_at (above) for a queue whose mq_rows was made without it:
+-- at the end of the row there.
 ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS first_claimed_at timestamptz;
 
 -- Places in chains: one call per batch (_mq_insert_rows), the batch's
