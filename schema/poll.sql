@@ -307,6 +307,7 @@ DECLARE
     -- mq_paused below run only when it finds one (schema/pause.sql).
     paused  boolean := EXISTS (SELECT 1 FROM mq_paused);
     idle    mq_job_t;
+    first   int; -- what round 1 of the log may take
     n       int;
     got     int;
 BEGIN
@@ -333,9 +334,9 @@ BEGIN
     -- (chains, retries, late producers' ones) are not starved by a log that
     -- could fill every batch.
     n := 0;
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size,
-                                            batch_size - _mq_rows_share(rows_in, batch_size),
-                                            ts, lane, 1, paused);
+    first := batch_size - _mq_rows_share(rows_in, batch_size);
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, first, ts, lane, 1,
+                                            paused);
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
@@ -424,10 +425,15 @@ BEGIN
     END IF;
 
     n := n + cardinality(picked);
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, lane,
-                                            2, paused);
-    GET DIAGNOSTICS got = ROW_COUNT;
-    n := n + got;
+    -- (When round 1 wanted some and neither it nor mq_rows' pick found
+    -- any, round 1 walked every channel it could take from and nothing
+    -- changed since: round 2 would walk them again for nothing.)
+    IF first = 0 OR n > 0 THEN
+        RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts,
+                                                lane, 2, paused);
+        GET DIAGNOSTICS got = ROW_COUNT;
+        n := n + got;
+    END IF;
     IF n > 0 THEN
         RETURN;
     END IF;
@@ -466,6 +472,7 @@ DECLARE
     rows_in boolean;
     paused boolean := EXISTS (SELECT 1 FROM mq_paused); -- (as in mq_claim_lane)
     idle   mq_job_t;
+    first  int; -- (as in mq_claim_lane)
     n      int;
     got    int;
 BEGIN
@@ -487,9 +494,8 @@ BEGIN
                             AND m.dead_since IS NULL AND m.after_message_id IS NULL
                             AND m.ready_at <= ts);
     n := 0;
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size,
-                                            batch_size - _mq_rows_share(rows_in, batch_size),
-                                            ts, 1, 1, paused);
+    first := batch_size - _mq_rows_share(rows_in, batch_size);
+    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, first, ts, 1, 1, paused);
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n >= batch_size THEN
         RETURN;
@@ -510,10 +516,12 @@ BEGIN
         ORDER BY m.ready_at, m.id;
     END IF;
     n := n + cardinality(picked);
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1, 2,
-                                                  paused);
-    GET DIAGNOSTICS got = ROW_COUNT;
-    n := n + got;
+    IF first = 0 OR n > 0 THEN -- (as in mq_claim_lane)
+        RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1,
+                                                2, paused);
+        GET DIAGNOSTICS got = ROW_COUNT;
+        n := n + got;
+    END IF;
     IF n > 0 THEN
         RETURN;
     END IF;
