@@ -11,9 +11,10 @@
 -- from, with its messages' insert times, each moved forward by the time
 -- from its first delivery to the completion (the statement trigger below,
 -- beside _mq_count_deleted; a claim writes the delivery's time in the row
--- it updates anyway, or in its receipt). The histogram is computed from those when
--- they are folded or read (_mq_waits): per message, a completion pays
--- only for copying its insert time.
+-- it updates anyway, or in its receipt). The histogram is computed from
+-- those when they are folded (_mq_event_fold, one statement over all) or
+-- read before a fold (_mq_waits): per message, a completion pays only for
+-- copying its insert time.
 
 -- The upper bounds (seconds) of the time-in-queue histogram's buckets,
 -- besides +Inf. _mq_event_completed counts at the same bounds.
@@ -78,30 +79,52 @@ BEGIN
        OR NOT pg_catalog.pg_try_advisory_xact_lock(1886482797, 5) THEN
         RETURN;
     END IF;
+    -- Set-based over every message of the deltas (a call of _mq_waits a
+    -- delta row costs an executor start each): its time in queue t, and k,
+    -- how many bounds it is within (width_bucket counts the thresholds at
+    -- or below its operand: the bounds negated, ascending, against -t).
     WITH d AS (
         DELETE FROM mq_event_deltas d
         RETURNING d.channel_name, d.failed, d.retried, d.dead, d.completed_at, d.created
-    ), e AS (
-        SELECT d.channel_name, d.failed, d.retried, d.dead, d.completed_at, w.n, w.total,
-               w.buckets
-        FROM d, LATERAL _mq_waits(d.completed_at, d.created) w
+    ), th AS (
+        SELECT pg_catalog.array_agg(-pg_catalog.make_interval(secs => b.x)
+                                    ORDER BY b.x DESC) AS neg,
+               pg_catalog.count(*)::int AS m
+        FROM unnest(_mq_wait_bounds()) AS b(x)
+    ), kc AS (
+        SELECT d.channel_name, pg_catalog.width_bucket(-w.t, th.neg) AS k,
+               pg_catalog.count(*) AS n, pg_catalog.sum(w.t) AS t
+        FROM d CROSS JOIN th
+        CROSS JOIN LATERAL (SELECT d.completed_at OPERATOR(pg_catalog.-) c AS t
+                            FROM unnest(d.created) AS c) w
+        GROUP BY 1, 2
     ), s AS (
-        SELECT e.channel_name, pg_catalog.sum(e.failed) AS f, pg_catalog.sum(e.retried) AS r,
-               pg_catalog.sum(e.dead) AS dd, pg_catalog.sum(e.n) AS c,
-               pg_catalog.sum(e.total) AS ws, pg_catalog.max(e.completed_at) AS lc
-        FROM e
-        GROUP BY e.channel_name
+        SELECT d.channel_name, pg_catalog.sum(d.failed) AS f, pg_catalog.sum(d.retried) AS r,
+               pg_catalog.sum(d.dead) AS dd, pg_catalog.max(d.completed_at) AS lc
+        FROM d
+        GROUP BY d.channel_name
+    ), t AS (
+        SELECT kc.channel_name, pg_catalog.sum(kc.n) AS c,
+               pg_catalog.date_part('epoch', pg_catalog.sum(kc.t)) AS ws
+        FROM kc
+        GROUP BY kc.channel_name
     ), b AS (
+        -- (cumulative: bound i holds the messages within m + 1 - i bounds or more)
         SELECT x.channel_name, pg_catalog.array_agg(x.v ORDER BY x.i) AS wb
-        FROM (SELECT e.channel_name, u.i, pg_catalog.sum(u.v)::bigint AS v
-              FROM e, LATERAL unnest(e.buckets) WITH ORDINALITY AS u(v, i)
-              GROUP BY e.channel_name, u.i) x
+        FROM (SELECT kc.channel_name, g.i,
+                     COALESCE(pg_catalog.sum(kc.n) FILTER (WHERE kc.k >= th.m + 1 - g.i),
+                              0)::bigint AS v
+              FROM kc CROSS JOIN th
+              CROSS JOIN LATERAL pg_catalog.generate_series(1, th.m) AS g(i)
+              GROUP BY kc.channel_name, g.i) x
         GROUP BY x.channel_name
     )
     INSERT INTO mq_events AS c (channel_name, failed, retried, dead, completed, wait_sum,
                                 wait_buckets, last_completed_at)
-    SELECT s.channel_name, s.f, s.r, s.dd, s.c, s.ws, COALESCE(b.wb, '{}'), s.lc
+    SELECT s.channel_name, s.f, s.r, s.dd, COALESCE(t.c, 0), COALESCE(t.ws, 0),
+           COALESCE(b.wb, (SELECT pg_catalog.array_fill(0::bigint, ARRAY[th.m]) FROM th)), s.lc
     FROM s
+    LEFT JOIN t ON t.channel_name = s.channel_name
     LEFT JOIN b ON b.channel_name = s.channel_name
     ORDER BY s.channel_name
     ON CONFLICT (channel_name) DO UPDATE SET
