@@ -504,6 +504,43 @@ static void test_time_in_queue_ends_at_first_delivery(void)
                         "ARRAY['firsts'])") < 1500);
 }
 
+/* A claim of a row of mq_rows writes the first delivery's time in the row
+ * it updates anyway, among the columns that update writes: a HOT update's
+ * WAL record carries the row from its first changed column to its last,
+ * so that column placed after the payload would carry the payload with
+ * every claim (docs/performance.md, a chain member's WAL). */
+static void test_first_delivery_time_adds_no_payload_to_wal(void)
+{
+    if (t_citus_skip("a claim's WAL is written on the workers"))
+        return;
+    t_truncate();
+    char json[1800];
+    int len = snprintf(json, sizeof json, "{\"p\": \"");
+    for (int i = 0; i < 1700; i++)
+        json[len++] = (char)('a' + (i * 7) % 26);
+    snprintf(json + len, sizeof json - (size_t)len, "\"}");
+    long long least = -1;
+    for (int round = 0; round < 3; round++) {
+        pqmq_msg *m = t_msg("walw", NULL, "job", json, 0);
+        CHECK_OK(q, pqmq_msg_set_priority(m, 1)); /* a row of mq_rows */
+        CHECK_OK(q, pqmq_insert(q, &m, 1));
+        pqmq_msg_free(m);
+        long long before = t_sql_int(pg, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn");
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_claim(ARRAY['walw'], 1) "
+                                "WHERE id IS NOT NULL"),
+                  1);
+        long long wal = t_sql_int(pg, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn") -
+                        before;
+        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_rows WHERE first_claimed_at IS NOT NULL"),
+                  1);
+        t_exec(pg, "SELECT mq_complete(array_agg(id)) FROM mq_rows");
+        if (least < 0 || wal < least)
+            least = wal;
+    }
+    printf("    WAL of the claim of a row with a 1,700-byte payload: %lld B\n", least);
+    CHECK(least > 0 && least < 1000);
+}
+
 /* ---- a parser of the Prometheus text exposition format ------------------ */
 
 typedef struct {
@@ -868,6 +905,7 @@ int main(void)
     T_RUN(test_failures_are_counted);
     T_RUN(test_time_in_queue_histogram);
     T_RUN(test_time_in_queue_ends_at_first_delivery);
+    T_RUN(test_first_delivery_time_adds_no_payload_to_wal);
     T_RUN(test_named_channels_read_only_their_messages);
     T_RUN(test_channel_test_is_inlined);
     T_RUN(test_pqmq_metrics_parses_and_matches);
