@@ -529,10 +529,11 @@ static void test_first_delivery_time_adds_no_payload_to_wal(void)
         CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_claim(ARRAY['walw'], 1) "
                                 "WHERE id IS NOT NULL"),
                   1);
-        long long wal = t_sql_int(pg, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn") -
-                        before;
-        CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_rows WHERE first_claimed_at IS NOT NULL"),
-                  1);
+        long long wal =
+            t_sql_int(pg, "SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn") - before;
+        CHECK_INT(
+            t_sql_int(pg, "SELECT count(*) FROM mq_rows WHERE first_claimed_at IS NOT NULL"),
+            1);
         t_exec(pg, "SELECT mq_complete(array_agg(id)) FROM mq_rows");
         if (least < 0 || wal < least)
             least = wal;
