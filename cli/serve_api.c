@@ -36,55 +36,14 @@ static int keep_field(char **slot, const char *value)
     return *slot ? 0 : -1;
 }
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Decodes a form field in place ('+' is a space, %XX a byte). Returns 0, or
- * -1 for a broken escape or an encoded NUL. */
-static int form_decode(char *s)
-{
-    char *out = s;
-    for (; *s; s++) {
-        if (*s == '+') {
-            *out++ = ' ';
-        } else if (*s == '%') {
-            int hi = hex_digit(s[1]), lo = hi < 0 ? -1 : hex_digit(s[2]);
-            if (lo < 0 || (hi == 0 && lo == 0))
-                return -1;
-            *out++ = (char)(hi * 16 + lo);
-            s += 2;
-        } else {
-            *out++ = *s;
-        }
-    }
-    *out = '\0';
-    return 0;
-}
-
 /* Parses the body into f; on a bad field returns -1 with why filled. */
 static int parse_form(char *body, int is_retry, action_form *f, char *why, size_t size)
 {
     f->n = 0;
     f->retries = 0;
-    char *save = NULL;
-    for (char *field = strtok_r(body, "&", &save); field; field = strtok_r(NULL, "&", &save)) {
-        char *value = strchr(field, '=');
-        if (value)
-            *value++ = '\0';
-        if (form_decode(field) || (value && form_decode(value))) {
-            snprintf(why, size, "a form field is not properly encoded");
-            return -1;
-        }
-        if (!value)
-            value = "";
+    char *field, *value;
+    int got;
+    while ((got = serve_form_next(&body, &field, &value)) > 0) {
         if (strcmp(field, "id") == 0) {
             if (f->n == SERVE_MAX_IDS) {
                 snprintf(why, size, "at most %d ids in one request", SERVE_MAX_IDS);
@@ -116,6 +75,10 @@ static int parse_form(char *body, int is_retry, action_form *f, char *why, size_
             snprintf(why, size, "unexpected form field \"%.40s\"", field);
             return -1;
         }
+    }
+    if (got < 0) {
+        snprintf(why, size, "a form field is not properly encoded");
+        return -1;
     }
     if (f->channel || f->all || f->name) {
         if (f->n || !f->channel || !f->all) {

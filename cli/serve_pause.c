@@ -15,56 +15,15 @@
 /* Longest channel name or reason a form may carry. */
 #define SERVE_MAX_FIELD 1024
 
-static int unhex(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Decodes a form field in place ('+' a space, %XX a byte); -1 for a broken
- * escape or an encoded NUL. */
-static int decode(char *s)
-{
-    char *out = s;
-    for (; *s; s++) {
-        if (*s == '+') {
-            *out++ = ' ';
-        } else if (*s == '%') {
-            int hi = unhex(s[1]), lo = hi < 0 ? -1 : unhex(s[2]);
-            if (lo < 0 || (hi == 0 && lo == 0))
-                return -1;
-            *out++ = (char)(hi * 16 + lo);
-            s += 2;
-        } else {
-            *out++ = *s;
-        }
-    }
-    *out = '\0';
-    return 0;
-}
-
 /* Parses body (changed in place) into *channel and *reason (pointers into
  * it); on a bad form returns -1 with why filled. */
 static int parse(char *body, int is_pause, char **channel, char **reason, char *why,
                  size_t size)
 {
     *channel = *reason = NULL;
-    char *save = NULL;
-    for (char *field = strtok_r(body, "&", &save); field; field = strtok_r(NULL, "&", &save)) {
-        char *value = strchr(field, '=');
-        if (value)
-            *value++ = '\0';
-        if (decode(field) || (value && decode(value))) {
-            snprintf(why, size, "a form field is not properly encoded");
-            return -1;
-        }
-        if (!value)
-            value = "";
+    char *field, *value;
+    int got;
+    while ((got = serve_form_next(&body, &field, &value)) > 0) {
         char **slot = strcmp(field, "channel") == 0              ? channel
                       : strcmp(field, "reason") == 0 && is_pause ? reason
                                                                  : NULL;
@@ -81,6 +40,10 @@ static int parse(char *body, int is_pause, char **channel, char **reason, char *
             return -1;
         }
         *slot = value;
+    }
+    if (got < 0) {
+        snprintf(why, size, "a form field is not properly encoded");
+        return -1;
     }
     if (!*channel || !**channel) {
         snprintf(why, size, "no channel given (form field channel)");

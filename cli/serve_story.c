@@ -14,7 +14,8 @@
  * channel, in rounds of up to 10000.
  *
  * Values from the query string arrive as sent (serve_http.c keeps escapes):
- * they are decoded here, and travel to the server as parameters.
+ * they are decoded here (serve_form_decode, as the admin forms are), and
+ * travel to the server as parameters.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,17 +28,6 @@
 #define BULK_ROUND 10000
 #define BULK_ROUNDS 100
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* The query argument name, decoded into a new string (*out, caller frees;
  * NULL when absent). Returns 0, or -1 for a broken escape or a NUL. */
 static int query_arg(struct MHD_Connection *c, const char *name, char **out)
@@ -46,23 +36,11 @@ static int query_arg(struct MHD_Connection *c, const char *name, char **out)
     const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
     if (!v)
         return 0;
-    char *d = malloc(strlen(v) + 1), *o = d;
-    if (!d)
+    char *d = strdup(v);
+    if (!d || serve_form_decode(d)) {
+        free(d);
         return -1;
-    for (; *v; v++) {
-        if (*v == '%') {
-            int hi = hex_value(v[1]), lo = hi < 0 ? -1 : hex_value(v[2]);
-            if (lo < 0 || (hi == 0 && lo == 0)) {
-                free(d);
-                return -1;
-            }
-            *o++ = (char)(hi * 16 + lo);
-            v += 2;
-        } else {
-            *o++ = *v == '+' ? ' ' : *v;
-        }
     }
-    *o = '\0';
     *out = d;
     return 0;
 }
