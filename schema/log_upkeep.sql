@@ -204,10 +204,15 @@ BEGIN
              ORDER BY x.channel_key
              LIMIT 256
              FOR NO KEY UPDATE SKIP LOCKED LOOP
-        SELECT LEAST(c.settled, min(r.lo) - 1) INTO top
+        -- The channel's first open receipt: its own receipts in place order
+        -- (the primary key), not the open ones of every channel, whose index
+        -- also holds the entries of every receipt finished since vacuum.
+        SELECT LEAST(c.settled, r.lo - 1) INTO top
         FROM mq_receipts r
-        WHERE r.channel_key = c.channel_key AND r.lease_until < 'infinity'::timestamptz
-          AND r.lease_until > '-infinity'::timestamptz; -- (an index condition either way)
+        WHERE r.channel_key = c.channel_key AND r.lo > '-9223372036854775808'::bigint
+          AND r.lease_until < 'infinity'::timestamptz
+        ORDER BY r.lo
+        LIMIT 1;
         top := COALESCE(top, c.settled);
         CONTINUE WHEN top <= c.reclaimed;
         DELETE FROM mq_done d
@@ -358,10 +363,11 @@ $$;
 -- receipt past its settled place is a second old, so about once a second
 -- a busy channel, whichever sessions poll it (the queue's tables keep the
 -- time). A poll that finds nothing (keys NULL) does both, for any channel,
--- every time; a busy session does so every ten seconds too (from ten
--- seconds after its first upkeep: a session setting, which a pooler that
--- resets sessions clears, leaving the empty polls), so that a late message
--- of a channel no poll takes from again is found (semantic 21).
+-- once a second a session at most; a busy session does so every ten
+-- seconds too (from ten seconds after its first upkeep: a session setting,
+-- which a pooler that resets sessions clears, leaving the empty polls), so
+-- that a late message of a channel no poll takes from again is found
+-- (semantic 21).
 CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz, keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
@@ -377,6 +383,11 @@ BEGIN
     END IF;
     IF swept IS NULL OR swept !~ '^[0-9]{1,12}$' THEN
         PERFORM set_config('pqmq.log_swept', sec::text, false);
+    ELSIF keys IS NULL AND sec = swept::bigint THEN
+        -- (A poll that finds nothing sweeps at most once a second a
+        -- session: under a light load most polls find nothing, and a
+        -- sweep each cost more than all the rest of the work.)
+        RETURN;
     ELSIF keys IS NULL OR sec - swept::bigint >= 10 THEN
         keys := NULL; -- (the sweep of every channel)
         PERFORM set_config('pqmq.log_swept', sec::text, false);

@@ -384,6 +384,13 @@ void t_sleep_ms(int64_t ms)
     nanosleep(&ts, NULL);
 }
 
+void t_await_log_sweep(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    t_sleep_ms(1000 - now.tv_nsec / 1000000 + 20);
+}
+
 pqmq_msg *t_msg(const char *channel, const char *args, const char *name, const char *json,
                 int ordered)
 {

@@ -128,6 +128,11 @@ void t_truncate(void);
 int64_t t_now_ms(void);
 void t_sleep_ms(int64_t ms);
 
+/* Waits for the clock's next second: a poll that finds nothing then sweeps
+ * every channel of the log (_mq_log_upkeep sweeps at most once a second a
+ * session), whichever server session a pooler hands it. */
+void t_await_log_sweep(void);
+
 /* A runner on the test schema (notices quiet), LISTENing straight to the
  * server behind a pooler ($PQMQ_TEST_LISTEN_DSN); aborts on failure.
  * Caller owns; pqmq_runner_free. */

@@ -669,8 +669,10 @@ static void test_open_producer_holds_up_no_producer(void)
         t_exec(other, one, "fresh"); /* (waits for no one) */
         CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors_wanted"), 1);
         t_exec(open_tx, commit ? "COMMIT" : "ROLLBACK");
-        if (!commit) /* a poll that finds nothing: the sweep adds the cursor */
+        if (!commit) { /* a poll that finds nothing: the sweep adds the cursor */
+            t_await_log_sweep();
             CHECK_INT(t_sql_int(pg, got, "none"), 0);
+        }
         CHECK_INT(t_sql_int(pg, got, "fresh"), commit ? 2 : 1);
         CHECK_INT(t_sql_int(pg, got, "known"), commit ? 3 : 2);
         CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE attempts > 0"), 0);
