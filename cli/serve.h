@@ -5,7 +5,8 @@
  *   serve_state.c  the snapshot of the queue (figures, dead letters, the
  *                  throughput history) and its renderings: /metrics, /api/state
  *   serve_http.c   libmicrohttpd: limits, routing, the checks every request
- *                  passes (Host, method, Origin, CSRF token), static assets
+ *                  passes (Host, method, Origin, CSRF token), static assets,
+ *                  the JSON error answer of every /api/ route
  *   serve_api.c    the admin actions behind POST /api/retry and /api/skip
  *   serve_pause.c  POST /api/pause and /api/resume (a channel's form)
  *   serve_story.c  a message's story and a channel's dead or waiting
@@ -141,5 +142,9 @@ int serve_http_start(serve *s, const void *addr, size_t addrlen);
 /* The port the server listens on (after serve_http_start). */
 unsigned serve_http_port(const serve *s);
 void serve_http_stop(serve *s);
+/* Writes the JSON error answer every /api/ route gives, {"error": MSG}
+ * and a newline, to out; msg (the caller's, NUL-terminated) is escaped as
+ * a JSON string. Returns status, so a handler can return its result. */
+unsigned serve_json_error(FILE *out, unsigned status, const char *msg);
 
 #endif

@@ -94,14 +94,6 @@ static int parse_form(char *body, int is_retry, action_form *f, char *why, size_
     return 0;
 }
 
-static unsigned answer_error(FILE *out, unsigned status, const char *msg)
-{
-    fputs("{\"error\": ", out);
-    out_json_str(out, msg, strlen(msg));
-    fputs("}\n", out);
-    return status;
-}
-
 /* The HTTP status for a failed call: a role without the duty is refused. */
 static unsigned failure_status(const serve *s, int rc)
 {
@@ -127,7 +119,7 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
     if (!copy || !f) {
         free(copy);
         free(f);
-        return answer_error(out, 500, "out of memory");
+        return serve_json_error(out, 500, "out of memory");
     }
     memcpy(copy, body, len);
     copy[len] = '\0';
@@ -139,7 +131,8 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
         free(f->all);
         free(f->name);
         free(f);
-        return answer_error(out, 400, memchr(body, '\0', len) ? "a NUL byte in the form" : why);
+        return serve_json_error(out, 400,
+                                memchr(body, '\0', len) ? "a NUL byte in the form" : why);
     }
 
     unsigned status = 200;
@@ -159,7 +152,7 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
         if (status != 200) {
             tool_log(s->t, "warning", "%s of channel %s's %s messages from %s refused: %s",
                      action, f->channel, f->all, peer, why);
-            answer_error(out, status, why);
+            serve_json_error(out, status, why);
         } else {
             tool_log(s->t, "info", "%s of channel %s's %s messages from %s: %zu done", action,
                      f->channel, f->all, peer, done);
@@ -186,7 +179,7 @@ unsigned serve_action(serve *s, const char *action, const char *body, size_t len
                                        : "no connection to the server";
         tool_log(s->t, "warning", "%s of %zu message%s from %s refused: %s", action, f->n,
                  f->n == 1 ? "" : "s", peer, msg);
-        answer_error(out, status, msg);
+        serve_json_error(out, status, msg);
     } else {
         tool_log(s->t, "info", "%s of %zu message%s from %s: %zu done", action, f->n,
                  f->n == 1 ? "" : "s", peer, done);

@@ -233,6 +233,14 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     return ret;
 }
 
+unsigned serve_json_error(FILE *out, unsigned status, const char *msg)
+{
+    fputs("{\"error\": ", out);
+    out_json_str(out, msg, strlen(msg));
+    fputs("}\n", out);
+    return status;
+}
+
 /* An error: JSON under /api/, one line of text elsewhere. */
 static enum MHD_Result refuse(struct MHD_Connection *c, const char *url, unsigned status,
                               const char *allow, const char *fmt, ...)
@@ -251,13 +259,10 @@ static enum MHD_Result refuse(struct MHD_Connection *c, const char *url, unsigne
     if (!f)
         return MHD_NO;
     int json = strncmp(url, "/api/", 5) == 0;
-    if (json) {
-        fputs("{\"error\": ", f);
-        out_json_str(f, msg, strlen(msg));
-        fputs("}\n", f);
-    } else {
+    if (json)
+        serve_json_error(f, status, msg);
+    else
         fprintf(f, "%u %s\n", status, msg);
-    }
     fclose(f);
     enum MHD_Result ret = reply(
         c, status, json ? "application/json" : "text/plain; charset=utf-8", body, len, allow);

@@ -52,29 +52,21 @@ static int parse(char *body, int is_pause, char **channel, char **reason, char *
     return 0;
 }
 
-static unsigned answer_error(FILE *out, unsigned status, const char *msg)
-{
-    fputs("{\"error\": ", out);
-    out_json_str(out, msg, strlen(msg));
-    fputs("}\n", out);
-    return status;
-}
-
 unsigned serve_pause_action(serve *s, const char *action, const char *body, size_t len,
                             const char *peer, FILE *out)
 {
     int is_pause = strcmp(action, "pause") == 0;
     if (memchr(body, '\0', len))
-        return answer_error(out, 400, "a NUL byte in the form");
+        return serve_json_error(out, 400, "a NUL byte in the form");
     char *copy = malloc(len + 1);
     if (!copy)
-        return answer_error(out, 500, "out of memory");
+        return serve_json_error(out, 500, "out of memory");
     memcpy(copy, body, len);
     copy[len] = '\0';
     char why[160], *channel, *reason;
     if (parse(copy, is_pause, &channel, &reason, why, sizeof why)) {
         free(copy);
-        return answer_error(out, 400, why);
+        return serve_json_error(out, 400, why);
     }
 
     unsigned status = 200;
@@ -97,7 +89,7 @@ unsigned serve_pause_action(serve *s, const char *action, const char *body, size
         const char *msg = s->t->client ? tool_lib_error(pqmq_errmsg(s->t->client))
                                        : "no connection to the server";
         tool_log(s->t, "warning", "%s of a channel from %s refused: %s", action, peer, msg);
-        answer_error(out, status, msg);
+        serve_json_error(out, status, msg);
     } else {
         tool_log(s->t, "info", "%s of a channel from %s: %s", action, peer,
                  changed ? "done" : "nothing to do");

@@ -45,14 +45,6 @@ static int query_arg(struct MHD_Connection *c, const char *name, char **out)
     return 0;
 }
 
-static unsigned json_error(FILE *out, unsigned status, const char *msg)
-{
-    fputs("{\"error\": ", out);
-    out_json_str(out, msg, strlen(msg));
-    fputs("}\n", out);
-    return status;
-}
-
 /* Runs sql; on failure returns NULL with the HTTP status (403 for a role
  * without the duty, 503 for a lost connection, else 500) and the reason. */
 static PGresult *run(serve *s, const char *sql, int n, const char *const *params,
@@ -108,21 +100,21 @@ static unsigned story_get(serve *s, struct MHD_Connection *c, const char *url, F
     PGresult *r = NULL;
     uuid_t u;
     if (bad) {
-        status = json_error(out, 400, "a query argument is not properly encoded");
+        status = serve_json_error(out, 400, "a query argument is not properly encoded");
     } else if (strcmp(url, "/api/message") == 0) {
         if (!id || strlen(id) != 36 || uuid_parse(id, u) != 0) {
-            status = json_error(out, 400, "id: not a message id (a UUID)");
+            status = serve_json_error(out, 400, "id: not a message id (a UUID)");
         } else {
             char lower[37];
             uuid_unparse_lower(u, lower);
             const char *p[3] = {lower, s->admin ? "t" : "f", "4096"};
             r = run(s, tool_message_sql, 3, p, &status, why, sizeof why);
             if (!r)
-                json_error(out, status, why);
+                serve_json_error(out, status, why);
             else if (PQntuples(r) == 0) {
                 snprintf(why, sizeof why,
                          "no message %s (completed, deleted or never inserted)", lower);
-                status = json_error(out, 404, why);
+                status = serve_json_error(out, 404, why);
             } else
                 fprintf(out, "%s\n", PQgetvalue(r, 0, 0));
         }
@@ -130,18 +122,18 @@ static unsigned story_get(serve *s, struct MHD_Connection *c, const char *url, F
         long n = max ? strtol(max, NULL, 10) : LIST_DEFAULT;
         int dead = kind && strcmp(kind, "dead") == 0;
         if (!channel) {
-            status = json_error(out, 400, "channel: missing");
+            status = serve_json_error(out, 400, "channel: missing");
         } else if (!dead && !(kind && strcmp(kind, "waiting") == 0)) {
-            status = json_error(out, 400, "kind: dead or waiting");
+            status = serve_json_error(out, 400, "kind: dead or waiting");
         } else if (n < 1 || n > 10000) {
-            status = json_error(out, 400, "max: a whole number in 1..10000");
+            status = serve_json_error(out, 400, "max: a whole number in 1..10000");
         } else {
             char ns[16];
             snprintf(ns, sizeof ns, "%ld", n);
             const char *p[3] = {channel, name && *name ? name : NULL, ns};
             r = run(s, dead ? list_dead_sql : list_waiting_sql, 3, p, &status, why, sizeof why);
             if (!r)
-                json_error(out, status, why);
+                serve_json_error(out, status, why);
             else
                 fprintf(out, "%s\n", PQgetvalue(r, 0, 0));
         }
@@ -160,7 +152,7 @@ unsigned serve_story(serve *s, struct MHD_Connection *c, const char *url, FILE *
     pthread_mutex_lock(&s->db_lock);
     unsigned status;
     if (serve_connect(s) || tool_begin(s->t)) {
-        status = json_error(out, 503, "no connection to the server");
+        status = serve_json_error(out, 503, "no connection to the server");
     } else {
         status = story_get(s, c, url, out);
         tool_commit(s->t);
