@@ -50,7 +50,9 @@ RETURN CASE
 -- lo up to fence - 1 (start < fence: only from start up to fence - 1; a walk
 -- that continues after the caller's first call), at most per_key from each
 -- (or, when the walk finds fewer channels with messages than it may visit,
--- an equal share of want each), and leases them (lane 0) or holds them for
+-- an equal share of want each); it may visit want / per_key channels with
+-- messages, or reach when that is more (channels the caller found thin),
+-- and leases them (lane 0) or holds them for
 -- the caller's transaction (lane 1: the cursor's row lock holds them; the
 -- receipt, committed with that transaction, hands back whatever it did not
 -- complete: _mq_log_reap). A channel whose cursor another claim holds is
@@ -63,9 +65,20 @@ RETURN CASE
 -- (the walk found every channel with messages it could reach: another call
 -- finds none), the key of the last channel the walk took from, and the keys
 -- of all it took from.
+DO $$
+BEGIN
+    IF pg_catalog.to_regprocedure('_mq_log_claim(bigint, bigint, bigint, bigint, integer, '
+                                  'integer, timestamp with time zone, integer, boolean, '
+                                  'boolean)') IS NOT NULL THEN
+        DROP FUNCTION _mq_log_claim(bigint, bigint, bigint, bigint, integer, integer,
+                                    timestamptz, integer, boolean, boolean);
+    END IF;
+END
+$$;
 CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, fence bigint,
                                          per_key int, want int, ts timestamptz, lane int,
-                                         urgent boolean, paused boolean DEFAULT false)
+                                         urgent boolean, paused boolean DEFAULT false,
+                                         reach int DEFAULT 0)
 RETURNS TABLE(jobs mq_job_t[], n int, spent boolean, last_key bigint, keys bigint[])
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -75,7 +88,7 @@ DECLARE
     gone    boolean := EXISTS (SELECT 1 FROM mq_log_gone g
                                WHERE g.channel_key >= '-9223372036854775808'::bigint);
     horizon xid8 := pg_snapshot_xmax(pg_current_snapshot());
-    visits  int := GREATEST(1, (want + per_key - 1) / per_key);
+    visits  int := GREATEST(1, (want + per_key - 1) / per_key, reach);
     me      bigint := CASE WHEN lane <> 0 THEN _mq_xact_id() END;
     me_lo   bigint := me & 4294967295;
     wrap    boolean := start >= fence;
@@ -239,6 +252,7 @@ DECLARE
     taken    mq_job_t[];
     ks       bigint[];
     keys     bigint[] := '{}'; -- the channels taken from
+    reach    int := 0;          -- channels the next step may visit (_mq_log_claim)
     urgent   boolean;
 BEGIN
     -- (On Citus nothing is logged: every message is a row of mq_rows.)
@@ -295,10 +309,16 @@ BEGIN
             SELECT c.jobs, c.n, c.spent, c.last_key, c.keys
             INTO taken, n, spent, last, ks
             FROM _mq_log_claim(rg.lo, rg.hi, start, rg.s, per_key, want - got, ts, lane,
-                               urgent, paused) c;
+                               urgent, paused, reach) c;
             EXIT WHEN COALESCE(n, 0) = 0;
             RETURN QUERY SELECT * FROM unnest(taken);
             got := got + n;
+            -- Channels that gave less than their share: the next step visits
+            -- as many as the rest needs at the density seen (not want /
+            -- per_key again, a step per few messages of a thin backlog).
+            IF n < cardinality(ks) * per_key THEN
+                reach := LEAST(want - got, ceil((want - got)::numeric * cardinality(ks) / n)::int);
+            END IF;
             keys := keys || ks;
             last_key := last;
             nxt := CASE WHEN last = rg.hi THEN rg.lo ELSE last + 1 END;
