@@ -316,7 +316,9 @@ BEGIN
             -- Channels that gave less than their share: the next step visits
             -- as many as the rest needs at the density seen (not want /
             -- per_key again, a step per few messages of a thin backlog).
-            IF n < cardinality(ks) * per_key THEN
+            -- Not in the locked lane, which holds every cursor it locks until
+            -- its transaction ends, those it then takes nothing from too.
+            IF lane <> 1 AND n < cardinality(ks) * per_key THEN
                 reach := LEAST(want - got, ceil((want - got)::numeric * cardinality(ks) / n)::int);
             END IF;
             keys := keys || ks;
