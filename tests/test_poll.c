@@ -641,23 +641,27 @@ static void test_held_snapshot_dead_entries_are_passed(void)
 }
 
 /* Polls c with sql (a count of the message looked for) until it counts
- * one or limit_ms pass, inserting two messages before each poll when
- * keep_busy (so no poll comes up empty); prints and returns the wait in
- * ms, or -1 when it never came. */
-static int64_t poll_until_found(PGconn *c, const char *sql, int64_t limit_ms, int keep_busy)
+ * one or limit_ms pass, inserting two messages on channel busy (NULL:
+ * none) before each poll, so that no poll comes up empty; prints and
+ * returns the wait in ms, or -1 when it never came. */
+static int64_t poll_until_found(PGconn *c, const char *sql, int64_t limit_ms, const char *busy)
 {
     int64_t start = t_now_ms();
     while (t_now_ms() - start < limit_ms) {
-        if (keep_busy)
-            insert_n("busy", NULL, 2, 1, 60000);
+        if (busy)
+            insert_n(busy, NULL, 2, 1, 60000);
         if (t_sql_int(c, "%s", sql) == 1) {
             int64_t waited = t_now_ms() - start;
-            printf("    found after %lld ms%s\n", (long long)waited,
-                   keep_busy ? " under load" : "");
+            if (busy)
+                printf("    found after %lld ms, channel \"%s\" kept busy\n", (long long)waited,
+                       busy);
+            else
+                printf("    found after %lld ms\n", (long long)waited);
             return waited;
         }
-        t_sleep_ms(keep_busy ? 50 : 100);
+        t_sleep_ms(busy ? 50 : 100);
     }
+    printf("    not found in %lld ms\n", (long long)limit_ms);
     return -1;
 }
 
@@ -689,7 +693,7 @@ static void test_late_commit_is_found(void)
     PGconn *c = late_commit_behind_mark();
     char sql[128];
     snprintf(sql, sizeof sql, late_found, 10);
-    int64_t waited = poll_until_found(c, sql, 5000, 0);
+    int64_t waited = poll_until_found(c, sql, 5000, NULL);
     CHECK(waited >= 0);
     /* Within the empty polls' second, not at the ten-second refresh. */
     CHECK(waited < 3000);
@@ -709,7 +713,7 @@ static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
     PGconn *c = late_commit_behind_mark();
     char sql[128];
     snprintf(sql, sizeof sql, late_found, 1);
-    int64_t waited = poll_until_found(c, sql, 15000, 1);
+    int64_t waited = poll_until_found(c, sql, 15000, "busy");
     CHECK(waited >= 0);
     CHECK(waited < 12000);
     PQfinish(c);
@@ -860,7 +864,7 @@ static void test_late_producer_found_by_an_empty_poll(void)
     PGconn *c = late_behind_cursor();
     char sql[128];
     snprintf(sql, sizeof sql, lost_found, 10);
-    int64_t waited = poll_until_found(c, sql, 5000, 0);
+    int64_t waited = poll_until_found(c, sql, 5000, NULL);
     CHECK(waited >= 0 && waited < 3000);
     /* Delivered once: nothing of it is left to claim. */
     CHECK_INT(t_sql_int(c, "%s", sql), 0);
@@ -879,16 +883,7 @@ static void test_late_producer_found_by_its_channels_polls(void)
     snprintf(sql, sizeof sql,
              "SELECT count(*) FROM mq_poll_jobs(ARRAY['lx'], 1) "
              "WHERE name = 'lost'");
-    int64_t start = t_now_ms(), waited = -1;
-    while (t_now_ms() - start < 8000) {
-        insert_n("lx", NULL, 2, 1, 60000);
-        if (t_sql_int(c, "%s", sql) == 1) {
-            waited = t_now_ms() - start;
-            break;
-        }
-        t_sleep_ms(50);
-    }
-    printf("    found after %lld ms, its channel busy\n", (long long)waited);
+    int64_t waited = poll_until_found(c, sql, 8000, "lx");
     CHECK(waited >= 0 && waited < 5000);
     PQfinish(c);
 }
@@ -908,7 +903,7 @@ static void test_late_producer_found_by_a_busy_sessions_sweep(void)
     PGconn *c = late_behind_cursor();
     char sql[128];
     snprintf(sql, sizeof sql, lost_found, 1);
-    int64_t waited = poll_until_found(c, sql, 15000, 1);
+    int64_t waited = poll_until_found(c, sql, 15000, "busy");
     CHECK(waited >= 0 && waited < 12000);
     PQfinish(c);
 }
@@ -964,7 +959,7 @@ static void test_mark_set_by_hand(void)
     CHECK_INT(t_sql_int(d, "SELECT count(*) FROM mq_poll_jobs(NULL, 1) WHERE id IS NOT NULL"),
               1);
     PQfinish(d);
-    int64_t waited = poll_until_found(c, any, 15000, 0);
+    int64_t waited = poll_until_found(c, any, 15000, NULL);
     CHECK(waited >= 0);
     CHECK(waited < 12000);
     PQfinish(c);
