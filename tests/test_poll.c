@@ -746,6 +746,17 @@ static PGconn *late_behind_cursor(void)
 static const char lost_found[] =
     "SELECT count(*) FROM mq_poll_jobs(NULL, %d) WHERE name = 'lost'";
 
+/* Eight channels of 50 plain messages: enough for round 1 of the log (a
+ * quarter of the batch a channel) to fill any batch of 4 on its own. */
+static void deep_backlog(void)
+{
+    for (int i = 0; i < 8; i++) {
+        char args[8];
+        snprintf(args, sizeof args, "d%d", i);
+        insert_n("deep", args, 50, 1, 60000);
+    }
+}
+
 /* A channel's messages kept in mq_rows (a chain here; retries and late
  * producers' messages too) get their share of each poll though the log
  * could fill every batch (semantic 7). */
@@ -754,7 +765,7 @@ static void test_rows_are_not_starved_by_the_log(void)
     if (t_citus_skip("the log's share of a poll: nothing is logged on Citus"))
         return;
     t_truncate();
-    insert_n("deep", NULL, 400, 1, 60000);
+    deep_backlog();
     pqmq_msg *chain[3];
     for (int i = 0; i < 3; i++)
         chain[i] = t_msg("chained", "k", "job", "{\"k\": 1}", 1);
@@ -777,6 +788,97 @@ static void test_rows_are_not_starved_by_the_log(void)
         polls++;
     printf("    a chain's message in a poll of one after %d polls of the log\n", polls);
     CHECK(polls < 40);
+}
+
+/* How many polls of batch_size (limit at most) come before one that takes
+ * a message of channel. */
+static int polls_before(const char *channel, int batch_size, int limit)
+{
+    int polls = 0;
+    while (polls < limit && t_sql_int(pg,
+                                      "SELECT count(*) FILTER (WHERE channel_name = '%s') "
+                                      "FROM mq_poll_jobs(NULL, %d)",
+                                      channel, batch_size) == 0)
+        polls++;
+    return polls;
+}
+
+/* Waits until channel's one message is a row of mq_rows, ready, delivered
+ * deliveries times before. */
+static void wait_ready_row(const char *channel, int deliveries)
+{
+    const char *sql = "SELECT count(*) FROM mq_rows WHERE channel_name = '%s' "
+                      "AND deliveries = %d AND dead_since IS NULL "
+                      "AND ready_at <= clock_timestamp()";
+    WAIT_UNTIL(t_sql_int(pg, sql, channel, deliveries) == 1, 5000);
+    CHECK_INT(t_sql_int(pg, sql, channel, deliveries), 1);
+}
+
+/* A retry of a plain message on channel: logged, delivered and failed in
+ * one statement (within its lease of 100 ms), then ready again in mq_rows
+ * 100 ms later. */
+static void make_retry(const char *channel)
+{
+    insert_n(channel, NULL, 1, 2, 100);
+    /* Logged: no row of mq_rows yet. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_rows WHERE channel_name = '%s'", channel),
+              0);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM mq_claim(ARRAY['%s'], 1) c "
+                        "WHERE mq_fail(c.id, 'boom', c.attempt)",
+                        channel),
+              1);
+    wait_ready_row(channel, 1);
+}
+
+/* A plain message on channel delayed by 100 ms (a row of mq_rows), once
+ * its delay has passed. */
+static void make_delayed(const char *channel)
+{
+    pqmq_msg *m = t_msg(channel, NULL, "job", "{\"k\": 1}", 0);
+    pqmq_msg_set_delay(m, 100);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    wait_ready_row(channel, 0);
+}
+
+/* README, "Fairness": "Ordered channels, retries and delayed messages get
+ * their share beside a deep backlog of plain messages". make puts one
+ * message of channel, ready, in mq_rows; beside a log that could fill every
+ * batch, the first poll of 4 takes it, and a poll of one within 40 (every
+ * other poll or so, at random). */
+static void check_row_share(const char *channel, void (*make)(const char *channel))
+{
+    t_truncate();
+    deep_backlog();
+    make(channel);
+    CHECK_INT(polls_before(channel, 4, 3), 0);
+    /* Cancelled, taken or not, so that the next check stands on its own. */
+    t_exec(pg, "SELECT mq_delete(array_agg(id)) FROM mq_msgs WHERE channel_name = '%s'",
+           channel);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = '%s'", channel),
+              0);
+    make(channel);
+    int polls = polls_before(channel, 1, 40);
+    printf("    \"%s\" in a poll of one after %d polls of the log\n", channel, polls);
+    CHECK(polls < 40);
+}
+
+/* README, "Fairness": retries get their share beside a deep backlog. */
+static void test_retries_are_not_starved_by_the_log(void)
+{
+    if (t_citus_skip("the log's share of a poll: nothing is logged on Citus"))
+        return;
+    check_row_share("retried", make_retry);
+}
+
+/* README, "Fairness": delayed messages get their share beside a deep
+ * backlog. */
+static void test_delayed_are_not_starved_by_the_log(void)
+{
+    if (t_citus_skip("the log's share of a poll: nothing is logged on Citus"))
+        return;
+    check_row_share("delayed", make_delayed);
 }
 
 static const char got_any[] =
@@ -1108,6 +1210,8 @@ int main(void)
     T_RUN(test_late_commit_is_found);
     T_RUN(test_late_commit_under_load_waits_ten_seconds_at_most);
     T_RUN(test_rows_are_not_starved_by_the_log);
+    T_RUN(test_retries_are_not_starved_by_the_log);
+    T_RUN(test_delayed_are_not_starved_by_the_log);
     T_RUN(test_drained_cursors_are_retired);
     T_RUN(test_message_behind_a_retired_cursor_is_delivered);
     T_RUN(test_late_producer_found_by_an_empty_poll);
