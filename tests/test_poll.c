@@ -673,23 +673,27 @@ static void test_held_snapshot_dead_entries_are_passed(void)
 }
 
 /* Polls c with sql (a count of the message looked for) until it counts
- * one or limit_ms pass, inserting two messages before each poll when
- * keep_busy (so no poll comes up empty); prints and returns the wait in
- * ms, or -1 when it never came. */
-static int64_t poll_until_found(PGconn *c, const char *sql, int64_t limit_ms, int keep_busy)
+ * one or limit_ms pass, inserting two messages on channel busy (NULL:
+ * none) before each poll, so that no poll comes up empty; prints and
+ * returns the wait in ms, or -1 when it never came. */
+static int64_t poll_until_found(PGconn *c, const char *sql, int64_t limit_ms, const char *busy)
 {
     int64_t start = t_now_ms();
     while (t_now_ms() - start < limit_ms) {
-        if (keep_busy)
-            insert_n("busy", NULL, 2, 1, 60000);
+        if (busy)
+            insert_n(busy, NULL, 2, 1, 60000);
         if (t_sql_int(c, "%s", sql) == 1) {
             int64_t waited = t_now_ms() - start;
-            printf("    found after %lld ms%s\n", (long long)waited,
-                   keep_busy ? " under load" : "");
+            if (busy)
+                printf("    found after %lld ms, channel \"%s\" kept busy\n", (long long)waited,
+                       busy);
+            else
+                printf("    found after %lld ms\n", (long long)waited);
             return waited;
         }
-        t_sleep_ms(keep_busy ? 50 : 100);
+        t_sleep_ms(busy ? 50 : 100);
     }
+    printf("    not found in %lld ms\n", (long long)limit_ms);
     return -1;
 }
 
@@ -721,7 +725,7 @@ static void test_late_commit_is_found(void)
     PGconn *c = late_commit_behind_mark();
     char sql[128];
     snprintf(sql, sizeof sql, late_found, 10);
-    int64_t waited = poll_until_found(c, sql, 5000, 0);
+    int64_t waited = poll_until_found(c, sql, 5000, NULL);
     CHECK(waited >= 0);
     /* Within the empty polls' second, not at the ten-second refresh. */
     CHECK(waited < 3000);
@@ -741,7 +745,7 @@ static void test_late_commit_under_load_waits_ten_seconds_at_most(void)
     PGconn *c = late_commit_behind_mark();
     char sql[128];
     snprintf(sql, sizeof sql, late_found, 1);
-    int64_t waited = poll_until_found(c, sql, 15000, 1);
+    int64_t waited = poll_until_found(c, sql, 15000, "busy");
     CHECK(waited >= 0);
     CHECK(waited < 12000);
     PQfinish(c);
@@ -774,6 +778,17 @@ static PGconn *late_behind_cursor(void)
 static const char lost_found[] =
     "SELECT count(*) FROM mq_poll_jobs(NULL, %d) WHERE name = 'lost'";
 
+/* Eight channels of 50 plain messages: enough for round 1 of the log (a
+ * quarter of the batch a channel) to fill any batch of 4 on its own. */
+static void deep_backlog(void)
+{
+    for (int i = 0; i < 8; i++) {
+        char args[8];
+        snprintf(args, sizeof args, "d%d", i);
+        insert_n("deep", args, 50, 1, 60000);
+    }
+}
+
 /* A channel's messages kept in mq_rows (a chain here; retries and late
  * producers' messages too) get their share of each poll though the log
  * could fill every batch (semantic 7). */
@@ -782,7 +797,7 @@ static void test_rows_are_not_starved_by_the_log(void)
     if (t_citus_skip("the log's share of a poll: nothing is logged on Citus"))
         return;
     t_truncate();
-    insert_n("deep", NULL, 400, 1, 60000);
+    deep_backlog();
     pqmq_msg *chain[3];
     for (int i = 0; i < 3; i++)
         chain[i] = t_msg("chained", "k", "job", "{\"k\": 1}", 1);
@@ -805,6 +820,97 @@ static void test_rows_are_not_starved_by_the_log(void)
         polls++;
     printf("    a chain's message in a poll of one after %d polls of the log\n", polls);
     CHECK(polls < 40);
+}
+
+/* How many polls of batch_size (limit at most) come before one that takes
+ * a message of channel. */
+static int polls_before(const char *channel, int batch_size, int limit)
+{
+    int polls = 0;
+    while (polls < limit && t_sql_int(pg,
+                                      "SELECT count(*) FILTER (WHERE channel_name = '%s') "
+                                      "FROM mq_poll_jobs(NULL, %d)",
+                                      channel, batch_size) == 0)
+        polls++;
+    return polls;
+}
+
+/* Waits until channel's one message is a row of mq_rows, ready, delivered
+ * deliveries times before. */
+static void wait_ready_row(const char *channel, int deliveries)
+{
+    const char *sql = "SELECT count(*) FROM mq_rows WHERE channel_name = '%s' "
+                      "AND deliveries = %d AND dead_since IS NULL "
+                      "AND ready_at <= clock_timestamp()";
+    WAIT_UNTIL(t_sql_int(pg, sql, channel, deliveries) == 1, 5000);
+    CHECK_INT(t_sql_int(pg, sql, channel, deliveries), 1);
+}
+
+/* A retry of a plain message on channel: logged, delivered and failed in
+ * one statement (within its lease of 100 ms), then ready again in mq_rows
+ * 100 ms later. */
+static void make_retry(const char *channel)
+{
+    insert_n(channel, NULL, 1, 2, 100);
+    /* Logged: no row of mq_rows yet. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_rows WHERE channel_name = '%s'", channel),
+              0);
+    CHECK_INT(t_sql_int(pg,
+                        "SELECT count(*) FROM mq_claim(ARRAY['%s'], 1) c "
+                        "WHERE mq_fail(c.id, 'boom', c.attempt)",
+                        channel),
+              1);
+    wait_ready_row(channel, 1);
+}
+
+/* A plain message on channel delayed by 100 ms (a row of mq_rows), once
+ * its delay has passed. */
+static void make_delayed(const char *channel)
+{
+    pqmq_msg *m = t_msg(channel, NULL, "job", "{\"k\": 1}", 0);
+    pqmq_msg_set_delay(m, 100);
+    CHECK_OK(q, pqmq_insert(q, &m, 1));
+    pqmq_msg_free(m);
+    wait_ready_row(channel, 0);
+}
+
+/* README, "Fairness": "Ordered channels, retries and delayed messages get
+ * their share beside a deep backlog of plain messages". make puts one
+ * message of channel, ready, in mq_rows; beside a log that could fill every
+ * batch, the first poll of 4 takes it, and a poll of one within 40 (every
+ * other poll or so, at random). */
+static void check_row_share(const char *channel, void (*make)(const char *channel))
+{
+    t_truncate();
+    deep_backlog();
+    make(channel);
+    CHECK_INT(polls_before(channel, 4, 3), 0);
+    /* Cancelled, taken or not, so that the next check stands on its own. */
+    t_exec(pg, "SELECT mq_delete(array_agg(id)) FROM mq_msgs WHERE channel_name = '%s'",
+           channel);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_msgs WHERE channel_name = '%s'", channel),
+              0);
+    make(channel);
+    int polls = polls_before(channel, 1, 40);
+    printf("    \"%s\" in a poll of one after %d polls of the log\n", channel, polls);
+    CHECK(polls < 40);
+}
+
+/* README, "Fairness": retries get their share beside a deep backlog. */
+static void test_retries_are_not_starved_by_the_log(void)
+{
+    if (t_citus_skip("the log's share of a poll: nothing is logged on Citus"))
+        return;
+    check_row_share("retried", make_retry);
+}
+
+/* README, "Fairness": delayed messages get their share beside a deep
+ * backlog. */
+static void test_delayed_are_not_starved_by_the_log(void)
+{
+    if (t_citus_skip("the log's share of a poll: nothing is logged on Citus"))
+        return;
+    check_row_share("delayed", make_delayed);
 }
 
 static const char got_any[] =
@@ -899,7 +1005,7 @@ static void test_late_producer_found_by_an_empty_poll(void)
     PGconn *c = late_behind_cursor();
     char sql[128];
     snprintf(sql, sizeof sql, lost_found, 10);
-    int64_t waited = poll_until_found(c, sql, 5000, 0);
+    int64_t waited = poll_until_found(c, sql, 5000, NULL);
     CHECK(waited >= 0 && waited < 3000);
     /* Delivered once: nothing of it is left to claim. */
     CHECK_INT(t_sql_int(c, "%s", sql), 0);
@@ -918,16 +1024,7 @@ static void test_late_producer_found_by_its_channels_polls(void)
     snprintf(sql, sizeof sql,
              "SELECT count(*) FROM mq_poll_jobs(ARRAY['lx'], 1) "
              "WHERE name = 'lost'");
-    int64_t start = t_now_ms(), waited = -1;
-    while (t_now_ms() - start < 8000) {
-        insert_n("lx", NULL, 2, 1, 60000);
-        if (t_sql_int(c, "%s", sql) == 1) {
-            waited = t_now_ms() - start;
-            break;
-        }
-        t_sleep_ms(50);
-    }
-    printf("    found after %lld ms, its channel busy\n", (long long)waited);
+    int64_t waited = poll_until_found(c, sql, 8000, "lx");
     CHECK(waited >= 0 && waited < 5000);
     PQfinish(c);
 }
@@ -947,7 +1044,7 @@ static void test_late_producer_found_by_a_busy_sessions_sweep(void)
     PGconn *c = late_behind_cursor();
     char sql[128];
     snprintf(sql, sizeof sql, lost_found, 1);
-    int64_t waited = poll_until_found(c, sql, 15000, 1);
+    int64_t waited = poll_until_found(c, sql, 15000, "busy");
     CHECK(waited >= 0 && waited < 12000);
     PQfinish(c);
 }
@@ -1003,7 +1100,7 @@ static void test_mark_set_by_hand(void)
     CHECK_INT(t_sql_int(d, "SELECT count(*) FROM mq_poll_jobs(NULL, 1) WHERE id IS NOT NULL"),
               1);
     PQfinish(d);
-    int64_t waited = poll_until_found(c, any, 15000, 0);
+    int64_t waited = poll_until_found(c, any, 15000, NULL);
     CHECK(waited >= 0);
     CHECK(waited < 12000);
     PQfinish(c);
@@ -1153,6 +1250,8 @@ int main(void)
     T_RUN(test_late_commit_is_found);
     T_RUN(test_late_commit_under_load_waits_ten_seconds_at_most);
     T_RUN(test_rows_are_not_starved_by_the_log);
+    T_RUN(test_retries_are_not_starved_by_the_log);
+    T_RUN(test_delayed_are_not_starved_by_the_log);
     T_RUN(test_drained_cursors_are_retired);
     T_RUN(test_message_behind_a_retired_cursor_is_delivered);
     T_RUN(test_late_producer_found_by_an_empty_poll);
