@@ -181,6 +181,7 @@ static void *pqmq_main(void *arg)
     if (pqmq_batch_count(held))
         die("exactly-once: a batch claimed after the last message was done");
     pqmq_batch_free(held);
+    queue_reclaim_log(conn);
     rows_free(&w);
     pqmq_client_free(c);
     PQfinish(conn);
@@ -239,6 +240,7 @@ static void *locked_main(void *arg)
             sleep_s(0.0005); /* the rest is held by other consumers */
         }
     }
+    queue_reclaim_log(conn);
     rows_free(&w);
     pqmq_client_free(c);
     PQfinish(conn);

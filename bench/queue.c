@@ -320,6 +320,7 @@ double queue_drain_runner_with(const struct opts *o, int threads, const char *la
                      &d);
     for (int i = 0; i < n; i++)
         wait_started(&ts[i]);
+    PGconn *admin = bench_connect(o); /* (connected before the clock starts) */
 
     pthread_mutex_lock(&d.lock);
     double t0 = now_s();
@@ -353,12 +354,34 @@ double queue_drain_runner_with(const struct opts *o, int threads, const char *la
             die("%s: stalled at %ld of %d messages", label, sum, o->messages);
         }
     }
+    queue_reclaim_log(admin);
     double t = now_s() - t0;
     progress_end();
+    PQfinish(admin);
     for (int i = 0; i < n; i++)
         stop_runner(&ts[i]);
     free(ts);
     return t;
+}
+
+void queue_reclaim_log(PGconn *conn)
+{
+    /* (At most 256 channels a call: until no cursor has work left.) */
+    for (int round = 0; round < 1000; round++) {
+        PGresult *r = PQexec(conn, "SELECT _mq_log_settle(clock_timestamp(), NULL), "
+                                   "(SELECT count(*) FROM mq_cursors c "
+                                   " WHERE c.settled < c.place)");
+        int left = PQresultStatus(r) == PGRES_TUPLES_OK ? atoi(PQgetvalue(r, 0, 1)) : -1;
+        PQclear(r);
+        r = PQexec(conn, "SELECT _mq_log_reclaim(NULL), "
+                         "(SELECT count(*) FROM mq_cursors c WHERE c.reclaimed < c.settled)");
+        if (PQresultStatus(r) != PGRES_TUPLES_OK)
+            die("reclaiming the log: %s", PQerrorMessage(conn));
+        left += atoi(PQgetvalue(r, 0, 1));
+        PQclear(r);
+        if (left <= 0)
+            return;
+    }
 }
 
 /* ---- processing with the polling API ----------------------------------- */
@@ -405,6 +428,7 @@ static void *poller_main(void *arg)
     if (pqmq_batch_count(prev) && pqmq_complete_batch(c, prev))
         die("pqmq_complete_batch: %s", pqmq_errmsg(c));
     pqmq_batch_free(prev);
+    queue_reclaim_log(pqmq_conn(c));
     pqmq_client_free(c);
     return NULL;
 }
@@ -436,6 +460,7 @@ static void *locked_main(void *arg)
             sleep_s(0.0005); /* the rest is held by other consumers */
         }
     }
+    queue_reclaim_log(pqmq_conn(c));
     pqmq_client_free(c);
     return NULL;
 }

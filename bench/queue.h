@@ -22,6 +22,11 @@ double queue_drain_runner(const struct opts *o, int threads, const char *label);
  * transaction (exactly-once, see once.c). */
 double queue_drain_runner_with(const struct opts *o, int threads, const char *label, int locked,
                                int record);
+/* Settles and deletes what the queue's log keeps of finished messages, all
+ * of it, on conn: the work polls do about once a second a channel, which a
+ * drain of a second or less would otherwise leave out of its time (the
+ * floor's DELETE does it in its own). Each drain ends with it. */
+void queue_reclaim_log(PGconn *conn);
 double queue_drain_poll(const struct opts *o, const char *label);
 /* The same with the locked lane (pqmq_poll_locked, one transaction a batch). */
 double queue_drain_locked(const struct opts *o, const char *label);
