@@ -228,30 +228,12 @@ BEGIN
         -- (neither completed nor moved; a finished one is only marked at
         -- its reap), at most 64 looked at (past them: the last one's, when
         -- a poll reaps them). Not this transaction's own locked-lane ones.
-        -- A lease that ran out, which the poll's reap passed (a completion
-        -- holds its receipt): poll again now.
-        IF EXISTS (SELECT 1 FROM mq_receipts r
-                   WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
-                     AND r.lease_until <= ts
-                     AND (channel_names IS NULL
-                          OR r.channel_key >= rg.lo AND r.channel_key <= rg.hi)
-                     AND (r.holder IS NULL
-                          OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())) THEN
-            next_at := ts;
-            EXIT;
-        END IF;
-        -- (The leases still running, in lease order, from the open receipts'
-        -- index, from ts: that index also holds, until vacuum, an entry for
-        -- every receipt finished since, at its old lease; and the whole key
-        -- space is no index condition, which would make the plan read every
-        -- entry of the primary key too.)
         seen := 0;
         FOR x IN SELECT r.channel_key, r.lo, r.places, r.moved, r.lease_until
                  FROM mq_receipts r
                  WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
-                   AND r.lease_until > ts
-                   AND (channel_names IS NULL
-                        OR r.channel_key >= rg.lo AND r.channel_key <= rg.hi)
+                   AND r.lease_until > '-infinity'::timestamptz -- (its index condition)
+                   AND r.channel_key >= rg.lo AND r.channel_key <= rg.hi
                    AND (r.holder IS NULL
                         OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
                  ORDER BY r.lease_until
