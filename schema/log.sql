@@ -102,56 +102,42 @@ BEGIN
     -- by a claim that committed meanwhile is locked at its new place, and
     -- an UPDATE in the claim's own statement would have to follow it).
     locked := ARRAY(
-        SELECT v.channel_key FROM (
-            SELECT * FROM (
-                SELECT c.channel_key FROM mq_cursors c
-                -- The first place past the cursor: a probe a cursor, never
-                -- a join that reads the log's index whole (tested again
-                -- below, so that a cursor another claim moved past it
-                -- meanwhile is passed).
-                CROSS JOIN LATERAL (SELECT l.place FROM mq_log l
-                                    WHERE l.channel_key = c.channel_key AND l.place > c.place
-                                    ORDER BY l.place LIMIT 1) e
-                WHERE c.channel_key >= start AND c.channel_key <= hi
-                  AND e.place > c.place
-                  AND (wrap OR c.channel_key < fence)
-                  -- A cursor whose last locker died: not for the locked
-                  -- lane, and the only cursors lane 2 takes.
-                  AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
-                  AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
-                                                 WHERE p.channel_name = c.channel_name))
-                  -- None of a channel's messages while an urgent one of it
-                  -- could be claimed (mq_rows holds every message of
-                  -- priority above 0).
-                  AND (NOT urgent OR NOT EXISTS (
-                           SELECT 1 FROM mq_rows m
-                           WHERE m.channel_key = c.channel_key
-                             AND m.dead_since IS NULL AND m.after_message_id IS NULL
-                             AND m.priority > 0 -- mq_msgs_ready_urgent
-                             AND m.ready_at <= ts AND m.attempt_at <= ts
-                             AND m.attempts > 0))
-                ORDER BY c.channel_key
-                FOR NO KEY UPDATE OF c SKIP LOCKED) a
-            UNION ALL
-            SELECT * FROM (
-                SELECT c.channel_key FROM mq_cursors c
-                CROSS JOIN LATERAL (SELECT l.place FROM mq_log l
-                                    WHERE l.channel_key = c.channel_key AND l.place > c.place
-                                    ORDER BY l.place LIMIT 1) e
-                WHERE wrap AND c.channel_key >= lo AND c.channel_key < fence
-                  AND e.place > c.place
-                  AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
-                  AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
-                                                 WHERE p.channel_name = c.channel_name))
-                  AND (NOT urgent OR NOT EXISTS (
-                           SELECT 1 FROM mq_rows m
-                           WHERE m.channel_key = c.channel_key
-                             AND m.dead_since IS NULL AND m.after_message_id IS NULL
-                             AND m.priority > 0 -- mq_msgs_ready_urgent
-                             AND m.ready_at <= ts AND m.attempt_at <= ts
-                             AND m.attempts > 0))
-                ORDER BY c.channel_key
-                FOR NO KEY UPDATE OF c SKIP LOCKED) b) v
+        SELECT v.channel_key
+        -- The one or two ranges of keys, in the walk's order and inclusive:
+        -- from start up to the range's end (or up to fence - 1), then,
+        -- after the wrap, from lo up to fence - 1 (none when fence <= lo).
+        -- Each is a locking scan of its own, in key order under the LIMIT:
+        -- the second runs only when the first gives too few, and neither
+        -- locks a cursor the LIMIT does not take.
+        FROM (VALUES (start, CASE WHEN wrap THEN hi ELSE LEAST(hi, fence - 1) END),
+                     (lo, CASE WHEN wrap AND fence > lo THEN fence - 1 END)) r(a, b)
+        CROSS JOIN LATERAL (
+            SELECT c.channel_key FROM mq_cursors c
+            -- The first place past the cursor: a probe a cursor, never a
+            -- join that reads the log's index whole (tested again below, so
+            -- that a cursor another claim moved past it meanwhile is passed).
+            CROSS JOIN LATERAL (SELECT l.place FROM mq_log l
+                                WHERE l.channel_key = c.channel_key AND l.place > c.place
+                                ORDER BY l.place LIMIT 1) e
+            WHERE c.channel_key >= r.a AND c.channel_key <= r.b
+              AND e.place > c.place
+              -- A cursor whose last locker died: not for the locked lane,
+              -- and the only cursors lane 2 takes.
+              AND (lane = 0 OR (lane = 2) = _mq_locker_died(c.xmax, me, me_lo))
+              AND (NOT paused OR NOT EXISTS (SELECT 1 FROM mq_paused p
+                                             WHERE p.channel_name = c.channel_name))
+              -- None of a channel's messages while an urgent one of it could
+              -- be claimed (mq_rows holds every message of priority above 0).
+              AND (NOT urgent OR NOT EXISTS (
+                       SELECT 1 FROM mq_rows m
+                       WHERE m.channel_key = c.channel_key
+                         AND m.dead_since IS NULL AND m.after_message_id IS NULL
+                         AND m.priority > 0 -- mq_msgs_ready_urgent
+                         AND m.ready_at <= ts AND m.attempt_at <= ts
+                         AND m.attempts > 0))
+            ORDER BY c.channel_key
+            FOR NO KEY UPDATE OF c SKIP LOCKED) v
+        WHERE r.b IS NOT NULL
         LIMIT visits);
     IF cardinality(locked) = 0 THEN
         RETURN;
