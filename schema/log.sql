@@ -73,13 +73,22 @@ BEGIN
         DROP FUNCTION _mq_log_claim(bigint, bigint, bigint, bigint, integer, integer,
                                     timestamptz, integer, boolean, boolean);
     END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+               WHERE p.oid = pg_catalog.to_regprocedure(
+                         '_mq_log_claim(bigint, bigint, bigint, bigint, integer, integer, '
+                         'timestamp with time zone, integer, boolean, boolean, integer)')
+                 AND NOT 'more' = ANY (p.proargnames)) THEN
+        DROP FUNCTION _mq_log_claim(bigint, bigint, bigint, bigint, integer, integer,
+                                    timestamptz, integer, boolean, boolean, integer);
+    END IF;
 END
 $$;
 CREATE OR REPLACE FUNCTION _mq_log_claim(lo bigint, hi bigint, start bigint, fence bigint,
                                          per_key int, want int, ts timestamptz, lane int,
                                          urgent boolean, paused boolean DEFAULT false,
                                          reach int DEFAULT 0)
-RETURNS TABLE(jobs mq_job_t[], n int, spent boolean, last_key bigint, keys bigint[])
+RETURNS TABLE(jobs mq_job_t[], n int, spent boolean, last_key bigint, keys bigint[],
+              more boolean)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -192,7 +201,7 @@ BEGIN
                CASE WHEN lane = 1 THEN pg_current_xact_id() END
         FROM took t
         GROUP BY t.channel_key
-        RETURNING 1)
+        RETURNING cardinality(places) AS k)
     SELECT array_agg(ROW(t.id, true, t.name, t.payload_json::text, t.payload_bytes,
                          CASE WHEN lane = 1 THEN interval '0'
                               ELSE _mq_log_lease(t.retry_backoff) END,
@@ -201,7 +210,9 @@ BEGIN
            count(*)::int, (SELECT share.spent FROM share),
            -- (the walk's last channel: the greatest after the wrap, if any)
            COALESCE(max(t.channel_key) FILTER (WHERE t.o = 1), max(t.channel_key)),
-           array_agg(DISTINCT t.channel_key)
+           array_agg(DISTINCT t.channel_key),
+           -- (a channel that gave its whole share may have more)
+           (SELECT max(r.k) FROM receipts r) >= (SELECT share.n FROM share)
     FROM took t;
 END;
 $$;
@@ -240,6 +251,8 @@ DECLARE
     keys     bigint[] := '{}'; -- the channels taken from
     reach    int := 0;          -- channels the next step may visit (_mq_log_claim)
     urgent   boolean;
+    more     boolean := false; -- a channel taken from may have more
+    step     boolean;
 BEGIN
     -- (On Citus nothing is logged: every message is a row of mq_rows.)
     IF current_setting('pqmq.citus', true) = 'on' THEN
@@ -253,6 +266,9 @@ BEGIN
                       WHERE m.dead_since IS NULL AND m.after_message_id IS NULL
                         AND m.priority > 0 -- mq_msgs_ready_urgent
                         AND m.ready_at <= ts);
+    -- (round 1 passes a channel with an urgent message, which mq_rows'
+    -- pick may take before round 2)
+    more := urgent;
     IF channel_names IS NULL THEN
         kept := current_setting(CASE WHEN round = 1 THEN turn ELSE began END, true);
         IF length(kept) BETWEEN 1 AND 16 AND btrim(kept, '0123456789abcdef') = '' THEN
@@ -292,13 +308,14 @@ BEGIN
         -- Around the range in steps: a step locks only the cursors it can
         -- fill from, and the next starts after the last it took from.
         LOOP
-            SELECT c.jobs, c.n, c.spent, c.last_key, c.keys
-            INTO taken, n, spent, last, ks
+            SELECT c.jobs, c.n, c.spent, c.last_key, c.keys, c.more
+            INTO taken, n, spent, last, ks, step
             FROM _mq_log_claim(rg.lo, rg.hi, start, rg.s, per_key, want - got, ts, lane,
                                urgent, paused, reach) c;
             EXIT WHEN COALESCE(n, 0) = 0;
             RETURN QUERY SELECT * FROM unnest(taken);
             got := got + n;
+            more := more OR COALESCE(step, true);
             -- Channels that gave less than their share: the next step visits
             -- as many as the rest needs at the density seen (not want /
             -- per_key again, a step per few messages of a thin backlog).
@@ -318,6 +335,9 @@ BEGIN
         PERFORM set_config(turn, to_hex(CASE WHEN last_key = 9223372036854775807
                                              THEN -9223372036854775808
                                              ELSE last_key + 1 END), false);
+    END IF;
+    IF round = 1 THEN
+        PERFORM set_config('pqmq.log_more', CASE WHEN more THEN 'on' ELSE 'off' END, true);
     END IF;
     IF cardinality(keys) > 0 THEN
         PERFORM _mq_log_upkeep(ts, keys);

@@ -308,6 +308,7 @@ DECLARE
     paused  boolean := EXISTS (SELECT 1 FROM mq_paused);
     idle    mq_job_t;
     first   int; -- what round 1 of the log may take
+    short   boolean;
     n       int;
     got     int;
 BEGIN
@@ -341,6 +342,7 @@ BEGIN
     IF n >= batch_size THEN
         RETURN;
     END IF;
+    short := n < first;
     IF rows_in THEN
         SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
         FROM _mq_pick_set(channel_names, batch_size - n, ts, lane, paused) p;
@@ -426,9 +428,12 @@ BEGIN
 
     n := n + cardinality(picked);
     -- (When round 1 wanted some and neither it nor mq_rows' pick found
-    -- any, round 1 walked every channel it could take from and nothing
-    -- changed since: round 2 would walk them again for nothing.)
-    IF first = 0 OR n > 0 THEN
+    -- any, or it came back short with every channel it took from drained
+    -- (pqmq.log_more off, _mq_log_pick), round 1 walked every channel it
+    -- could take from: round 2 would walk them again for what committed
+    -- since, which the next poll finds.)
+    IF (first = 0 OR n > 0)
+       AND NOT (short AND COALESCE(current_setting('pqmq.log_more', true), '') = 'off') THEN
         RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts,
                                                 lane, 2, paused);
         GET DIAGNOSTICS got = ROW_COUNT;

@@ -358,6 +358,28 @@ static void test_poll_reads_channels_in_index_order(void)
     CHECK(read < 400);
 }
 
+/* Calls of the log's claim step (_mq_log_claim) made by a poll of
+ * batch_size of every channel on a connection of its own: what its walks
+ * cost. Sets *n to the jobs it got. Returns -1 when the calls cannot be
+ * counted (counting needs track_functions, which only a superuser sets, on
+ * the server session that polls: not behind a pooler). */
+static long long claim_steps_of_poll(int batch_size, long long *n)
+{
+    PGconn *c = t_pg();
+    PGresult *r = PQexec(c, "SET track_functions = 'pl'");
+    int counted = PQresultStatus(r) == PGRES_COMMAND_OK && !t_pooled();
+    PQclear(r);
+    const char *calls = "SELECT COALESCE(sum(calls), 0) FROM pg_stat_user_functions "
+                        "WHERE schemaname = current_schema() AND funcname = '_mq_log_claim'";
+    flush_stats(c);
+    long long before = t_sql_int(pg, "%s", calls);
+    *n = t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, %d)", batch_size);
+    flush_stats(c);
+    long long steps = t_sql_int(pg, "%s", calls) - before;
+    PQfinish(c);
+    return counted ? steps : -1;
+}
+
 /* A thin backlog (a message a channel) fills a poll in a step or two of
  * the log's walk: after a step whose channels gave less than their share,
  * the next visits as many channels as the rest needs at that density,
@@ -367,27 +389,44 @@ static void test_thin_channels_fill_a_poll_in_few_steps(void)
     if (t_citus_skip("nothing is logged on Citus"))
         return;
     backlog("t", 100, 1, 0);
-    PGconn *c = t_pg();
-    /* (Counting calls needs track_functions, which only a superuser sets,
-     * on the server session that polls: not behind a pooler.) */
-    PGresult *r = PQexec(c, "SET track_functions = 'pl'");
-    int counted = PQresultStatus(r) == PGRES_COMMAND_OK && !t_pooled();
-    PQclear(r);
-    const char *calls = "SELECT COALESCE(sum(calls), 0) FROM pg_stat_user_functions "
-                        "WHERE schemaname = current_schema() AND funcname = '_mq_log_claim'";
-    flush_stats(c);
-    long long before = t_sql_int(pg, "%s", calls);
-    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 100)"), 100);
-    flush_stats(c);
-    long long steps = t_sql_int(pg, "%s", calls) - before;
+    long long n = 0, steps = claim_steps_of_poll(100, &n);
+    CHECK_INT(n, 100);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_receipts"), 100);
-    if (counted) {
+    if (steps >= 0) {
         printf("    steps of the walk for a poll of 100 from 100 channels of 1: %lld\n", steps);
         CHECK(steps >= 1 && steps <= 3);
     } else {
         printf("    not a superuser, or pooled: the walk's steps not counted\n");
     }
-    PQfinish(c);
+}
+
+/* A poll whose first round of the log came back short with every channel
+ * it took from drained walks the log once: a second round could only find
+ * what committed since. One channel that gave its whole share still gets a
+ * second round, which fills the batch from it. */
+static void test_drained_first_round_walks_once(void)
+{
+    if (t_citus_skip("nothing is logged on Citus"))
+        return;
+    backlog("s", 3, 1, 0);
+    long long n = 0, steps = claim_steps_of_poll(10, &n);
+    CHECK_INT(n, 3);
+    if (steps >= 0) {
+        printf("    steps for a poll of 10 from 3 channels of 1: %lld\n", steps);
+        CHECK_INT(steps, 1);
+    }
+    /* One deep channel beside three thin ones: its first share is a quarter
+     * of the batch, and the second round takes the rest from it. */
+    backlog("s", 3, 1, 0);
+    insert_n("deep", NULL, 20, 1, 60000);
+    steps = claim_steps_of_poll(10, &n);
+    CHECK_INT(n, 10);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_log l JOIN mq_cursors c "
+                            "ON c.channel_key = l.channel_key "
+                            "WHERE c.channel_name = 'deep' AND l.place <= c.place"),
+              7);
+    if (steps >= 0)
+        CHECK(steps >= 2);
 }
 
 /* Messages in flight keep their place among the ready ones (a claim is a
@@ -1240,6 +1279,7 @@ int main(void)
     T_RUN(test_poll_cost_does_not_grow_with_backlog);
     T_RUN(test_poll_reads_channels_in_index_order);
     T_RUN(test_thin_channels_fill_a_poll_in_few_steps);
+    T_RUN(test_drained_first_round_walks_once);
     T_RUN(test_in_flight_are_stepped_over_once);
     T_RUN(test_claim_writes_no_index_entry);
     T_RUN(test_place_moves_with_keep_alive_and_failure);
