@@ -29,7 +29,8 @@
 #             (FOR NO KEY UPDATE SKIP LOCKED) returning payloads; delete it
 #             by ctid; COMMIT. The floor's writes, in two statements.
 #   pqmq      mq_complete_claim (what pqmq_complete_and_poll sends), and
-#   pqmq-locked  mq_claim_locked + mq_complete_all (pqmq_poll_locked), over
+#   pqmq-locked  mq_claim_lane's lane 1 + mq_complete_all (what
+#             pqmq_poll_locked and pqmq_complete_commit send), over
 #             a backlog inserted by mq_insert (plain messages: the log).
 # Then the inserts, each for SECONDS into an empty table, 100 rows a
 # statement:
@@ -182,7 +183,7 @@ SELECT COALESCE(array_agg((j).id) FILTER (WHERE (j).id IS NOT NULL), '{}')::text
        -- a locked delivery is completed as attempt 0 (pqmq__batch_set_locked)
        COALESCE(array_agg(0) FILTER (WHERE (j).id IS NOT NULL), '{}')::text AS atts,
        sum(octet_length((j).payload_json)) AS bytes
-FROM ceiling.mq_claim_locked(NULL, 100) j \gset
+FROM ceiling.mq_claim_lane(NULL, 100, 1) j \gset
 SELECT ceiling.mq_complete_all(:ids::uuid[], :atts::int[]);
 COMMIT;
 EOF

@@ -11,7 +11,8 @@
 int pqmq__poll(pqmq_client *c, const char *const *channels, size_t nchannels, int batch_size,
                int left, pqmq_batch **out)
 {
-    /* mq_claim_lane straight away: mq_claim is a wrapper for SQL callers. */
+    /* mq_claim_lane straight away, as the locked poll below: mq_claim and
+     * mq_claim_locked are wrappers for SQL callers. */
     return pqmq__query_jobs(c,
                             left ? "SELECT * FROM mq_claim_lane($1, $2, 2)"
                                  : "SELECT * FROM mq_claim_lane($1, $2, 0)",
@@ -44,7 +45,7 @@ PQMQ_EXPORT int pqmq_poll_locked(pqmq_client *c, const char *const *channels, si
      * same round trip) when none is. */
     if (!rc)
         res = pqmq__exec_piped(c, st == PQTRANS_IDLE ? "BEGIN" : NULL, param,
-                               "SELECT * FROM mq_claim_locked($1, $2)", NULL, &rc);
+                               "SELECT * FROM mq_claim_lane($1, $2, 1)", NULL, &rc);
     PQparamClear(param);
     if (!rc)
         rc = pqmq__batch_from(c, res, out);

@@ -237,7 +237,7 @@ int pqmq__query_jobs(pqmq_client *c, const char *sql, const char *const *channel
 int pqmq__batch_from(pqmq_client *c, PGresult *res, pqmq_batch **out);
 /* The deliveries of a batch's jobs, malloc'd into *out (NULL when none). */
 int pqmq__batch_deliveries(pqmq_client *c, const pqmq_batch *b, pqmq__delivery **out);
-/* Marks the jobs of b as held by row locks (mq_claim_locked): their
+/* Marks the jobs of b as held by row locks (mq_claim_lane's lane 1): their
  * deliveries then carry the attempt number the row still has, which is what
  * completions and failures are fenced by. */
 void pqmq__batch_set_locked(pqmq_batch *b);

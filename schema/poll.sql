@@ -283,13 +283,19 @@ RETURN CASE WHEN NOT rows_in THEN 0
             WHEN pg_catalog.random() < 0.5 THEN 1
             ELSE 0 END;
 
--- Claims up to batch_size ready messages of a lane (see _mq_pick_set) and
--- leases them. Lane 2, the rest of lane 0 once lane 1 is taken out (retries
--- and messages whose locked delivery died), is what a runner whose workers
--- use the locked lane claims with leases.
+-- Claims up to batch_size ready messages of a lane (see _mq_pick_set):
+-- round 1 of the log, mq_rows' pick, round 2 of the log. Lane 0 (mq_claim)
+-- and lane 2 lease them; lane 2, the rest of lane 0 once lane 1 is taken
+-- out (retries and messages whose locked delivery died), is what a runner
+-- whose workers use the locked lane claims with leases. Lane 1, the locked
+-- lane (mq_claim_locked), claims first deliveries for the caller's open
+-- transaction and writes nothing in mq_rows: the jobs are held by row
+-- locks until that transaction ends (in the log, by the cursor's lock and
+-- a receipt that names the transaction).
 -- Parameters: channel_names (NULL: every channel); batch_size; lane: 0, 1 or
---   2.
--- Returns: as mq_claim. Duty: consume.
+--   2 (another is refused).
+-- Returns: as mq_claim; lane 1's jobs held by the caller's transaction.
+--   Duty: consume.
 CREATE OR REPLACE FUNCTION mq_claim_lane(channel_names text[], batch_size int, lane int)
 RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
@@ -300,7 +306,7 @@ DECLARE
     ts      timestamptz := clock_timestamp();
     picked  uuid[];
     tids    tid[];
-    max_dur interval := (_mq_limits()).max_duration; -- once, not per row
+    max_dur interval; -- the lease lanes' (_mq_limits), once, not per row
     chained boolean;
     rows_in boolean;
     -- Whether any channel is paused: one probe a poll, and the filters of
@@ -312,8 +318,13 @@ DECLARE
     n       int;
     got     int;
 BEGIN
+    IF lane IS NULL OR lane < 0 OR lane > 2 THEN
+        RAISE EXCEPTION 'mq_claim_lane: lane % is not 0, 1 or 2', lane
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     PERFORM _mq_poll_args(channel_names, batch_size);
-    -- Receipts whose leases ran out hand their messages back first.
+    -- Receipts whose leases ran out (and the locked lane's, committed
+    -- without completing all) hand their messages back first.
     IF NOT citus AND EXISTS (SELECT 1 FROM mq_receipts x
                              WHERE x.lease_until < 'infinity'::timestamptz
                                AND x.lease_until <= ts) THEN
@@ -350,10 +361,11 @@ BEGIN
         picked := '{}';
     END IF;
 
-    -- Not busy: a good moment to notice messages whose last lease ran out.
-    -- Looked for first, as mq_reap_dead looks: a call of it that finds
-    -- none (most calls) costs more than the probe.
-    IF cardinality(picked) < batch_size AND EXISTS (
+    -- Not busy: a good moment to notice messages whose last lease ran out
+    -- (the lease lanes: the locked lane leases nothing). Looked for first,
+    -- as mq_reap_dead looks: a call of it that finds none (most calls)
+    -- costs more than the probe.
+    IF lane <> 1 AND cardinality(picked) < batch_size AND EXISTS (
            SELECT 1 FROM mq_rows l
            WHERE l.dead_since IS NULL
              AND l.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
@@ -362,7 +374,19 @@ BEGIN
         PERFORM mq_reap_dead();
     END IF;
 
-    IF cardinality(picked) > 0 AND current_setting('pqmq.citus', true) = 'on' THEN
+    IF cardinality(picked) > 0 AND lane = 1 THEN
+        -- The locked lane reads the rows, with the counts a lease would
+        -- give them, and writes nothing: the caller's transaction holds
+        -- them by the pick's row locks until it completes or fails them.
+        RETURN QUERY
+        SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
+               m.payload_bytes, interval '0', interval '0', m.channel_name,
+               m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
+        FROM mq_rows m
+        WHERE m.ctid = ANY (tids) -- the locked row versions (_mq_pick_set)
+        ORDER BY m.ready_at, m.id;
+    ELSIF cardinality(picked) > 0 AND current_setting('pqmq.citus', true) = 'on' THEN
+        max_dur := (_mq_limits()).max_duration;
         -- The same claim in the form Citus ships to a worker: immutable
         -- functions of the row's columns only (_mq_at), and the lease
         -- computed from what the update returns.
@@ -391,6 +415,7 @@ BEGIN
         FROM claimed c
         ORDER BY c.ready_at, c.id;
     ELSIF cardinality(picked) > 0 THEN
+        max_dur := (_mq_limits()).max_duration;
         RETURN QUERY
         WITH claimed AS (
             -- Writes no indexed column (ready_at stays), so the new row
@@ -452,14 +477,15 @@ END;
 $$;
 
 -- The locked lane: claims up to batch_size first deliveries for the
--- caller's open transaction and writes nothing. The jobs are held by row
--- locks (FOR NO KEY UPDATE, SKIP LOCKED by other pollers) until that
--- transaction ends: completing them there (mq_complete, attempt 0) commits
--- with the caller's own writes; a rollback or a crash leaves them ready
--- again at once, with no attempt spent. A message whose locked delivery
--- died that way, and every retry, is delivered by mq_claim only, whose
--- lease counts the attempt before the handler runs: so a message that kills
--- its consumer still ends dead after its retries.
+-- caller's open transaction and writes nothing; mq_claim_lane's lane 1.
+-- The jobs are held by row locks (FOR NO KEY UPDATE, SKIP LOCKED by other
+-- pollers) until that transaction ends: completing them there (mq_complete,
+-- attempt 0) commits with the caller's own writes; a rollback or a crash
+-- leaves them ready again at once, with no attempt spent. A message whose
+-- locked delivery died that way, and every retry, is delivered by the lease
+-- lanes only (mq_claim, mq_claim_lane's lane 2), whose lease counts the
+-- attempt before the handler runs: so a message that kills its consumer
+-- still ends dead after its retries.
 -- Parameters: channel_names (NULL: every channel); batch_size.
 -- Returns: as mq_claim, the jobs held by the caller's transaction.
 --   Duty: consume.
@@ -468,71 +494,8 @@ RETURNS SETOF mq_job_t
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
-DECLARE
-    citus   boolean := COALESCE(current_setting('pqmq.citus', true) = 'on', false); -- (no log)
-    ts     timestamptz := clock_timestamp();
-    picked uuid[];
-    tids   tid[];
-    chained boolean;
-    rows_in boolean;
-    paused boolean := EXISTS (SELECT 1 FROM mq_paused); -- (as in mq_claim_lane)
-    idle   mq_job_t;
-    first  int; -- (as in mq_claim_lane)
-    n      int;
-    got    int;
 BEGIN
-    PERFORM _mq_poll_args(channel_names, batch_size);
-    -- Receipts whose leases ran out (and the locked lane's, committed
-    -- without completing all) hand their messages back first.
-    IF NOT citus AND EXISTS (SELECT 1 FROM mq_receipts x
-                             WHERE x.lease_until < 'infinity'::timestamptz
-                               AND x.lease_until <= ts) THEN
-        PERFORM _mq_log_reap(ts);
-    END IF;
-    -- The log's round 1, mq_rows' pick (unless two probes find nothing
-    -- there) and the log's round 2, mq_rows' share kept as in mq_claim_lane.
-    chained := EXISTS (SELECT 1 FROM mq_rows m
-                       WHERE m.chain_seq IS NOT NULL -- mq_msgs_chain
-                         AND m.channel_key >= '-9223372036854775808'::bigint);
-    rows_in := citus OR chained OR EXISTS (SELECT 1 FROM mq_rows m
-                          WHERE m.ready_at > '-infinity'::timestamptz -- mq_msgs_ready_by_time
-                            AND m.dead_since IS NULL AND m.after_message_id IS NULL
-                            AND m.ready_at <= ts);
-    n := 0;
-    first := batch_size - _mq_rows_share(rows_in, batch_size);
-    RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, first, ts, 1, 1, paused);
-    GET DIAGNOSTICS n = ROW_COUNT;
-    IF n >= batch_size THEN
-        RETURN;
-    END IF;
-    IF rows_in THEN
-        SELECT p.ids, p.tids, p.chained INTO picked, tids, chained
-        FROM _mq_pick_set(channel_names, batch_size - n, ts, 1, paused) p;
-    ELSE
-        picked := '{}';
-    END IF;
-    IF cardinality(picked) > 0 THEN
-        RETURN QUERY
-        SELECT m.id, m.commit_interval IS NULL, m.name, m.payload_json::text,
-               m.payload_bytes, interval '0', interval '0', m.channel_name,
-               m.channel_args, m.deliveries + 1, m.attempts - 1, NULL::text, false
-        FROM mq_rows m
-        WHERE m.ctid = ANY (tids) -- the locked row versions (_mq_pick_set)
-        ORDER BY m.ready_at, m.id;
-    END IF;
-    n := n + cardinality(picked);
-    IF first = 0 OR n > 0 THEN -- (as in mq_claim_lane)
-        RETURN QUERY SELECT * FROM _mq_log_pick(channel_names, batch_size, batch_size - n, ts, 1,
-                                                2, paused);
-        GET DIAGNOSTICS got = ROW_COUNT;
-        n := n + got;
-    END IF;
-    IF n > 0 THEN
-        RETURN;
-    END IF;
-    PERFORM _mq_log_upkeep(ts, NULL);
-    idle.wait_time := _mq_wait_time(channel_names, ts, chained, paused); -- as in mq_claim_lane
-    RETURN NEXT idle;
+    RETURN QUERY SELECT * FROM mq_claim_lane(channel_names, batch_size, 1);
 END;
 $$;
 

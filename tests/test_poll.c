@@ -608,6 +608,29 @@ static void test_poll_bad_inputs(void)
     PQclear(r);
 }
 
+/* mq_claim_lane knows lanes 0, 1 and 2: another (or NULL) is refused by
+ * name, before anything is claimed. */
+static void test_claim_lane_refuses_a_bad_lane(void)
+{
+    t_truncate();
+    insert_n("badlane", NULL, 1, 1, 60000);
+    const char *bad[] = {"SELECT * FROM mq_claim_lane(NULL, 1, 3)",
+                         "SELECT * FROM mq_claim_lane(NULL, 1, -1)",
+                         "SELECT * FROM mq_claim_lane(NULL, 1, NULL)"};
+    const char *said[] = {"lane 3 is not 0, 1 or 2", "lane -1 is not 0, 1 or 2",
+                          "lane <NULL> is not 0, 1 or 2"};
+    for (int i = 0; i < 3; i++) {
+        PGresult *r = PQexec(pg, bad[i]);
+        CHECK_STR(PQresultErrorField(r, PG_DIAG_SQLSTATE), "22023");
+        const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+        CHECK(msg && strstr(msg, said[i]));
+        PQclear(r);
+    }
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_claim_lane(NULL, 1, 0) "
+                            "WHERE id IS NOT NULL"),
+              1);
+}
+
 /* A result that is not the job row (a schema whose claim, mq_claim_lane,
  * returns other columns or other types, as a foreign schema might) is
  * refused, not misread. */
@@ -1285,6 +1308,7 @@ int main(void)
     T_RUN(test_place_moves_with_keep_alive_and_failure);
     T_RUN(test_poll_cost_with_stale_statistics);
     T_RUN(test_poll_bad_inputs);
+    T_RUN(test_claim_lane_refuses_a_bad_lane);
     T_RUN(test_foreign_row_is_refused);
     T_RUN(test_held_snapshot_dead_entries_are_passed);
     T_RUN(test_late_commit_is_found);
