@@ -100,6 +100,9 @@ DECLARE
     rg      record;
     x       record;
     seen    int;
+    -- How far ahead the receipts' leases are read: one that runs out
+    -- later is answered as this wait (a poll then looks again).
+    ahead   interval := interval '5 seconds';
 BEGIN
     -- chained is _mq_pick_set's probe, made once a poll: a queue without
     -- chains has no head to come due, and skips their walk
@@ -224,21 +227,39 @@ BEGIN
             next_at := ts;
             EXIT;
         END IF;
-        -- A receipt's lease: the earliest of those that still hold a member
-        -- (neither completed nor moved; a finished one is only marked at
-        -- its reap), at most 64 looked at (past them: the last one's, when
-        -- a poll reaps them). Not this transaction's own locked-lane ones.
+        -- A lease that ran out, which the poll's reap passed (a completion
+        -- holds its receipt, or more than the reap's 64 ran out): poll
+        -- again now. Not this transaction's own locked-lane receipts.
+        IF EXISTS (SELECT 1 FROM mq_receipts r
+                   WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
+                     AND r.lease_until <= ts
+                     AND (channel_names IS NULL
+                          OR r.channel_key >= rg.lo AND r.channel_key <= rg.hi)
+                     AND (r.holder IS NULL
+                          OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())) THEN
+            next_at := ts;
+            EXIT;
+        END IF;
+        -- A lease that runs out within `ahead`: the earliest of those
+        -- that still hold a member (neither completed nor moved), at most
+        -- 64 looked at (past them: the last one's). The read is bounded on
+        -- both sides: the open receipts' index keeps an entry for every
+        -- receipt finished since the last vacuum, at its old lease, and a
+        -- read of all of them would grow with each finished receipt. (The
+        -- whole key space is no index condition: a plan would read every
+        -- entry of the primary key for it.)
         seen := 0;
         FOR x IN SELECT r.channel_key, r.lo, r.places, r.moved, r.lease_until
                  FROM mq_receipts r
                  WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
-                   AND r.lease_until > '-infinity'::timestamptz -- (its index condition)
-                   AND r.channel_key >= rg.lo AND r.channel_key <= rg.hi
+                   AND r.lease_until > ts
+                   AND r.lease_until < LEAST(next_at, ts + ahead)
+                   AND (channel_names IS NULL
+                        OR r.channel_key >= rg.lo AND r.channel_key <= rg.hi)
                    AND (r.holder IS NULL
                         OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
                  ORDER BY r.lease_until
                  LIMIT 64 LOOP
-            EXIT WHEN x.lease_until >= next_at;
             seen := seen + 1;
             IF seen = 64 OR (SELECT count(DISTINCT p)
                              FROM (SELECT unnest(d.places) FROM mq_done d
@@ -250,6 +271,21 @@ BEGIN
                 EXIT;
             END IF;
         END LOOP;
+        -- A lease that runs out later: the poll looks again once `ahead`
+        -- has passed. (Read from the latest lease down: the receipts in
+        -- flight are the latest claims', and the finished ones' entries lie
+        -- below them.)
+        IF (next_at IS NULL OR next_at > ts + ahead)
+           AND (SELECT r.lease_until FROM mq_receipts r
+                WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
+                  AND r.lease_until >= ts + ahead
+                  AND (channel_names IS NULL
+                       OR r.channel_key >= rg.lo AND r.channel_key <= rg.hi)
+                  AND (r.holder IS NULL
+                       OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
+                ORDER BY r.lease_until DESC LIMIT 1) IS NOT NULL THEN
+            next_at := ts + ahead;
+        END IF;
     END LOOP;
     RETURN CASE WHEN next_at IS NOT NULL
                 THEN GREATEST(next_at - clock_timestamp(), interval '0') END;

@@ -734,6 +734,94 @@ static void test_held_snapshot_dead_entries_are_passed(void)
     PQfinish(c);
 }
 
+/* Rows and index entries of mq_receipts the server read (sequential
+ * scans, index scans and bitmaps alike), from the statistics. */
+static long long receipt_reads(PGconn *c)
+{
+    flush_stats(c);
+    return t_sql_int(pg, "SELECT COALESCE(t.seq_tup_read, 0) + ("
+                         "SELECT COALESCE(sum(i.idx_tup_read), 0) FROM pg_stat_user_indexes i "
+                         "WHERE i.relid = t.relid) "
+                         "FROM pg_stat_user_tables t "
+                         "WHERE t.schemaname = current_schema() AND t.relname = 'mq_receipts'");
+}
+
+/* How many messages one poll of batch_size claimed (left in flight). */
+static size_t claimed_by_poll(int batch_size)
+{
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, batch_size, &b));
+    size_t n = b ? pqmq_batch_count(b) : 0;
+    pqmq_batch_free(b);
+    return n;
+}
+
+/* Semantic 8 beside a message in flight: an empty poll's wait time is
+ * when its lease runs out, or 5 s when that is later, and the poll reads
+ * few of the entries that the receipts finished since the last vacuum
+ * leave in the open receipts' index (a held snapshot keeps every one). */
+static void test_wait_time_beside_finished_receipts(void)
+{
+    if (t_citus_skip("nothing is logged on Citus, and the counters read are the worker's"))
+        return;
+    t_exec(pg, "SET stats_fetch_consistency = none");
+    t_truncate();
+    PGconn *holder = t_pg();
+    t_exec(holder, "BEGIN ISOLATION LEVEL REPEATABLE READ");
+    CHECK_INT(t_sql_int(holder, "SELECT count(*) FROM mq_msgs"), 0);
+    /* 900 receipts, finished within their ten-minute leases. */
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 300; i++) {
+            char ch[16];
+            snprintf(ch, sizeof ch, "fin%d", i);
+            insert_n(ch, NULL, 1, 1, 600000);
+        }
+        pqmq_batch *b = NULL;
+        CHECK_OK(q, pqmq_poll(q, NULL, 0, 300, &b));
+        CHECK_INT(pqmq_batch_count(b), 300);
+        CHECK_OK(q, pqmq_complete_batch(q, b));
+        pqmq_batch_free(b);
+    }
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_receipts "
+                            "WHERE lease_until = 'infinity'"),
+              900);
+    /* One in flight for ten minutes: the poll looks again in 5 s. */
+    insert_n("live", NULL, 1, 1, 600000);
+    CHECK_INT(claimed_by_poll(1), 1);
+    /* The poll alone, not the sweep of the log's channels that a session
+     * makes once a second (_mq_log_upkeep). */
+    t_exec(pqmq_conn(q), "SELECT set_config('pqmq.log_swept', "
+                         "floor(extract(epoch FROM clock_timestamp()))::bigint::text, false)");
+    long long before = receipt_reads(pqmq_conn(q));
+    pqmq_batch *b = NULL;
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK(pqmq_batch_wait_ms(b) > 4000 && pqmq_batch_wait_ms(b) <= 5000);
+    pqmq_batch_free(b);
+    long long read = receipt_reads(pqmq_conn(q)) - before;
+    printf("    receipts' rows and index entries read by an empty poll beside 900 finished "
+           "receipts: %lld\n",
+           read);
+    CHECK(read >= 1); /* the one in flight */
+    CHECK(read < 100);
+    /* One in flight for two seconds: the poll says when it runs out. */
+    t_exec(pg, "DELETE FROM mq_msgs WHERE channel_name = 'live'");
+    insert_n("soon", NULL, 1, 1, 2000);
+    CHECK_INT(claimed_by_poll(1), 1);
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK(pqmq_batch_wait_ms(b) > 1000 && pqmq_batch_wait_ms(b) <= 2000);
+    pqmq_batch_free(b);
+    /* Nothing in flight: nothing can become ready. */
+    t_exec(pg, "DELETE FROM mq_msgs");
+    CHECK_OK(q, pqmq_poll(q, NULL, 0, 10, &b));
+    CHECK_INT(pqmq_batch_count(b), 0);
+    CHECK_INT(pqmq_batch_wait_ms(b), -1);
+    pqmq_batch_free(b);
+    t_exec(holder, "ROLLBACK");
+    PQfinish(holder);
+}
+
 /* Polls c with sql (a count of the message looked for) until it counts
  * one or limit_ms pass, inserting two messages on channel busy (NULL:
  * none) before each poll, so that no poll comes up empty; prints and
@@ -1311,6 +1399,7 @@ int main(void)
     T_RUN(test_claim_lane_refuses_a_bad_lane);
     T_RUN(test_foreign_row_is_refused);
     T_RUN(test_held_snapshot_dead_entries_are_passed);
+    T_RUN(test_wait_time_beside_finished_receipts);
     T_RUN(test_late_commit_is_found);
     T_RUN(test_late_commit_under_load_waits_ten_seconds_at_most);
     T_RUN(test_rows_are_not_starved_by_the_log);
