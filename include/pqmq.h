@@ -367,7 +367,8 @@ PQMQ_EXPORT size_t pqmq_batch_count(const pqmq_batch *batch);
  * range. */
 PQMQ_EXPORT const pqmq_job *pqmq_batch_job(const pqmq_batch *batch, size_t i);
 /* For an empty batch: milliseconds until the earliest matching message
- * becomes ready (0: poll again now), or -1 when there is none at all. */
+ * becomes ready (0: poll again now; at most 5000 while a message is in
+ * flight whose lease ends later), or -1 when there is none at all. */
 PQMQ_EXPORT int64_t pqmq_batch_wait_ms(const pqmq_batch *batch);
 
 /* Job accessors. Strings and bytes are borrowed; valid until the batch is
