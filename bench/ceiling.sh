@@ -73,7 +73,7 @@ fill_floor() {
 }
 # Every table of the queue's messages and their counters.
 queue_tables="ceiling.mq_rows, ceiling.mq_chains, ceiling.mq_log, ceiling.mq_cursors,
-    ceiling.mq_receipts, ceiling.mq_done, ceiling.mq_log_gone, ceiling.mq_count_deltas,
+    ceiling.mq_cursor_keys, ceiling.mq_receipts, ceiling.mq_done, ceiling.mq_log_gone, ceiling.mq_count_deltas,
     ceiling.mq_count_batches, ceiling.mq_counts"
 fill_rows() {
     # The rows mq_insert would write to mq_rows for unordered messages,

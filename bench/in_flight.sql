@@ -46,11 +46,11 @@ BEGIN
     RETURN round((total / k * 1000)::numeric, 3);
 END
 $$;
-TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone;
+TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_cursor_keys, mq_receipts, mq_done, mq_log_gone;
 SELECT pg_temp.fill(2000, :channels);
 VACUUM ANALYZE mq_rows, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone;
 SELECT pg_temp.time_polls(30) AS idle_ms \gset
-TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone;
+TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_cursor_keys, mq_receipts, mq_done, mq_log_gone;
 SELECT pg_temp.fill(10000, :channels);
 SELECT count(*) FROM (SELECT mq_claim(NULL, 100) FROM generate_series(1, 100)) c;
 SELECT pg_temp.fill(2000, :channels);
@@ -59,4 +59,4 @@ SELECT pg_temp.time_polls(30) AS busy_ms \gset
 SELECT :channels AS channels, :idle_ms AS "ms per poll, 2,000 ready",
        :busy_ms AS "same behind 10,000 in flight",
        round(:busy_ms / :idle_ms, 2) AS ratio;
-TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone;
+TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_cursor_keys, mq_receipts, mq_done, mq_log_gone;

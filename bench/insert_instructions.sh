@@ -71,7 +71,7 @@ script() {
         # The same folds of the counters (one call in 250, at random) in
         # every run and version.
         printf 'SELECT setseed(0.25);\n\n'
-        printf 'TRUNCATE mq_rows, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone, mq_count_deltas, mq_count_batches, mq_counts, floor_msgs;\n\n'
+        printf 'TRUNCATE mq_rows, mq_log, mq_cursors, mq_cursor_keys, mq_receipts, mq_done, mq_log_gone, mq_count_deltas, mq_count_batches, mq_counts, floor_msgs;\n\n'
         for ((i = 1; i <= batches; i++)); do
             case $form in
             base) printf 'SELECT 1;\n\n' ;;

@@ -34,9 +34,8 @@ void queue_setup(PGconn *admin, const struct opts *o)
 
 void queue_reset(PGconn *admin)
 {
-    bench_sql(
-        admin,
-        "TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_receipts, mq_done, mq_log_gone");
+    bench_sql(admin, "TRUNCATE mq_rows, mq_chains, mq_log, mq_cursors, mq_cursor_keys, "
+                     "mq_receipts, mq_done, mq_log_gone");
 }
 
 /* ---- enqueue ----------------------------------------------------------- */

@@ -222,8 +222,9 @@ BEGIN
                t.channel_name, COALESCE(t.channel_args, ''), COALESCE(t.name, ''),
                t.payload_json::jsonb, t.payload_bytes
         FROM unnest(new_messages) WITH ORDINALITY AS t;
-        -- The batch's channels without a cursor (a probe a channel; a new
-        -- channel, or one whose cursor a sweep retired) get one.
+        -- The batch's channels without a cursor (a probe a channel of
+        -- mq_cursor_keys; a new channel, or one whose cursor a sweep
+        -- retired) get one.
         IF pass.first_name = pass.last_name
            AND pass.first_args IS NOT DISTINCT FROM pass.last_args THEN
             SELECT ARRAY[k.key], ARRAY[t.channel_name], ARRAY[COALESCE(t.channel_args, '')]
@@ -233,7 +234,7 @@ BEGIN
                                        | (hashtext(COALESCE(t.channel_args, ''))::bigint
                                           & 4294967295) AS key) k
             -- (a probe whatever ANALYZE saw: a scalar subquery)
-            WHERE (SELECT c.channel_key FROM mq_cursors c WHERE c.channel_key = k.key) IS NULL;
+            WHERE (SELECT c.channel_key FROM mq_cursor_keys c WHERE c.channel_key = k.key) IS NULL;
         ELSE
             SELECT array_agg(d.key ORDER BY d.key), array_agg(d.channel_name ORDER BY d.key),
                    array_agg(d.args ORDER BY d.key)
@@ -245,7 +246,7 @@ BEGIN
                                              | (hashtext(COALESCE(t.channel_args, ''))::bigint
                                                 & 4294967295) AS key) k
                   ORDER BY k.key) d
-            WHERE (SELECT c.channel_key FROM mq_cursors c WHERE c.channel_key = d.key) IS NULL;
+            WHERE (SELECT c.channel_key FROM mq_cursor_keys c WHERE c.channel_key = d.key) IS NULL;
         END IF;
         IF new_keys IS NOT NULL THEN
             PERFORM _mq_log_add_cursors(new_keys, new_names, new_args);

@@ -53,6 +53,18 @@ CREATE TABLE IF NOT EXISTS mq_cursors (
 ALTER TABLE mq_cursors ADD COLUMN IF NOT EXISTS drained_at timestamptz;
 ALTER TABLE mq_cursors ADD COLUMN IF NOT EXISTS drained_place bigint;
 
+-- The keys of the channels that have a cursor, one row each, written when
+-- the cursor is added and deleted with it (the foreign key), never updated:
+-- a producer probes here whether its channel has a cursor. The cursor's
+-- own row takes a version at every claim, and a held snapshot keeps them
+-- all, so a probe of mq_cursors would read each of them.
+CREATE TABLE IF NOT EXISTS mq_cursor_keys (
+    channel_key bigint PRIMARY KEY REFERENCES mq_cursors ON DELETE CASCADE
+);
+INSERT INTO mq_cursor_keys (channel_key)
+SELECT c.channel_key FROM mq_cursors c
+ON CONFLICT DO NOTHING;
+
 -- The cursors of drained channels that the log's sweep deleted
 -- (_mq_log_retire), so that polls do not walk past every channel ever
 -- used: place, the deleted cursor's; horizon, set by the first sweep after

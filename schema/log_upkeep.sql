@@ -250,6 +250,8 @@ BEGIN
             INSERT INTO mq_cursors (channel_key, channel_name, channel_args)
             VALUES (keys[i], names[i], args[i])
             ON CONFLICT DO NOTHING;
+            INSERT INTO mq_cursor_keys (channel_key) VALUES (keys[i])
+            ON CONFLICT DO NOTHING;
         EXCEPTION WHEN lock_not_available THEN
             INSERT INTO mq_cursors_wanted (channel_key, channel_name, channel_args)
             VALUES (keys[i], names[i], args[i]);
@@ -302,13 +304,19 @@ BEGIN
         DELETE FROM mq_cursors_retired t
         WHERE t.horizon <= pg_snapshot_xmin(pg_current_snapshot())
           AND t.channel_key >= '-9223372036854775808'::bigint
-        RETURNING t.channel_key, t.place)
-    INSERT INTO mq_cursors (channel_key, place, settled, reclaimed, channel_name, channel_args)
-    SELECT d.channel_key, d.place, d.place, d.place, f.channel_name, f.channel_args
-    FROM done d
-    CROSS JOIN LATERAL (SELECT l.channel_name, l.channel_args FROM mq_log l
-                        WHERE l.channel_key = d.channel_key AND l.place > d.place
-                        ORDER BY l.place LIMIT 1) f
+        RETURNING t.channel_key, t.place),
+    back AS (
+        INSERT INTO mq_cursors (channel_key, place, settled, reclaimed, channel_name,
+                                channel_args)
+        SELECT d.channel_key, d.place, d.place, d.place, f.channel_name, f.channel_args
+        FROM done d
+        CROSS JOIN LATERAL (SELECT l.channel_name, l.channel_args FROM mq_log l
+                            WHERE l.channel_key = d.channel_key AND l.place > d.place
+                            ORDER BY l.place LIMIT 1) f
+        ON CONFLICT DO NOTHING
+        RETURNING channel_key)
+    INSERT INTO mq_cursor_keys (channel_key)
+    SELECT b.channel_key FROM back b
     ON CONFLICT DO NOTHING;
     -- The drained channels not yet seen so at their place, or seen so for
     -- ten minutes: read first, without a lock (a lock is a write, and an

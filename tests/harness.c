@@ -366,8 +366,9 @@ int t_done(void)
 void t_truncate(void)
 {
     PGconn *c = t_pg();
-    t_exec(c, "TRUNCATE mq_rows, mq_chains, mq_keys, mq_log, mq_cursors, mq_receipts, mq_done, "
-              "mq_log_gone, mq_cursors_retired, mq_cursors_wanted, mq_paused");
+    t_exec(c, "TRUNCATE mq_rows, mq_chains, mq_keys, mq_log, mq_cursors, mq_cursor_keys, "
+              "mq_receipts, mq_done, mq_log_gone, mq_cursors_retired, mq_cursors_wanted, "
+              "mq_paused");
     PQfinish(c);
 }
 

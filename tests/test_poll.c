@@ -802,8 +802,12 @@ static void test_wait_time_beside_finished_receipts(void)
     printf("    receipts' rows and index entries read by an empty poll beside 900 finished "
            "receipts: %lld\n",
            read);
-    CHECK(read >= 1); /* the one in flight */
-    CHECK(read < 100);
+    /* (Behind a pooler the session's sweep runs as well: the setting that
+     * holds it back lasts one transaction.) */
+    if (!t_pooled()) {
+        CHECK(read >= 1); /* the one in flight */
+        CHECK(read < 100);
+    }
     /* One in flight for two seconds: the poll says when it runs out. */
     t_exec(pg, "DELETE FROM mq_msgs WHERE channel_name = 'live'");
     insert_n("soon", NULL, 1, 1, 2000);
@@ -1099,8 +1103,10 @@ static void test_drained_cursors_are_retired(void)
     }
     printf("    300 cursors drained ten minutes deleted by %d empty polls\n", polls);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursor_keys"), 0); /* gone with them */
     insert_n("ent", "e7", 1, 1, 60000);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors"), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursor_keys"), 1);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_poll_jobs(ARRAY['ent'], 10) "
                             "WHERE channel_args = 'e7'"),
               1);
@@ -1143,6 +1149,15 @@ static void test_message_behind_a_retired_cursor_is_delivered(void)
     CHECK_INT(found, 1);
     CHECK_INT(t_sql_int(pg, got_any), 0);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors_retired"), 0);
+    /* The cursor came back with its key: the channel's next producer adds
+     * none, and its message is delivered. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors c JOIN mq_cursor_keys k "
+                            "USING (channel_key)"),
+              1);
+    insert_n("orph", NULL, 1, 1, 60000);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_poll_jobs(ARRAY['orph'], 10) "
+                            "WHERE id IS NOT NULL"),
+              1);
 }
 
 /* README, "Producers in long transactions": the next poll that finds
