@@ -1177,6 +1177,53 @@ static void test_late_producer_found_by_an_empty_poll(void)
     PQfinish(c);
 }
 
+/* Late messages of two producers among delivered ones, and one of them
+ * deleted before the upkeep found it: the upkeep delivers exactly the late
+ * ones still there, once each, and none of those a claim gave. */
+static void test_late_producers_among_delivered(void)
+{
+    if (t_citus_skip("the log's cursors: nothing is logged on Citus"))
+        return;
+    t_truncate();
+    PGconn *a = t_pg(), *b = t_pg(), *c = t_pg();
+    static const char late_msg[] =
+        "SELECT mq_insert(ARRAY[ROW(gen_random_uuid(), NULL, 0, NULL, 'lm', NULL, NULL, "
+        "false, '%s', '{}', NULL)::mq_new_t])";
+    insert_n("lm", NULL, 1, 1, 60000);
+    t_exec(a, "BEGIN");
+    t_exec(a, late_msg, "lost");
+    insert_n("lm", NULL, 2, 1, 60000);
+    t_exec(b, "BEGIN");
+    t_exec(b, late_msg, "lost");
+    t_exec(b, late_msg, "dropped");
+    insert_n("lm", NULL, 2, 1, 60000);
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(ARRAY['lm'], 10)"), 5);
+    t_exec(a, "COMMIT");
+    t_exec(b, "COMMIT");
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_log WHERE name = 'dropped'"), 1);
+    t_exec(c, "SELECT mq_delete(ARRAY(SELECT id FROM mq_log WHERE name = 'dropped'))");
+    int lost = 0, other = 0;
+    int64_t start = t_now_ms();
+    while (t_now_ms() - start < 5000 && lost < 2) {
+        PGresult *r = t_sql(c, "SELECT name FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL");
+        for (int i = 0; r && i < PQntuples(r); i++) {
+            if (strcmp(PQgetvalue(r, i, 0), "lost") == 0)
+                lost++;
+            else
+                other++;
+        }
+        PQclear(r);
+        t_sleep_ms(100);
+    }
+    t_sleep_ms(1200); /* another upkeep: nothing more comes */
+    other += t_sql_int(c, "SELECT count(*) FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL");
+    CHECK_INT(lost, 2);
+    CHECK_INT(other, 0);
+    PQfinish(a);
+    PQfinish(b);
+    PQfinish(c);
+}
+
 /* ... by the upkeep of the polls that take from its channel (about once a
  * second a channel), though none comes up empty. */
 static void test_late_producer_found_by_its_channels_polls(void)
@@ -1424,6 +1471,7 @@ int main(void)
     T_RUN(test_message_behind_a_retired_cursor_is_delivered);
     T_RUN(test_late_producer_found_by_an_empty_poll);
     T_RUN(test_late_producer_found_by_its_channels_polls);
+    T_RUN(test_late_producers_among_delivered);
     T_RUN(test_late_producer_found_by_a_busy_sessions_sweep);
     T_RUN(test_mark_set_by_hand);
     T_RUN(test_commit_places_the_message_now);
