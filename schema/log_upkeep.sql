@@ -215,10 +215,11 @@ BEGIN
              FOR NO KEY UPDATE SKIP LOCKED LOOP
         -- The channel's first open receipt: its own receipts in place order
         -- (the primary key), not the open ones of every channel, whose index
-        -- also holds the entries of every receipt finished since vacuum.
+        -- also holds the entries of every receipt finished since vacuum;
+        -- from the reclaimed place, past the entries of those deleted.
         SELECT LEAST(c.settled, r.lo - 1) INTO top
         FROM mq_receipts r
-        WHERE r.channel_key = c.channel_key AND r.lo > '-9223372036854775808'::bigint
+        WHERE r.channel_key = c.channel_key AND r.lo > c.reclaimed
           AND r.lease_until < 'infinity'::timestamptz
         ORDER BY r.lo
         LIMIT 1;
@@ -331,7 +332,9 @@ BEGIN
     -- ten minutes: read first, without a lock (a lock is a write, and an
     -- empty poll, which comes here, writes nothing else), then locked and
     -- tested again. (Probes a cursor whatever ANALYZE saw: scalar
-    -- subqueries.)
+    -- subqueries. A channel's rows and receipts up to its reclaimed place
+    -- are deleted: the probes start past it, not at the entries of those
+    -- deleted since vacuum.)
     keys := ARRAY(
         SELECT x.channel_key FROM mq_cursors x
         WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
@@ -339,9 +342,9 @@ BEGIN
           AND (x.drained_place IS DISTINCT FROM x.place
                OR x.drained_at <= ts - interval '10 minutes')
           AND (SELECT l.place FROM mq_log l WHERE l.channel_key = x.channel_key
-               LIMIT 1) IS NULL
+                 AND l.place > x.reclaimed LIMIT 1) IS NULL
           AND (SELECT r.lo FROM mq_receipts r WHERE r.channel_key = x.channel_key
-               LIMIT 1) IS NULL
+                 AND r.lo > x.reclaimed LIMIT 1) IS NULL
         ORDER BY x.channel_key
         LIMIT 10000);
     IF cardinality(keys) = 0 THEN
@@ -352,9 +355,9 @@ BEGIN
         WHERE x.channel_key = ANY (keys)
           AND x.reclaimed = x.place AND x.settled = x.place
           AND (SELECT l.place FROM mq_log l WHERE l.channel_key = x.channel_key
-               LIMIT 1) IS NULL
+                 AND l.place > x.reclaimed LIMIT 1) IS NULL
           AND (SELECT r.lo FROM mq_receipts r WHERE r.channel_key = x.channel_key
-               LIMIT 1) IS NULL
+                 AND r.lo > x.reclaimed LIMIT 1) IS NULL
         ORDER BY x.channel_key
         FOR UPDATE SKIP LOCKED);
     UPDATE mq_cursors x SET drained_at = ts, drained_place = x.place
