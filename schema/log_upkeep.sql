@@ -382,12 +382,14 @@ $$;
 -- and delete finished rows (_mq_log_reclaim), for each channel whose first
 -- receipt past its settled place is a second old, so about once a second
 -- a busy channel, whichever sessions poll it (the queue's tables keep the
--- time). A poll that finds nothing (keys NULL) does both, for any channel,
--- once a second a session at most; a busy session does so every ten
--- seconds too (from ten seconds after its first upkeep: a session setting,
--- which a pooler that resets sessions clears, leaving the empty polls), so
--- that a late message of a channel no poll takes from again is found
--- (semantic 21).
+-- time). A poll that finds nothing (keys NULL) sweeps: does both for the
+-- channels whose first receipt past the settled place is a second old, or
+-- that have none and something to reclaim (at most 256 each), once a
+-- second a session at most; a busy session does so every ten seconds too
+-- (from ten seconds after its first upkeep: a session setting, which a
+-- pooler that resets sessions clears, leaving the empty polls), so that a
+-- late message of a channel no poll takes from again is found (semantic
+-- 21).
 CREATE OR REPLACE FUNCTION _mq_log_upkeep(ts timestamptz, keys bigint[])
 RETURNS void
 LANGUAGE plpgsql
@@ -419,14 +421,34 @@ BEGIN
                         AND (SELECT r.claimed_at FROM mq_receipts r
                              WHERE r.channel_key = c.channel_key AND r.lo > c.settled
                              ORDER BY r.lo LIMIT 1) <= ts - interval '1 second');
-        IF cardinality(keys) = 0 THEN
-            RETURN;
+        IF cardinality(keys) > 0 THEN
+            PERFORM _mq_log_settle(ts, keys);
+            PERFORM _mq_log_reclaim(keys);
         END IF;
+        RETURN;
     END IF;
-    PERFORM _mq_log_settle(ts, keys);
-    PERFORM _mq_log_reclaim(keys);
-    IF keys IS NULL THEN
-        PERFORM _mq_log_retire(ts);
-    END IF;
+    -- The sweep takes the channels whose work no poll's upkeep took up:
+    -- by the same rule, the first receipt past the settled place a second
+    -- old, or none. Not the busy channels that their polls keep: the sweep
+    -- holds each cursor it visits (a claim passes a held cursor) until
+    -- this poll's transaction ends, and a sweep of every busy channel
+    -- would keep claims from all of them meanwhile.
+    PERFORM _mq_log_settle(ts, ARRAY(
+        SELECT x.channel_key FROM mq_cursors x
+        WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
+          AND x.settled < x.place
+          AND (SELECT r.claimed_at FROM mq_receipts r
+               WHERE r.channel_key = x.channel_key AND r.lo > x.settled
+               ORDER BY r.lo LIMIT 1) <= ts - interval '1 second'
+        ORDER BY x.channel_key LIMIT 256));
+    PERFORM _mq_log_reclaim(ARRAY(
+        SELECT x.channel_key FROM mq_cursors x
+        WHERE x.channel_key >= '-9223372036854775808'::bigint -- (a probe)
+          AND x.reclaimed < x.settled
+          AND COALESCE((SELECT r.claimed_at FROM mq_receipts r
+                        WHERE r.channel_key = x.channel_key AND r.lo > x.settled
+                        ORDER BY r.lo LIMIT 1) <= ts - interval '1 second', true)
+        ORDER BY x.channel_key LIMIT 256));
+    PERFORM _mq_log_retire(ts);
 END;
 $$;

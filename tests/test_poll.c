@@ -1298,6 +1298,34 @@ static void test_late_producer_found_by_its_channels_polls(void)
     PQfinish(c);
 }
 
+/* The sweep leaves the busy channels to their polls' upkeep: it holds each
+ * cursor it visits until its poll's transaction ends, and a claim passes a
+ * held cursor, so a sweep of a channel claimed from a moment ago would keep
+ * the channel's messages from every other consumer meanwhile. */
+static void test_sweep_leaves_busy_channels_to_their_polls(void)
+{
+    if (t_citus_skip("the log's cursors: nothing is logged on Citus"))
+        return;
+    if (t_pooled()) {
+        /* The sweep's transaction is held open across statements. */
+        printf("    skipped behind a pooler\n");
+        return;
+    }
+    t_truncate();
+    insert_n("hot", NULL, 5, 1, 60000);
+    PGconn *sweeper = t_pg(), *c = t_pg();
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['hot'], 2) WHERE id IS NOT NULL"),
+              2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors WHERE settled < place"), 1);
+    t_exec(sweeper, "BEGIN");
+    t_exec(sweeper, "SELECT _mq_log_upkeep(clock_timestamp(), NULL)"); /* its first: a sweep */
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['hot'], 10) WHERE id IS NOT NULL"),
+              3);
+    t_exec(sweeper, "ROLLBACK");
+    PQfinish(sweeper);
+    PQfinish(c);
+}
+
 /* ... and by a busy session's sweep of every channel (every ten seconds),
  * when no poll takes from its channel again and none comes up empty. */
 static void test_late_producer_found_by_a_busy_sessions_sweep(void)
@@ -1531,6 +1559,7 @@ int main(void)
     T_RUN(test_late_producer_found_by_its_channels_polls);
     T_RUN(test_late_producers_among_delivered);
     T_RUN(test_late_producer_found_by_a_busy_sessions_sweep);
+    T_RUN(test_sweep_leaves_busy_channels_to_their_polls);
     T_RUN(test_mark_set_by_hand);
     T_RUN(test_commit_places_the_message_now);
     T_RUN(test_new_head_is_placed_now);
