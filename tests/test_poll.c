@@ -1314,13 +1314,14 @@ static void test_sweep_leaves_busy_channels_to_their_polls(void)
     t_truncate();
     insert_n("hot", NULL, 5, 1, 60000);
     PGconn *sweeper = t_pg(), *c = t_pg();
-    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['hot'], 2) WHERE id IS NOT NULL"),
-              2);
+    CHECK_INT(
+        t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['hot'], 2) WHERE id IS NOT NULL"), 2);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors WHERE settled < place"), 1);
     t_exec(sweeper, "BEGIN");
     t_exec(sweeper, "SELECT _mq_log_upkeep(clock_timestamp(), NULL)"); /* its first: a sweep */
-    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['hot'], 10) WHERE id IS NOT NULL"),
-              3);
+    CHECK_INT(
+        t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['hot'], 10) WHERE id IS NOT NULL"),
+        3);
     t_exec(sweeper, "ROLLBACK");
     PQfinish(sweeper);
     PQfinish(c);
