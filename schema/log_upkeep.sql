@@ -37,9 +37,15 @@ BEGIN
                         AND x.settled < x.place
                       ORDER BY x.channel_key LIMIT 256);
     END IF;
+    -- (Only the channels with a final range, whose first receipt past the
+    -- settled place is: a claim passes a cursor held, and this holds each
+    -- it visits until the poll's transaction ends.)
     FOR c IN SELECT x.channel_key, x.settled FROM mq_cursors x
              WHERE x.channel_key = ANY (keys)
                AND x.settled < x.place
+               AND (SELECT r.horizon FROM mq_receipts r
+                    WHERE r.channel_key = x.channel_key AND r.lo > x.settled
+                    ORDER BY r.lo LIMIT 1) <= oldest
              ORDER BY x.channel_key
              LIMIT 256
              FOR NO KEY UPDATE SKIP LOCKED LOOP
@@ -207,9 +213,17 @@ BEGIN
                         AND x.reclaimed < x.settled
                       ORDER BY x.channel_key LIMIT 256);
     END IF;
+    -- (Only the channels with something to delete, whose first open
+    -- receipt past the reclaimed place is not the next: a claim passes a
+    -- cursor held, and this holds each it visits until the poll's
+    -- transaction ends.)
     FOR c IN SELECT x.channel_key, x.settled, x.reclaimed FROM mq_cursors x
              WHERE x.channel_key = ANY (keys)
                AND x.reclaimed < x.settled
+               AND COALESCE((SELECT r.lo - 1 FROM mq_receipts r
+                             WHERE r.channel_key = x.channel_key AND r.lo > x.reclaimed
+                               AND r.lease_until < 'infinity'::timestamptz
+                             ORDER BY r.lo LIMIT 1), x.settled) > x.reclaimed
              ORDER BY x.channel_key
              LIMIT 256
              FOR NO KEY UPDATE SKIP LOCKED LOOP

@@ -1323,6 +1323,26 @@ static void test_sweep_leaves_busy_channels_to_their_polls(void)
         t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['hot'], 10) WHERE id IS NOT NULL"),
         3);
     t_exec(sweeper, "ROLLBACK");
+    /* Nor a channel claimed from a second ago whose range is not final yet
+     * (a transaction older than its claim still runs): nothing to settle. */
+    PGconn *writer = t_pg();
+    t_exec(writer, "BEGIN");
+    t_exec(writer, "SELECT pg_current_xact_id()");
+    insert_n("warm", NULL, 5, 1, 60000);
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['warm'], 2) "
+                           "WHERE id IS NOT NULL"),
+              2);
+    t_sleep_ms(1100);
+    PQfinish(sweeper);
+    sweeper = t_pg();
+    t_exec(sweeper, "BEGIN");
+    t_exec(sweeper, "SELECT _mq_log_upkeep(clock_timestamp(), NULL)");
+    CHECK_INT(t_sql_int(c, "SELECT count(*) FROM mq_claim(ARRAY['warm'], 10) "
+                           "WHERE id IS NOT NULL"),
+              3);
+    t_exec(sweeper, "ROLLBACK");
+    t_exec(writer, "ROLLBACK");
+    PQfinish(writer);
     PQfinish(sweeper);
     PQfinish(c);
 }
