@@ -83,7 +83,7 @@ static void usage(FILE *f, const char *argv0)
             "  --dsn CONNINFO        the server (default: libpq's environment)\n"
             "  --listen-dsn CONNINFO runners LISTEN there (behind PgBouncer in\n"
             "                        transaction mode: straight to the server)\n"
-            "  --messages N          messages per phase (20000)\n"
+            "  --messages N          messages per phase (20000; --steady: 300000)\n"
             "  --producers N         producer threads, one client each (2)\n"
             "  --consumers N         runners / poll-API consumer threads (2)\n"
             "  --batch N             insert and poll batch size (100)\n"
@@ -123,10 +123,9 @@ static void usage(FILE *f, const char *argv0)
             "                        not; a line a second on stderr (with --floor, the\n"
             "                        floor runs the same load after pqmq)\n"
             "  --duration S          seconds of a --rate run (60; --steady: 300)\n"
-            "  --steady              measure the burn-down rate of --messages (at\n"
-            "                        least 300,000) queued messages (poll API), then\n"
-            "                        offer half of it for --duration s: kept up, poll\n"
-            "                        p99 against targets\n"
+            "  --steady              measure the burn-down rate of --messages queued\n"
+            "                        messages (poll API), then offer half of it for\n"
+            "                        --duration s: kept up, poll p99 against targets\n"
             "  --held-xmin S         load (--rate, or saturated without it) for S seconds\n"
             "                        before, during and after a held REPEATABLE READ\n"
             "                        snapshot: rates, poll times, dead rows, sizes\n"
@@ -459,7 +458,7 @@ int main(int argc, char **argv)
 {
     struct opts o = {
         .dsn = getenv("PQMQ_BENCH_DSN"),
-        .messages = 20000,
+        .messages = 0, /* 20,000; --steady: 300,000 */
         .producers = 2,
         .consumers = 2,
         .batch = 100,
@@ -589,6 +588,8 @@ int main(int argc, char **argv)
         return 2;
     if (!o.duration)
         o.duration = o.steady ? 300 : 60;
+    if (!o.messages)
+        o.messages = o.steady ? STEADY_BURN_MESSAGES : 20000;
 
     o.conninfo = bench_conninfo(o.dsn, o.profile);
     PGconn *admin = bench_connect(&o);

@@ -2,12 +2,12 @@
  * steady.c: --steady. A queue that only just keeps up when it starts
  * empty may fall behind once its dead rows pile up, so the question is
  * whether it keeps up at a load it can carry with room to spare: half of
- * its own burn-down rate. The burn-down is --messages queued messages, at
- * least STEADY_BURN_MIN, drained by the poll-API consumers of the load run
- * (the same --consumers and --batch), timed from their first poll to the
- * empty queue: seconds of work, so that the rate includes what the queue
- * does a second or more after a claim (the log's upkeep deletes what was
- * completed) and not only the claims of its first moments. Then
+ * its own burn-down rate. The burn-down is --messages queued messages
+ * (STEADY_BURN_MESSAGES unless given) drained by the poll-API consumers of
+ * the load run (the same --consumers and --batch), timed from their first
+ * poll to the empty queue: seconds of work, so that the rate includes what
+ * the queue does a second or more after a claim (the log's upkeep deletes
+ * what was completed) and not only the claims of its first moments. Then
  * load.c offers half that rate for --duration seconds (or through
  * --held-xmin's phases) with autovacuum at the server's settings: the
  * bench runs no VACUUM or ANALYZE in either step.
@@ -19,9 +19,6 @@
 #include "queue.h"
 #include "steady.h"
 #include "util.h"
-
-/* The fewest messages burnt down: several seconds of this machine's work. */
-#define STEADY_BURN_MIN 300000
 
 /* Messages/s of the poll-API consumers over a full backlog of o->messages. */
 static double burn_down(const struct opts *o, PGconn *admin)
@@ -42,8 +39,6 @@ void run_steady(const struct opts *o, PGconn *admin)
         fprintf(stderr, "steady: autovacuum is off on this server: the run cannot say whether\n"
                         "  the queue keeps up with it at its defaults\n");
     struct opts run = *o;
-    if (run.messages < STEADY_BURN_MIN)
-        run.messages = STEADY_BURN_MIN;
     run.burn_down = burn_down(&run, admin);
     run.rate = (int)(run.burn_down / 2 + 0.5);
     if (run.rate < 1)
