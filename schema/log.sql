@@ -344,3 +344,31 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- The latest lease of a receipt in flight that ends at or after `after`,
+-- in the key range lo..hi (whole: every key), for an empty poll's wait
+-- time (_mq_wait_time): read from the top of mq_receipts_open down. The
+-- receipts in flight are the latest claims', and the entries that the
+-- receipts finished since the last vacuum left in the index lie below
+-- them; an index scan marks those it passes dead, and later scans skip
+-- them. A bitmap would read every entry of the range each time, and mark
+-- none: the settings keep the plan to the index scan whatever the
+-- statistics (they count few open receipts, and a bitmap looks cheap) or
+-- the session's settings say.
+CREATE OR REPLACE FUNCTION _mq_latest_lease(after timestamptz, lo bigint, hi bigint,
+                                            whole boolean)
+RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+SET enable_indexscan = on
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+    SELECT r.lease_until FROM mq_receipts r
+    WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
+      AND r.lease_until >= after
+      AND (whole OR r.channel_key >= lo AND r.channel_key <= hi)
+      AND (r.holder IS NULL
+           OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
+    ORDER BY r.lease_until DESC LIMIT 1
+$$;

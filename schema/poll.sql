@@ -272,18 +272,10 @@ BEGIN
             END IF;
         END LOOP;
         -- A lease that runs out later: the poll looks again once `ahead`
-        -- has passed. (Read from the latest lease down: the receipts in
-        -- flight are the latest claims', and the finished ones' entries lie
-        -- below them.)
+        -- has passed (_mq_latest_lease: from the latest lease down).
         IF (next_at IS NULL OR next_at > ts + ahead)
-           AND (SELECT r.lease_until FROM mq_receipts r
-                WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
-                  AND r.lease_until >= ts + ahead
-                  AND (channel_names IS NULL
-                       OR r.channel_key >= rg.lo AND r.channel_key <= rg.hi)
-                  AND (r.holder IS NULL
-                       OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
-                ORDER BY r.lease_until DESC LIMIT 1) IS NOT NULL THEN
+           AND _mq_latest_lease(ts + ahead, rg.lo, rg.hi, channel_names IS NULL)
+               IS NOT NULL THEN
             next_at := ts + ahead;
         END IF;
     END LOOP;
