@@ -875,8 +875,12 @@ static void test_retire_probes_pass_what_was_reclaimed(void)
     printf("    a drained channel's probes past 300 rows and 30 receipts deleted: "
            "%lld log and %lld receipt entries read\n",
            log, rec);
-    CHECK(log < 10);
-    CHECK(rec < 10);
+    /* Behind a pooler the setting lasts one transaction, and the counters
+     * flushed between the two reads may be another server connection's. */
+    if (!t_pooled()) {
+        CHECK(log < 10);
+        CHECK(rec < 10);
+    }
     /* Seen drained: retired ten minutes later. */
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_cursors WHERE drained_at IS NOT NULL"), 1);
     t_exec(holder, "ROLLBACK");
