@@ -354,21 +354,26 @@ $$;
 -- them. A bitmap would read every entry of the range each time, and mark
 -- none: the settings keep the plan to the index scan whatever the
 -- statistics (they count few open receipts, and a bitmap looks cheap) or
--- the session's settings say.
+-- the session's settings say. PL/pgSQL, which keeps its plan for the
+-- session: a SQL function with settings is planned again at every call.
 CREATE OR REPLACE FUNCTION _mq_latest_lease(after timestamptz, lo bigint, hi bigint,
                                             whole boolean)
 RETURNS timestamptz
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path FROM CURRENT
 SET enable_indexscan = on
 SET enable_bitmapscan = off
 SET enable_seqscan = off
 AS $$
-    SELECT r.lease_until FROM mq_receipts r
-    WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
-      AND r.lease_until >= after
-      AND (whole OR r.channel_key >= lo AND r.channel_key <= hi)
-      AND (r.holder IS NULL
-           OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
-    ORDER BY r.lease_until DESC LIMIT 1
+BEGIN
+    RETURN (SELECT r.lease_until FROM mq_receipts r
+            WHERE r.lease_until < 'infinity'::timestamptz -- mq_receipts_open
+              AND r.lease_until >= _mq_latest_lease.after
+              AND (_mq_latest_lease.whole
+                   OR r.channel_key >= _mq_latest_lease.lo
+                      AND r.channel_key <= _mq_latest_lease.hi)
+              AND (r.holder IS NULL
+                   OR r.holder IS DISTINCT FROM pg_current_xact_id_if_assigned())
+            ORDER BY r.lease_until DESC LIMIT 1);
+END;
 $$;
