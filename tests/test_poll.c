@@ -763,6 +763,25 @@ static size_t claimed_by_poll(int batch_size)
     return n;
 }
 
+/* Rounds of per_round channels, one message each, polled and completed
+ * within their ten-minute leases: finished receipts, whose entries stay in
+ * the open receipts' index until vacuum. */
+static void finish_receipts(int rounds, int per_round)
+{
+    for (int round = 0; round < rounds; round++) {
+        for (int i = 0; i < per_round; i++) {
+            char ch[16];
+            snprintf(ch, sizeof ch, "fin%d", i);
+            insert_n(ch, NULL, 1, 1, 600000);
+        }
+        pqmq_batch *b = NULL;
+        CHECK_OK(q, pqmq_poll(q, NULL, 0, per_round, &b));
+        CHECK_INT(pqmq_batch_count(b), per_round);
+        CHECK_OK(q, pqmq_complete_batch(q, b));
+        pqmq_batch_free(b);
+    }
+}
+
 /* Semantic 8 beside a message in flight: an empty poll's wait time is
  * when its lease runs out, or 5 s when that is later, and the poll reads
  * few of the entries that the receipts finished since the last vacuum
@@ -776,22 +795,12 @@ static void test_wait_time_beside_finished_receipts(void)
     PGconn *holder = t_pg();
     t_exec(holder, "BEGIN ISOLATION LEVEL REPEATABLE READ");
     CHECK_INT(t_sql_int(holder, "SELECT count(*) FROM mq_msgs"), 0);
-    /* 900 receipts, finished within their ten-minute leases. */
-    for (int round = 0; round < 3; round++) {
-        for (int i = 0; i < 300; i++) {
-            char ch[16];
-            snprintf(ch, sizeof ch, "fin%d", i);
-            insert_n(ch, NULL, 1, 1, 600000);
-        }
-        pqmq_batch *b = NULL;
-        CHECK_OK(q, pqmq_poll(q, NULL, 0, 300, &b));
-        CHECK_INT(pqmq_batch_count(b), 300);
-        CHECK_OK(q, pqmq_complete_batch(q, b));
-        pqmq_batch_free(b);
-    }
-    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_receipts "
-                            "WHERE lease_until = 'infinity'"),
-              900);
+    finish_receipts(3, 300);
+    /* None open. (The upkeep may have deleted the first rounds' receipts
+     * when the rounds took over a second: their old entries stay in the
+     * open receipts' index all the same, under the held snapshot.) */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_receipts WHERE lease_until < 'infinity'"),
+              0);
     /* One in flight for ten minutes: the poll looks again in 5 s. */
     insert_n("live", NULL, 1, 1, 600000);
     CHECK_INT(claimed_by_poll(1), 1);
@@ -900,18 +909,7 @@ static void test_wait_time_nothing_in_flight(void)
         return;
     t_exec(pg, "SET stats_fetch_consistency = none");
     t_truncate();
-    for (int round = 0; round < 2; round++) {
-        for (int i = 0; i < 150; i++) {
-            char ch[16];
-            snprintf(ch, sizeof ch, "fin%d", i);
-            insert_n(ch, NULL, 1, 1, 600000);
-        }
-        pqmq_batch *b = NULL;
-        CHECK_OK(q, pqmq_poll(q, NULL, 0, 150, &b));
-        CHECK_INT(pqmq_batch_count(b), 150);
-        CHECK_OK(q, pqmq_complete_batch(q, b));
-        pqmq_batch_free(b);
-    }
+    finish_receipts(2, 150);
     CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_receipts WHERE lease_until < 'infinity'"),
               0);
     t_exec(pqmq_conn(q), "SET enable_indexscan = off");
@@ -1315,7 +1313,7 @@ static void test_late_producers_among_delivered(void)
     t_exec(c, "SELECT mq_delete(ARRAY(SELECT id FROM mq_log WHERE name = 'dropped'))");
     int lost = 0, other = 0;
     int64_t start = t_now_ms();
-    while (t_now_ms() - start < 5000 && lost < 2) {
+    while (t_now_ms() - start < 10000 && lost < 2) {
         PGresult *r = t_sql(c, "SELECT name FROM mq_poll_jobs(NULL, 10) WHERE id IS NOT NULL");
         for (int i = 0; r && i < PQntuples(r); i++) {
             if (strcmp(PQgetvalue(r, i, 0), "lost") == 0)
