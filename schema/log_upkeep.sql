@@ -213,32 +213,26 @@ BEGIN
                         AND x.reclaimed < x.settled
                       ORDER BY x.channel_key LIMIT 256);
     END IF;
-    -- (Only the channels with something to delete, whose first open
-    -- receipt past the reclaimed place is not the next: a claim passes a
-    -- cursor held, and this holds each it visits until the poll's
-    -- transaction ends.)
-    FOR c IN SELECT x.channel_key, x.settled, x.reclaimed FROM mq_cursors x
+    -- Only the channels with something to delete: a claim passes a cursor
+    -- held, and this holds each it visits until the poll's transaction
+    -- ends. What is deleted ends at the settled place, short of the
+    -- channel's first open receipt: read from its own receipts in place
+    -- order (the primary key), not the open ones of every channel, whose
+    -- index also holds the entries of every receipt finished since vacuum;
+    -- and from the reclaimed place, past the entries of those deleted.
+    FOR c IN SELECT x.channel_key, x.reclaimed, y.top FROM mq_cursors x,
+             LATERAL (SELECT COALESCE((SELECT LEAST(x.settled, r.lo - 1) FROM mq_receipts r
+                                       WHERE r.channel_key = x.channel_key
+                                         AND r.lo > x.reclaimed
+                                         AND r.lease_until < 'infinity'::timestamptz
+                                       ORDER BY r.lo LIMIT 1), x.settled) AS top) y
              WHERE x.channel_key = ANY (keys)
                AND x.reclaimed < x.settled
-               AND COALESCE((SELECT r.lo - 1 FROM mq_receipts r
-                             WHERE r.channel_key = x.channel_key AND r.lo > x.reclaimed
-                               AND r.lease_until < 'infinity'::timestamptz
-                             ORDER BY r.lo LIMIT 1), x.settled) > x.reclaimed
+               AND y.top > x.reclaimed
              ORDER BY x.channel_key
              LIMIT 256
-             FOR NO KEY UPDATE SKIP LOCKED LOOP
-        -- The channel's first open receipt: its own receipts in place order
-        -- (the primary key), not the open ones of every channel, whose index
-        -- also holds the entries of every receipt finished since vacuum;
-        -- from the reclaimed place, past the entries of those deleted.
-        SELECT LEAST(c.settled, r.lo - 1) INTO top
-        FROM mq_receipts r
-        WHERE r.channel_key = c.channel_key AND r.lo > c.reclaimed
-          AND r.lease_until < 'infinity'::timestamptz
-        ORDER BY r.lo
-        LIMIT 1;
-        top := COALESCE(top, c.settled);
-        CONTINUE WHEN top <= c.reclaimed;
+             FOR NO KEY UPDATE OF x SKIP LOCKED LOOP
+        top := c.top;
         DELETE FROM mq_done d
         WHERE d.channel_key = c.channel_key AND d.lo > c.reclaimed AND d.lo <= top
           AND EXISTS (SELECT 1 FROM mq_receipts r
