@@ -842,6 +842,42 @@ static void test_wait_time_beside_finished_receipts(void)
     PQfinish(holder);
 }
 
+/* Reclaim deletes a channel's finished part only up to its first message
+ * in flight: below it, not past it, and the rest once it is completed. */
+static void test_reclaim_stops_short_of_a_message_in_flight(void)
+{
+    if (t_citus_skip("the log's cursors: nothing is logged on Citus"))
+        return;
+    t_truncate();
+    insert_n("rc", NULL, 3, 1, 60000);
+    const char *one = "SELECT id FROM mq_claim(ARRAY['rc'], 1) WHERE id IS NOT NULL";
+    t_exec(pg, "SELECT mq_complete(ARRAY(%s))", one);
+    PGresult *r = t_sql(pg, "%s", one);
+    CHECK(r && PQntuples(r) == 1);
+    char held[64] = "";
+    if (r && PQntuples(r) == 1)
+        snprintf(held, sizeof held, "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    t_exec(pg, "SELECT mq_complete(ARRAY(%s))", one);
+    int settled = 0;
+    for (int i = 0; i < 50 && !settled; i++) {
+        t_exec(pg, "SELECT _mq_log_settle(clock_timestamp(), NULL)");
+        settled = t_sql_int(pg, "SELECT count(*) FROM mq_cursors WHERE settled = place") == 1;
+        if (!settled)
+            t_sleep_ms(100);
+    }
+    CHECK(settled);
+    t_exec(pg, "SELECT _mq_log_reclaim(NULL)");
+    /* The first is gone; the one in flight and the one after it stay. */
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_log"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_log WHERE id = '%s'", held), 1);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_receipts"), 2);
+    CHECK_INT(t_sql_int(pg, "SELECT mq_complete(ARRAY['%s'::uuid])", held), 1);
+    t_exec(pg, "SELECT _mq_log_reclaim(NULL)");
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_log"), 0);
+    CHECK_INT(t_sql_int(pg, "SELECT count(*) FROM mq_receipts"), 0);
+}
+
 /* The sweep's look for drained channels to retire probes each drained
  * channel's log and receipts past its reclaimed place, not at the entries
  * of the rows and receipts deleted up to it (a held snapshot keeps every
@@ -1627,6 +1663,7 @@ int main(void)
     T_RUN(test_retries_are_not_starved_by_the_log);
     T_RUN(test_delayed_are_not_starved_by_the_log);
     T_RUN(test_drained_cursors_are_retired);
+    T_RUN(test_reclaim_stops_short_of_a_message_in_flight);
     T_RUN(test_retire_probes_pass_what_was_reclaimed);
     T_RUN(test_message_behind_a_retired_cursor_is_delivered);
     T_RUN(test_late_producer_found_by_an_empty_poll);
