@@ -238,8 +238,17 @@ $$;
 -- (schema/story.sql). Written by the failure paths only, NULL until one.
 ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS history jsonb;
 -- first_claimed_at (above) for a queue whose mq_rows was made without it:
--- at the end of the row there.
-ALTER TABLE mq_rows ADD COLUMN IF NOT EXISTS first_claimed_at timestamptz;
+-- at the end of the row there. (Tested first: ADD COLUMN IF NOT EXISTS
+-- would tell every fresh install that it skipped the column.)
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a
+                   WHERE a.attrelid = 'mq_rows'::regclass
+                     AND a.attname = 'first_claimed_at' AND NOT a.attisdropped) THEN
+        ALTER TABLE mq_rows ADD COLUMN first_claimed_at timestamptz;
+    END IF;
+END
+$$;
 
 -- Places in chains: one call per batch (_mq_insert_rows), the batch's
 -- members at that value plus their position in the array (a batch holds at
