@@ -164,8 +164,10 @@ has err "schema \"$made\" does not exist: add --create-schema"
 "$pqmq_bin" -d "$PQMQ_TEST_DSN" --schema "$made" migrate --create-schema >"$work/out" 2>"$work/err" ||
     fail "migrate --create-schema: $(cat "$work/err")"
 has out "queue installed at version 100"
-# A fresh install has nothing to tell (no notice of a step it skipped).
-[[ -s $work/err ]] && fail "a fresh install printed: $(cat "$work/err")"
+# A fresh install has nothing to tell (no notice of a step it skipped); a
+# Citus coordinator announces the schema it distributes, its own news.
+grep -v "^NOTICE:  distributing the schema $made\$" "$work/err" | grep -q . &&
+    fail "a fresh install printed: $(cat "$work/err")"
 [[ $(sql "SELECT count(*) FROM $made.mq_schema_migrations") == 1 ]] ||
     fail "migrate --create-schema made no queue"
 psql -X -q -d "$PQMQ_TEST_DSN" -c "SET client_min_messages = warning" \
